@@ -1,0 +1,236 @@
+"""The model config (`model_config.json`): pydantic models of the seed format plus optional extensions.
+
+The seed format has four arrays: `model_infos` (generation defaults per LLM, keyed by `name`),
+`llm`, `embedding` and `rerank`. Everything added by this gateway is an optional key with a default,
+so a seed config loads unchanged. `load_config` reports any problem as one `ConfigError` line that
+names the file, the field and the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+PACKAGE_ROOT = Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_ROOT.parent
+BUNDLED_CONFIG = REPO_ROOT / "model_config.json"
+BUNDLED_TEMPLATES = REPO_ROOT / "chat_templates"
+
+Transport = Literal["grpc", "http"]
+LLMProtocol = Literal["auto", "tensorrt_llm", "vllm", "fastertransformer"]
+
+
+class ConfigError(Exception):
+    """A config problem, already phrased as `file: field: reason` for the operator."""
+
+    def __init__(self, file: Path | str, field: str, reason: str) -> None:
+        self.file, self.field, self.reason = str(file), field, reason
+        where = f"{self.file}: {field}: " if field else f"{self.file}: "
+        super().__init__(where + reason)
+
+
+class _Strict(BaseModel):
+    # Typos in a model entry ("chat_templte") must fail loudly rather than silently use a default.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class ModelInfo(BaseModel):
+    """Generation defaults for one LLM (seed `model_infos`). Unknown keys are kept, not rejected:
+    the seed system's configs carry backend-specific keys (`mask_positions`) we do not use."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    start_id: int | None = None
+    # Negative ids (the seed uses -1/-2) mean "take it from the tokenizer / generation_config.json".
+    end_id: int | None = None
+    pad_id: int | None = None
+    max_len: int | None = Field(default=None, gt=0, description="context length: prompt + completion")
+    # Each entry is one stop (or bad) word: a string, or a sequence of token ids.
+    stop_words: list[str | list[int]] = Field(default_factory=list)
+    bad_words: list[str | list[int]] = Field(default_factory=list)
+    temperature: float | None = Field(default=None, ge=0)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=0)
+    repetition_penalty: float | None = Field(default=None, gt=0)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    max_tokens: int | None = Field(default=None, gt=0, description="default completion budget")
+
+
+class _Served(_Strict):
+    name: str = Field(min_length=1)
+    url: str = Field(min_length=1, description="host:port of the Triton endpoint for `transport`")
+    path: Path = Field(description="folder with tokenizer.json (and the model's own configs)")
+    triton_model: str | None = Field(default=None, description="Triton's model name, if not `name`")
+    triton_version: str = ""
+    timeout_s: float = Field(default=600.0, gt=0, description="per-request deadline")
+
+    @property
+    def triton_name(self) -> str:
+        return self.triton_model or self.name
+
+
+class LLMModel(_Served):
+    kind: Literal["llm"] = "llm"
+    chat_template: Path | None = None
+    transport: Transport = "grpc"
+    protocol: LLMProtocol = "auto"
+    tool_parser: str | None = None
+
+
+class EmbeddingModel(_Served):
+    kind: Literal["embedding"] = "embedding"
+    transport: Transport = "http"
+    max_tokens: int = Field(default=512, gt=0)
+    pooling: Literal["mean", "cls"] = "mean"
+    normalize: bool = True
+    # `last_hidden_state` ([B, L, H], pooled here) or `sentence_embedding` ([B, H], pooled in the model).
+    output_name: str = "last_hidden_state"
+    truncate: bool = Field(default=False, description="truncate over-long inputs instead of a 400")
+    max_batch_size: int = Field(default=32, gt=0, description="inputs per Triton request")
+    input_config: dict[str, str] = Field(
+        default_factory=lambda: {"input_ids": "input_ids", "attention_mask": "attention_mask",
+                                 "token_type_ids": "token_type_ids"})
+    input_dtype: Literal["INT64", "INT32"] = "INT64"
+
+
+class RerankOutputConfig(_Strict):
+    name: str = "logits"
+    process: Literal["normalize", "none", "softmax"] = "normalize"
+
+
+class RerankModel(_Served):
+    kind: Literal["rerank"] = "rerank"
+    transport: Transport = "http"
+    max_tokens: int = Field(default=512, gt=0)
+    input_config: dict[str, str] = Field(
+        default_factory=lambda: {"input_ids": "input_ids", "attention_mask": "attention_mask"})
+    output_config: RerankOutputConfig = Field(default_factory=RerankOutputConfig)
+    max_batch_size: int = Field(default=32, gt=0, description="pairs per Triton request")
+    input_dtype: Literal["INT64", "INT32"] = "INT64"
+
+
+class GatewayConfig(_Strict):
+    model_infos: list[ModelInfo] = Field(default_factory=list)
+    llm: list[LLMModel] = Field(default_factory=list)
+    embedding: list[EmbeddingModel] = Field(default_factory=list)
+    rerank: list[RerankModel] = Field(default_factory=list)
+
+    source: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("llm", "embedding", "rerank", "model_infos")
+    @classmethod
+    def _unique_names(cls, models: list[Any]) -> list[Any]:
+        seen: set[str] = set()
+        for m in models:
+            if m.name in seen:
+                raise ValueError(f"duplicate model name {m.name!r}")
+            seen.add(m.name)
+        return models
+
+    @model_validator(mode="after")
+    def _unique_across_kinds(self) -> GatewayConfig:
+        seen: dict[str, str] = {}
+        for kind in ("llm", "embedding", "rerank"):
+            for m in getattr(self, kind):
+                if m.name in seen:
+                    raise ValueError(f"model name {m.name!r} is used by both {seen[m.name]} and {kind}")
+                seen[m.name] = kind
+        return self
+
+    def all_models(self) -> list[LLMModel | EmbeddingModel | RerankModel]:
+        return [*self.llm, *self.embedding, *self.rerank]
+
+    def model_info(self, name: str) -> ModelInfo:
+        for info in self.model_infos:
+            if info.name == name:
+                return info
+        return ModelInfo(name=name)
+
+    def with_triton_endpoint(self, grpc_url: str, http_url: str) -> GatewayConfig:
+        """Point every model at one Triton (the embedded one), keeping each model's transport."""
+        for m in self.all_models():
+            m.url = grpc_url if m.transport == "grpc" else http_url
+        return self
+
+
+def _field_path(loc: tuple[Any, ...], data: Any) -> str:
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        if isinstance(item, str) and not isinstance(node, dict):
+            continue  # a pydantic union-branch tag ("str", "list[int]"), not a key of the config
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+        try:
+            node = node[item]
+        except (KeyError, IndexError, TypeError):
+            node = None
+    return "".join(parts)
+
+
+def _resolve(base: Path, value: Path) -> Path:
+    value = Path(os.path.expandvars(os.path.expanduser(str(value))))
+    return value if value.is_absolute() else (base / value).resolve()
+
+
+def _resolve_template(base: Path, value: Path) -> Path | None:
+    """A template is looked up next to the config, then in its chat_templates/, then in the bundled set,
+    because the seed names templates by bare file name (`"chat_template": "chatglm2.jinja"`)."""
+    candidates = [_resolve(base, value)]
+    if not value.is_absolute():
+        candidates += [base / "chat_templates" / value, BUNDLED_TEMPLATES / value]
+    return next((c.resolve() for c in candidates if c.is_file()), None)
+
+
+def load_config(path: Path | str) -> GatewayConfig:
+    """Read, validate and resolve a config file; raise `ConfigError` naming file, field and reason."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(path, "", "config file not found")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(path, "", f"not UTF-8 text ({e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(path, "", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(path, "", "the top level must be a JSON object with model_infos/llm/embedding/rerank")
+    for key in data:
+        if key not in GatewayConfig.model_fields or key == "source":
+            raise ConfigError(path, key, "unknown model kind (expected model_infos, llm, embedding or rerank)")
+    try:
+        config = GatewayConfig.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        field = _field_path(tuple(err["loc"]), data)
+        reason = err["msg"]
+        if err["type"] == "missing":
+            reason = "missing required field"
+        elif err["type"] == "extra_forbidden":
+            reason = "unknown field"
+        raise ConfigError(path, field, reason) from None
+
+    base = path.resolve().parent
+    config.source = path.resolve()
+    for kind in ("llm", "embedding", "rerank"):
+        for i, m in enumerate(getattr(config, kind)):
+            m.path = _resolve(base, m.path)
+            if not m.path.is_dir():
+                raise ConfigError(path, f"{kind}[{i}].path", f"tokenizer folder not found: {m.path}")
+            if not (m.path / "tokenizer.json").is_file():
+                raise ConfigError(path, f"{kind}[{i}].path", f"no tokenizer.json in {m.path}")
+            if isinstance(m, LLMModel) and m.chat_template is not None:
+                found = _resolve_template(base, m.chat_template)
+                if found is None:
+                    raise ConfigError(path, f"{kind}[{i}].chat_template",
+                                      f"template file not found: {m.chat_template}")
+                m.chat_template = found
+    return config

@@ -1,0 +1,103 @@
+"""The one error taxonomy of the gateway and its one mapping to HTTP status + OpenAI error body.
+
+Every layer raises a subclass of `GatewayError`; only `error_body`/`error_response_bytes` turn
+one into bytes, so the status code and shape of an error are decided in exactly one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+
+class GatewayError(Exception):
+    """Base error: `status` and `type` come from the subclass, `param`/`code` from the raise site."""
+
+    status: int = 500
+    type: str = "server_error"
+    default_code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code if code is not None else self.default_code
+        self.headers = headers or {}
+
+
+class InvalidRequestError(GatewayError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class ContextLengthExceededError(InvalidRequestError):
+    default_code = "context_length_exceeded"
+
+
+class AuthenticationError(GatewayError):
+    status = 401
+    type = "invalid_request_error"
+    default_code = "invalid_api_key"
+
+
+class NotFoundError(GatewayError):
+    status = 404
+    type = "invalid_request_error"
+    default_code = "not_found"
+
+
+class ModelNotFoundError(NotFoundError):
+    default_code = "model_not_found"
+
+
+class PayloadTooLargeError(GatewayError):
+    status = 413
+    type = "invalid_request_error"
+    default_code = "payload_too_large"
+
+
+class OverloadedError(GatewayError):
+    status = 429
+    type = "rate_limit_error"
+    default_code = "overloaded"
+
+
+class InternalError(GatewayError):
+    status = 500
+    type = "server_error"
+    default_code = "internal_error"
+
+
+class BackendError(GatewayError):
+    """Triton answered with an error for a request that was valid from the gateway's side."""
+
+    status = 502
+    type = "server_error"
+    default_code = "backend_error"
+
+
+class BackendUnavailableError(GatewayError):
+    """Triton is unreachable, or the model is not loaded/ready."""
+
+    status = 503
+    type = "server_error"
+    default_code = "backend_unavailable"
+
+
+class BackendTimeoutError(GatewayError):
+    status = 504
+    type = "server_error"
+    default_code = "timeout"
+
+
+def error_body(err: GatewayError) -> dict[str, Any]:
+    return {"error": {"message": err.message, "type": err.type, "param": err.param, "code": err.code}}
+
+
+def error_response_bytes(err: GatewayError) -> bytes:
+    return orjson.dumps(error_body(err))
+
+
+INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request."

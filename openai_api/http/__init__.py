@@ -1,0 +1,1 @@
+"""HTTP layer: routers, pure-ASGI middleware, request parsing and the error handlers."""

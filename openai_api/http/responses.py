@@ -1,0 +1,113 @@
+"""Turning service results into HTTP responses, and errors into OpenAI's error shape."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response, StreamingResponse
+
+from openai_api.errors import (
+    INTERNAL_ERROR_MESSAGE,
+    GatewayError,
+    InternalError,
+    InvalidRequestError,
+    NotFoundError,
+    error_response_bytes,
+)
+
+logger = logging.getLogger(__name__)
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(err: GatewayError) -> Response:
+    return Response(error_response_bytes(err), status_code=err.status, media_type="application/json",
+                    headers=err.headers or None)
+
+
+async def service_response(result: dict[str, Any] | AsyncIterator[bytes]) -> Response:
+    """A dict becomes JSON; a stream is primed with its first event first, so that errors raised before
+    anything was sent still become a proper status code instead of a broken 200 stream."""
+    if isinstance(result, dict):
+        return json_response(result)
+    try:
+        first = await anext(result)
+    except StopAsyncIteration:
+        first = b""
+
+    async def body() -> AsyncIterator[bytes]:
+        try:
+            if first:
+                yield first
+            async for chunk in result:
+                yield chunk
+        finally:
+            await result.aclose()  # type: ignore[attr-defined]
+
+    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
+    parts = [p for p in loc if p not in ("body", "query", "path")]
+    out = ""
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif not (isinstance(p, str) and ("[" in p or "function-" in p)):  # pydantic union-branch tags
+            out += ("." if out else "") + str(p)
+    return out or None
+
+
+def validation_error(exc: RequestValidationError) -> InvalidRequestError:
+    errors = exc.errors()
+    if not errors:
+        return InvalidRequestError("Invalid request body.")
+    err = errors[0]
+    if err.get("type") == "json_invalid":
+        return InvalidRequestError("The request body is not valid JSON.", code="invalid_json")
+    loc = tuple(err.get("loc", ()))
+    param = _param_from_loc(loc)
+    if err.get("type") == "missing":
+        msg = f"'{param}' is a required property" if param else "A required property is missing."
+    elif param is None and err.get("type") in ("model_attributes_type", "dict_type"):
+        msg = "The request body must be a JSON object."
+    else:
+        msg = f"Invalid value for '{param}': {err.get('msg')}" if param else str(err.get("msg"))
+    return InvalidRequestError(msg, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(GatewayError)
+    async def _gateway(_: Request, exc: GatewayError) -> Response:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        return error_response(validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(NotFoundError("Not found.", code="not_found"))
+        if exc.status_code == 405:
+            err: GatewayError = InvalidRequestError("Method not allowed.", code="method_not_allowed")
+            err.status = 405
+            return error_response(err)
+        err = InvalidRequestError(str(exc.detail))
+        err.status = exc.status_code
+        return error_response(err)
+
+    @app.exception_handler(Exception)
+    async def _internal(_: Request, exc: Exception) -> Response:
+        logger.exception("unhandled error", exc_info=exc)
+        return error_response(InternalError(INTERNAL_ERROR_MESSAGE))

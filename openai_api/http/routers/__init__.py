@@ -1,0 +1,1 @@
+"""One small router per endpoint; routers never touch Triton, only services."""

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openai_api.http.deps import request_id, services
+from openai_api.http.responses import service_response
+from openai_api.schemas.openai import ChatCompletionRequest
+
+router = APIRouter()
+
+
+@router.post("/v1/chat/completions", tags=["chat"])
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    return await service_response(await services(request).chat.create(body, request_id(request)))

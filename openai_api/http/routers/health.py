@@ -1,0 +1,22 @@
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from openai_api.http.deps import services
+from openai_api.http.responses import json_response
+
+router = APIRouter()
+
+
+@router.get("/health", tags=["health"])
+async def health() -> Response:
+    """The gateway process is alive (liveness); says nothing about Triton."""
+    return json_response({"status": "ok"})
+
+
+@router.get("/health/ready", tags=["health"])
+async def ready(request: Request) -> Response:
+    """Triton and every configured model are ready (readiness); 503 with the details otherwise."""
+    report = await services(request).health.readiness()
+    return json_response(report, status=200 if report["ready"] else 503)

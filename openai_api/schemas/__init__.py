@@ -1,0 +1,1 @@
+"""OpenAI request models: validation at the edge only; responses are built as dicts/bytes."""

@@ -1,0 +1,129 @@
+"""The generation core shared by chat and completions: token ids from an adapter become safe text.
+
+Per token it does O(1) work: incremental detokenization, then the stop-string matcher over the
+new text plus a bounded held-back tail. A stop match closes the adapter's iterator, which cancels
+the Triton request so the model stops spending compute on text nobody will see.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from openai_api.errors import ContextLengthExceededError, InvalidRequestError
+from openai_api.schemas.openai import _Sampling
+from openai_api.services.registry import LLMRuntime
+from openai_api.text.detokenizer import IncrementalDetokenizer
+from openai_api.text.stops import StopStringMatcher
+from openai_api.triton.llm import GenerationRequest
+
+
+@dataclass(slots=True)
+class TextEvent:
+    """New text safe to send ("" allowed), and on the last event of a sequence its finish reason."""
+
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+
+
+async def generate_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> AsyncIterator[TextEvent]:
+    detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids)
+    matcher = StopStringMatcher([*rt.stop_strings, *stops])
+    produced = 0
+    chunks = rt.backend.generate(greq)
+    try:
+        async for chunk in chunks:
+            produced += len(chunk.token_ids)
+            text = matcher.push(detok.steps(chunk.token_ids))
+            if matcher.stopped:
+                yield TextEvent(text, "stop", produced)
+                return
+            if text:
+                yield TextEvent(text, None, produced)
+        yield TextEvent(matcher.flush(), "length" if produced >= greq.max_tokens else "stop", produced)
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
+def resolve_max_tokens(rt: LLMRuntime, requested: int | None, prompt_len: int, param: str) -> int:
+    """An unset budget means "up to the context limit", never a small default."""
+    room = rt.context_length - prompt_len
+    if requested is None:
+        requested = rt.info.max_tokens if rt.info.max_tokens is not None else room
+        requested = min(requested, room)
+    if room <= 0 or requested > room:
+        raise ContextLengthExceededError(
+            f"This model's maximum context length is {rt.context_length} tokens. However, you requested "
+            f"{prompt_len + max(requested, 0)} tokens ({prompt_len} in the {param}, {max(requested, 0)} for the "
+            f"completion). Please reduce the length of the {param} or the completion.", param=param)
+    return requested
+
+
+def _first(*values: Any) -> Any:
+    """Request value, else the config's model_infos, else the model's generation_config.json."""
+    return next((v for v in values if v is not None), None)
+
+
+def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
+                             request_id: str, choice_index: int = 0) -> GenerationRequest:
+    info, gdefaults = rt.info, rt.tokenizer.generation_defaults
+    if req.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported by this model's Triton backend.",
+                                  param="logit_bias", code="unsupported_parameter")
+    temperature = _first(req.temperature, info.temperature, gdefaults.get("temperature"))
+    top_k = _first(req.top_k, info.top_k, gdefaults.get("top_k"))
+    if top_k is not None and top_k < 0:
+        top_k = 0  # -1 is vLLM's "off"; TensorRT-LLM's "off" is 0
+    seed = req.seed
+    if seed is not None and choice_index:
+        seed = (seed + choice_index) % 2**64  # n > 1 with a seed: reproducible, yet distinct choices
+    return GenerationRequest(
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        request_id=request_id if not choice_index else f"{request_id}-{choice_index}",
+        end_id=rt.end_id,
+        pad_id=rt.pad_id,
+        temperature=temperature,
+        top_p=_first(req.top_p, info.top_p, gdefaults.get("top_p")),
+        top_k=top_k,
+        seed=seed,
+        repetition_penalty=_first(req.repetition_penalty, info.repetition_penalty),
+        presence_penalty=_first(req.presence_penalty, info.presence_penalty),
+        frequency_penalty=_first(req.frequency_penalty, info.frequency_penalty),
+        min_tokens=req.min_tokens or None,
+        stop_words=rt.stop_token_words,
+        bad_words=rt.bad_token_words,
+        timeout_s=rt.config.timeout_s,
+    )
+
+
+async def merge_streams(streams: list[AsyncIterator[TextEvent]]) -> AsyncIterator[tuple[int, TextEvent]]:
+    """Interleave several choices' events as they arrive (n > 1 streaming), tagged with the choice index."""
+    queue: asyncio.Queue[tuple[int, TextEvent | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, it: AsyncIterator[TextEvent]) -> None:
+        try:
+            async for ev in it:
+                await queue.put((i, ev))
+            await queue.put((i, None))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

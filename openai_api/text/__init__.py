@@ -1,0 +1,1 @@
+"""Text handling between OpenAI messages and model token streams: templates, tokenizers, stops."""

@@ -1,0 +1,281 @@
+"""Chat templates: Hugging Face-compatible Jinja templates rendered in a sandbox.
+
+Templates may come from a model's tokenizer folder, i.e. from whoever published the model, so they
+are treated as untrusted code: they run in an `ImmutableSandboxedEnvironment`, see only plain JSON
+data (never the gateway's own objects), and every failure surfaces as `TemplateError` whose
+message is safe to show to an API client.
+
+The environment mirrors `transformers.utils.chat_template_utils` (trim_blocks, lstrip_blocks,
+loop controls, `raise_exception`, `strftime_now`, an unescaped `tojson`, a dunder-proof
+`namespace`) so a template renders here exactly as `tokenizer.apply_chat_template` renders it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NoReturn
+
+import jinja2
+import jinja2.ext
+import jinja2.meta
+import jinja2.utils
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ChatTemplate", "TemplateError"]
+
+
+class TemplateError(Exception):
+    """A chat template could not be compiled or rendered.
+
+    Raised for syntax errors, `raise_exception(...)` calls inside a template, sandbox
+    violations and any other render-time failure. The message is safe to return to clients:
+    it names the template and the problem but never includes interpreter internals.
+    """
+
+
+class _RaisedByTemplate(jinja2.exceptions.TemplateError):
+    # Distinguishes a template's own raise_exception() from Jinja failures, so its message is passed
+    # through verbatim (templates use it to explain what the conversation got wrong).
+    pass
+
+
+def _raise_exception(message: str) -> NoReturn:
+    raise _RaisedByTemplate(str(message))
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    # Jinja's builtin tojson HTML-escapes <, >, & and ', which would corrupt prompts; HF overrides it
+    # the same way, and templates rely on its indent/separators options.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    # The builtin `dict` type would expose its classmethods and attributes; this stand-in only builds dicts.
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    # Jinja's Namespace accepts any attribute name; underscore names could shadow its internals, so they
+    # are refused at creation and assignment, as HF does.
+    # `self` is positional-only so that `namespace(self=1)` still works, as with Jinja's Namespace.
+    def __init__(self, /, *args: Any, **kwargs: Any) -> None:
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: object) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates cannot store underscore-prefixed attributes on a namespace: {name!r}")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> ImmutableSandboxedEnvironment:
+    # One shared environment: rendering is thread-safe and the globals are stateless.
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env
+
+
+def _plain(value: Any) -> Any:
+    """Deep-copy `value` into plain JSON types so the template can't reach methods of richer objects.
+
+    Subclasses of str/int/float (enums, numpy scalars, ...) are reduced to their base type; anything
+    that is not JSON-like becomes an inert placeholder naming its type. The copy also means templates
+    never observe (or, via the tag used by continue_final_message, alter) the caller's messages.
+    """
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    model_dump = getattr(value, "model_dump", None)
+    if callable(model_dump):
+        return _plain(model_dump())
+    return f"<{type(value).__name__}>"
+
+
+def _describe(exc: BaseException) -> str:
+    # Only the exception's own message: tracebacks and reprs of internals stay in the server log.
+    text = str(exc).strip()
+    return text or type(exc).__name__
+
+
+class ChatTemplate:
+    """A compiled chat template.
+
+    Compilation happens once, in the constructor; `render` may then be called concurrently from
+    any number of threads. Templates follow the Hugging Face conventions: they receive `messages`,
+    `add_generation_prompt`, `tools`, `bos_token`, `eos_token` and any extra keyword arguments.
+    """
+
+    # Appended to the final message's content when continuing it, then located in the output; the random
+    # suffix is fixed per process so user text can't plausibly collide with it. The trailing space detects
+    # templates that strip message content (see render()).
+    _CONTINUE_TAG = f"CONTINUE_FINAL_MESSAGE_{uuid.uuid4().hex} "
+
+    def __init__(self, source: str, *, name: str | None = None) -> None:
+        """Compile `source`; `name` (e.g. the file path) is used in error messages.
+
+        Raises TemplateError for a syntax error, naming the template and line.
+        """
+        self.source = source
+        self.name = name or "<chat template>"
+        env = _environment()
+        try:
+            ast = env.parse(source, name=self.name)
+            self._template = env.from_string(ast)
+        except jinja2.exceptions.TemplateSyntaxError as exc:
+            raise TemplateError(
+                f"chat template syntax error in {self.name}, line {exc.lineno}: {exc.message}") from exc
+        # Only names read before being set count: `{% set tools = none %}` after `{% if tools is
+        # defined %}` still reads the caller's `tools`.
+        self._undeclared = frozenset(jinja2.meta.find_undeclared_variables(ast))
+
+    @classmethod
+    def from_file(cls, path: Path) -> ChatTemplate:
+        """Load and compile a `.jinja` file. Raises TemplateError if unreadable or invalid."""
+        path = Path(path)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise TemplateError(f"cannot read chat template {path}: {_describe(exc)}") from exc
+        return cls(source, name=str(path))
+
+    @classmethod
+    def from_string(cls, source: str) -> ChatTemplate:
+        """Compile a template given as text. Raises TemplateError if invalid."""
+        return cls(source)
+
+    @classmethod
+    def from_tokenizer_dir(cls, folder: Path) -> ChatTemplate | None:
+        """Load the template a Hugging Face tokenizer folder ships, or None if it has none.
+
+        Looks for `chat_template.jinja` first (the newer layout), then the `chat_template` key of
+        `tokenizer_config.json`, which is either a string or a list of `{name, template}` entries of
+        which the one named "default" is used. Raises TemplateError if a template exists but is
+        invalid or the config file is unreadable.
+        """
+        folder = Path(folder)
+        jinja_file = folder / "chat_template.jinja"
+        if jinja_file.is_file():
+            return cls.from_file(jinja_file)
+        config_file = folder / "tokenizer_config.json"
+        if not config_file.is_file():
+            return None
+        try:
+            config = json.loads(config_file.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TemplateError(f"cannot read {config_file}: {_describe(exc)}") from exc
+        raw = config.get("chat_template") if isinstance(config, dict) else None
+        if isinstance(raw, list):
+            named = {entry.get("name"): entry.get("template") for entry in raw if isinstance(entry, dict)}
+            raw = named.get("default")
+            if raw is None:
+                logger.warning("%s lists named chat templates but none called 'default'; ignoring them",
+                               config_file)
+        if not isinstance(raw, str) or not raw:
+            return None
+        return cls(raw, name=f"{config_file}:chat_template")
+
+    @property
+    def uses_tools(self) -> bool:
+        """Whether the template reads the `tools` variable.
+
+        When False, passing `tools` to `render` has no effect, so the caller must describe the tools
+        to the model itself (e.g. in a system message).
+        """
+        return "tools" in self._undeclared
+
+    def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
+               tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
+               bos_token: str = "", eos_token: str = "", **kwargs: Any) -> str:
+        """Render a conversation to the prompt text.
+
+        `messages` are OpenAI-style dicts (`role`, `content`, optionally `tool_calls`, `name`,
+        `tool_call_id`); content is expected to be a string (or None for tool-call-only assistant
+        turns). `tools` is passed as given (OpenAI `{"type": "function", "function": ...}` entries).
+
+        With `continue_final_message=True` the final message must be an assistant message; the
+        output is cut right after its content (no end-of-turn marker, no generation prompt) so the
+        model continues that text. Raises TemplateError on any failure.
+        """
+        chat = _plain(list(messages))
+        extra = _plain(kwargs)
+        tag = self._CONTINUE_TAG
+        final_content = ""
+        if continue_final_message:
+            if not chat:
+                raise TemplateError("continue_final_message requires at least one message")
+            final = chat[-1]
+            if not isinstance(final, dict) or final.get("role") != "assistant":
+                raise TemplateError(
+                    "continue_final_message requires the final message to be from the assistant")
+            final_content = final.get("content")
+            if not isinstance(final_content, str):
+                raise TemplateError("continue_final_message requires the final message to have text content")
+            final["content"] = final_content + tag
+            add_generation_prompt = False
+
+        try:
+            rendered = self._template.render(
+                messages=chat, tools=_plain(tools), add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token, eos_token=eos_token, **extra)
+        except _RaisedByTemplate as exc:
+            raise TemplateError(_describe(exc)) from exc
+        except jinja2.exceptions.SecurityError as exc:
+            logger.warning("chat template %s attempted a sandbox violation: %s", self.name, exc)
+            raise TemplateError(f"chat template {self.name} attempted a forbidden operation") from exc
+        # Any failure inside untrusted template code is the template's fault, never the gateway's.
+        except Exception as exc:
+            raise TemplateError(f"chat template {self.name} failed to render: {_describe(exc)}") from exc
+
+        if not continue_final_message:
+            return rendered
+        # Locate the tag rather than the content itself: the content may legitimately also appear
+        # earlier (or be empty), while the tag marks exactly where the final message ends.
+        stripped_tag = tag.strip()
+        loc = rendered.rfind(stripped_tag)
+        if loc < 0 or final_content.strip() not in rendered[:loc]:
+            raise TemplateError(
+                "continue_final_message is set but the template does not render the final message's content")
+        if rendered[loc:loc + len(tag)] == tag:
+            return rendered[:loc]
+        # The template stripped trailing whitespace off the content (taking the tag's space with it);
+        # strip the content the same way so the prefix matches what the template would produce.
+        return rendered[:loc].rstrip()

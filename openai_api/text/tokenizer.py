@@ -1,0 +1,88 @@
+"""Local tokenization with the model's own `tokenizer.json` (the `tokenizers` library only, no transformers).
+
+Also reads the small JSON files that sit beside it (tokenizer_config.json, generation_config.json,
+config.json) for special tokens, EOS ids and the context length.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(value: Any) -> str:
+    # tokenizer_config stores special tokens either as strings or as AddedToken dicts.
+    if isinstance(value, dict):
+        return str(value.get("content", ""))
+    return value if isinstance(value, str) else ""
+
+
+@dataclass
+class TextTokenizer:
+    """A model's tokenizer plus the facts about it the gateway needs."""
+
+    folder: Path
+    tokenizer: Tokenizer
+    bos_token: str = ""
+    eos_token: str = ""
+    eos_token_ids: list[int] = field(default_factory=list)
+    pad_token_id: int | None = None
+    context_length: int | None = None
+    generation_defaults: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> TextTokenizer:
+        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # Truncation/padding baked into tokenizer.json would silently change token counts.
+        tok.no_truncation()
+        tok.no_padding()
+        tcfg = _read_json(folder / "tokenizer_config.json")
+        gcfg = _read_json(folder / "generation_config.json")
+        mcfg = _read_json(folder / "config.json")
+        bos, eos = _token_text(tcfg.get("bos_token")), _token_text(tcfg.get("eos_token"))
+        eos_ids: list[int] = []
+        raw = gcfg.get("eos_token_id", mcfg.get("eos_token_id"))
+        if isinstance(raw, int):
+            eos_ids = [raw]
+        elif isinstance(raw, list):
+            eos_ids = [int(x) for x in raw]
+        if not eos_ids and eos and tok.token_to_id(eos) is not None:
+            eos_ids = [tok.token_to_id(eos)]
+        pad = gcfg.get("pad_token_id", mcfg.get("pad_token_id"))
+        ctx = None
+        for key in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
+            if isinstance(mcfg.get(key), int):
+                ctx = mcfg[key]
+                break
+        defaults = {k: gcfg[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gcfg}
+        return cls(folder=folder, tokenizer=tok, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids,
+                   pad_token_id=pad if isinstance(pad, int) else None, context_length=ctx,
+                   generation_defaults=defaults)
+
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def encode_batch(self, texts: list[str], *, add_special_tokens: bool = False) -> list[list[int]]:
+        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
+
+    def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size(with_added_tokens=True)

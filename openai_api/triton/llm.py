@@ -1,0 +1,62 @@
+"""The interface every LLM adapter implements, whatever Triton backend is behind it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    """One sequence to generate. Sampling fields left as None are not sent, so the backend's own
+    defaults apply."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    request_id: str = ""
+    end_id: int | None = None
+    pad_id: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_words: list[list[int]] = field(default_factory=list)
+    bad_words: list[list[int]] = field(default_factory=list)
+    return_logprobs: bool = False
+    timeout_s: float | None = None
+
+
+@dataclass(slots=True)
+class GenerationChunk:
+    """New tokens since the previous chunk (never cumulative), with their log-probs if asked for."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+
+
+# Request fields an adapter may or may not be able to honour, by the name the OpenAI API uses.
+OPTIONAL_PARAMS = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
+                   "frequency_penalty", "min_tokens", "stop_words", "bad_words", "return_logprobs")
+
+
+class LLMBackend(Protocol):
+    """Token ids in, token ids out, streamed.
+
+    `generate` yields `GenerationChunk`s in order as Triton produces them and returns when the
+    sequence is complete (EOS, a stop word, or `max_tokens`). Closing the iterator early (the HTTP
+    client went away, or a stop string matched) cancels the Triton request. Errors are raised as
+    `GatewayError`s.
+    """
+
+    model: str
+
+    def supports(self, param: str) -> bool: ...
+
+    async def check(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...

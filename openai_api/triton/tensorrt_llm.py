@@ -1,0 +1,245 @@
+"""Adapter for the TensorRT-LLM token-id protocol (`tensorrt_llm` backend or its ensemble/BLS).
+
+Wire contract (see design/triton-protocols.md): with `max_batch_size > 0` every tensor carries a
+leading batch dim of 1 (`input_ids` [1, L], scalars [1, 1]). Decoupled models are called over one
+gRPC stream per request with `streaming=true`: every response holds only the new tokens in
+`output_ids` [1, beams, k]; the stream ends after the model's FINAL response. Non-decoupled models
+get one unary `infer` with `exclude_input_in_output=true` (or the prompt stripped if that input is
+absent). The model's config is read once to learn input names, dtypes and decoupling, so releases
+that use UINT32 scalars or `random_seed`/`min_length` work unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+
+from openai_api.errors import BackendUnavailableError, GatewayError, InvalidRequestError
+from openai_api.triton.client import TritonClientPool, map_triton_error
+from openai_api.triton.llm import GenerationChunk, GenerationRequest
+
+logger = logging.getLogger(__name__)
+
+_NP = {"INT32": np.int32, "UINT32": np.uint32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
+       "FP16": np.float16, "BOOL": np.bool_}
+
+# OpenAI-side parameter -> candidate Triton input names, newest release first.
+_PARAM_INPUTS = {
+    "temperature": ("temperature",),
+    "top_p": ("runtime_top_p",),
+    "top_k": ("runtime_top_k",),
+    "seed": ("seed", "random_seed"),
+    "repetition_penalty": ("repetition_penalty",),
+    "presence_penalty": ("presence_penalty",),
+    "frequency_penalty": ("frequency_penalty",),
+    "min_tokens": ("min_tokens", "min_length"),
+    "stop_words": ("stop_words_list",),
+    "bad_words": ("bad_words_list",),
+    "return_logprobs": ("return_log_probs",),
+}
+
+
+def words_tensor(words: list[list[int]]) -> np.ndarray:
+    """Encode token sequences the TensorRT-LLM way: row 0 the concatenated ids (0-padded), row 1 the
+    cumulative end offsets (-1-padded). [[5,6],[7]] -> [[5,6,7],[2,3,-1]]."""
+    flat: list[int] = []
+    offsets: list[int] = []
+    for w in words:
+        flat.extend(w)
+        offsets.append(len(flat))
+    width = max(len(flat), len(offsets), 1)
+    out = np.zeros((2, width), dtype=np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
+    return out
+
+
+@dataclass(slots=True)
+class _ModelSpec:
+    inputs: dict[str, tuple[str, int]]  # name -> (dtype, rank without batch dim)
+    decoupled: bool
+    batched: bool
+    outputs: set[str]
+
+
+class TensorRTLLMAdapter:
+    protocol = "tensorrt_llm"
+
+    def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "") -> None:
+        self.pool = pool
+        self.url = url
+        self.model = model
+        self.triton_model = triton_model
+        self.version = version
+        self._spec: _ModelSpec | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def _client(self) -> grpc_aio.InferenceServerClient:
+        return self.pool.grpc(self.url)
+
+    async def check(self) -> None:
+        """Read and validate the model's config; raise a GatewayError naming what does not match."""
+        await self._load_spec()
+
+    async def _load_spec(self) -> _ModelSpec:
+        if self._spec is not None:
+            return self._spec
+        async with self._lock:
+            if self._spec is not None:
+                return self._spec
+            try:
+                raw = await self._client.get_model_config(self.triton_model, self.version, as_json=True)
+            except Exception as e:  # noqa: BLE001 - every transport failure maps to one taxonomy
+                raise map_triton_error(e, self.model) from None
+            self._spec = self._parse_spec(raw.get("config", raw))
+            return self._spec
+
+    def _parse_spec(self, cfg: dict[str, Any]) -> _ModelSpec:
+        batched = int(cfg.get("max_batch_size", 0) or 0) > 0
+        inputs = {}
+        for i in cfg.get("input", []):
+            dtype = str(i.get("data_type", "")).removeprefix("TYPE_")
+            inputs[i["name"]] = (dtype, len(i.get("dims", [])))
+        outputs = {o["name"] for o in cfg.get("output", [])}
+        decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
+        missing = [n for n in ("input_ids", "request_output_len") if n not in inputs]
+        if missing or "output_ids" not in outputs:
+            raise BackendUnavailableError(
+                f"Triton model {self.triton_model!r} does not speak the tensorrt_llm protocol: "
+                f"missing {', '.join(missing + ([] if 'output_ids' in outputs else ['output_ids']))}")
+        return _ModelSpec(inputs=inputs, decoupled=decoupled, batched=batched, outputs=outputs)
+
+    def supports(self, param: str) -> bool:
+        spec = self._spec
+        if spec is None:
+            return True  # unknown until Triton answered; checked again at request time
+        return any(n in spec.inputs for n in _PARAM_INPUTS.get(param, (param,)))
+
+    def _input(self, spec: _ModelSpec, name: str, value: Any) -> InferInput:
+        dtype = spec.inputs[name][0]
+        arr = np.asarray(value, dtype=_NP.get(dtype, np.int32))
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        if spec.batched:
+            arr = arr[np.newaxis, ...]
+        inp = InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        return inp
+
+    def _build_inputs(self, spec: _ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferInput]:
+        names = spec.inputs
+        inputs = [
+            self._input(spec, "input_ids", req.prompt_ids),
+            self._input(spec, "request_output_len", [req.max_tokens]),
+        ]
+        if "input_lengths" in names:
+            inputs.append(self._input(spec, "input_lengths", [len(req.prompt_ids)]))
+        if req.end_id is not None and "end_id" in names:
+            inputs.append(self._input(spec, "end_id", [req.end_id]))
+        if req.pad_id is not None and "pad_id" in names:
+            inputs.append(self._input(spec, "pad_id", [req.pad_id]))
+        if "streaming" in names:
+            inputs.append(self._input(spec, "streaming", [streaming]))
+        if not streaming and "exclude_input_in_output" in names:
+            inputs.append(self._input(spec, "exclude_input_in_output", [True]))
+        for param, candidates in _PARAM_INPUTS.items():
+            value = getattr(req, param)
+            if value is None or value is False or value == []:
+                continue
+            name = next((n for n in candidates if n in names), None)
+            if name is None:
+                raise InvalidRequestError(
+                    f"The model {self.model!r} (Triton model {self.triton_model!r}) does not accept "
+                    f"'{param}'.", param=param, code="unsupported_parameter")
+            if param in ("stop_words", "bad_words"):
+                arr = words_tensor(value)
+                if spec.batched:
+                    arr = arr[np.newaxis, ...]
+                inp = InferInput(name, list(arr.shape), names[name][0])
+                inp.set_data_from_numpy(arr.astype(_NP.get(names[name][0], np.int32)))
+                inputs.append(inp)
+            else:
+                inputs.append(self._input(spec, name, [value]))
+        return inputs
+
+    def _outputs(self, spec: _ModelSpec, req: GenerationRequest) -> list[InferRequestedOutput]:
+        outs = [InferRequestedOutput("output_ids")]
+        if "sequence_length" in spec.outputs:
+            outs.append(InferRequestedOutput("sequence_length"))
+        if req.return_logprobs and "output_log_probs" in spec.outputs:
+            outs.append(InferRequestedOutput("output_log_probs"))
+        return outs
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        spec = await self._load_spec()
+        if spec.decoupled:
+            async for chunk in self._generate_stream(spec, request):
+                yield chunk
+        else:
+            yield await self._generate_unary(spec, request)
+
+    async def _generate_stream(self, spec: _ModelSpec, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        payload = {
+            "model_name": self.triton_model,
+            "model_version": self.version,
+            "inputs": self._build_inputs(spec, req, streaming=True),
+            "outputs": self._outputs(spec, req),
+            "request_id": req.request_id,
+        }
+
+        async def one_request() -> AsyncIterator[dict[str, Any]]:
+            # One request per stream: ending the generator half-closes the stream, so the stream
+            # itself ends after the model's FINAL response (the aio client never sees empty finals).
+            yield payload
+
+        stream = self._client.stream_infer(one_request(), stream_timeout=req.timeout_s)
+        try:
+            async for result, error in stream:
+                if error is not None:
+                    raise map_triton_error(error, self.model)
+                ids = result.as_numpy("output_ids")
+                if ids is None:
+                    continue
+                tokens = ids.reshape(-1).tolist()
+                logprobs = None
+                if req.return_logprobs:
+                    lp = result.as_numpy("output_log_probs")
+                    logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens else None
+                yield GenerationChunk(tokens, logprobs)
+        except GatewayError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise map_triton_error(e, self.model) from None
+        finally:
+            # Cancelling a finished stream is a no-op; cancelling a live one stops the model's work.
+            stream.cancel()
+
+    async def _generate_unary(self, spec: _ModelSpec, req: GenerationRequest) -> GenerationChunk:
+        try:
+            result = await self._client.infer(
+                self.triton_model, self._build_inputs(spec, req, streaming=False), model_version=self.version,
+                outputs=self._outputs(spec, req), request_id=req.request_id, client_timeout=req.timeout_s)
+        except Exception as e:  # noqa: BLE001
+            raise map_triton_error(e, self.model) from None
+        ids = result.as_numpy("output_ids")
+        tokens = ids.reshape(-1).tolist() if ids is not None else []
+        seq = result.as_numpy("sequence_length")
+        if seq is not None:
+            tokens = tokens[: int(seq.reshape(-1)[0])]
+        if "exclude_input_in_output" not in spec.inputs and tokens[: len(req.prompt_ids)] == req.prompt_ids:
+            tokens = tokens[len(req.prompt_ids):]
+        tokens = [t for t in tokens if t >= 0]
+        logprobs = None
+        if req.return_logprobs:
+            lp = result.as_numpy("output_log_probs")
+            logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens else None
+        return GenerationChunk(tokens, logprobs)
