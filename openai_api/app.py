@@ -15,10 +15,12 @@ from openai_api.config import GatewayConfig
 from openai_api.errors import GatewayError
 from openai_api.http.middleware import APIKeyMiddleware, RequestIdMiddleware
 from openai_api.http.responses import install_error_handlers
-from openai_api.http.routers import chat, health, models
+from openai_api.http.routers import chat, embeddings, health, models, rerank
 from openai_api.services.chat import ChatService
+from openai_api.services.embeddings import EmbeddingsService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.registry import ModelRegistry
+from openai_api.services.rerank import RerankService
 from openai_api.settings import Settings
 from openai_api.triton.client import TritonClientPool
 
@@ -31,12 +33,15 @@ class Services:
     chat: ChatService
     models: ModelsService
     health: HealthService
+    embeddings: EmbeddingsService
+    rerank: RerankService
 
 
 def build_services(config: GatewayConfig, pool: TritonClientPool) -> Services:
     registry = ModelRegistry(config, pool)
     return Services(registry=registry, chat=ChatService(registry), models=ModelsService(registry),
-                    health=HealthService(registry))
+                    health=HealthService(registry), embeddings=EmbeddingsService(registry),
+                    rerank=RerankService(registry))
 
 
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
@@ -53,13 +58,19 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
                 logger.info("model %s: Triton model %s checked", rt.name, rt.config.triton_name)
             except GatewayError as e:
                 logger.warning("model %s: %s", rt.name, e.message)
+        for enc in svc.registry.encoders.values():
+            try:
+                await enc.adapter.check()
+                logger.info("model %s: Triton model %s checked", enc.name, enc.config.triton_name)
+            except GatewayError as e:
+                logger.warning("model %s: %s", enc.name, e.message)
         yield
         await pool.close()
 
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
     app.state.services = svc
     install_error_handlers(app)
-    for r in (chat.router, models.router, health.router):
+    for r in (chat.router, embeddings.router, rerank.router, models.router, health.router):
         app.include_router(r)
     # Outermost last: request id wraps everything so even a 401 carries one.
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)

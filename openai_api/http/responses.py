@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -57,13 +58,19 @@ async def service_response(result: dict[str, Any] | AsyncIterator[bytes]) -> Res
     return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
+# Pydantic puts union-branch and validator tags into error locations ("str", "list[int]",
+# "function-after[...]", model class names); they are not parameter names, so the path stops there.
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[a-z_-]+\[.*\]|function-.*|lax-.*|strict-.*|[A-Z]\w*)$")
+
+
 def _param_from_loc(loc: tuple[Any, ...]) -> str | None:
-    parts = [p for p in loc if p not in ("body", "query", "path")]
     out = ""
-    for p in parts:
+    for p in loc[1:] if loc and loc[0] in ("body", "query", "path") else loc:
         if isinstance(p, int):
             out += f"[{p}]"
-        elif not (isinstance(p, str) and ("[" in p or "function-" in p)):  # pydantic union-branch tags
+        elif _TYPE_TAG.match(str(p)):
+            break
+        else:
             out += ("." if out else "") + str(p)
     return out or None
 
@@ -100,7 +107,9 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             return error_response(NotFoundError("Not found.", code="not_found"))
         if exc.status_code == 405:
-            err: GatewayError = InvalidRequestError("Method not allowed.", code="method_not_allowed")
+            # RFC 9110 15.5.6: a 405 must carry Allow; Starlette puts it in the exception's headers.
+            err: GatewayError = InvalidRequestError("Method not allowed.", code="method_not_allowed",
+                                                    headers=dict(exc.headers or {}))
             err.status = 405
             return error_response(err)
         err = InvalidRequestError(str(exc.detail))

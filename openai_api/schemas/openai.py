@@ -95,3 +95,37 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     suffix: str | None = None
     best_of: int | None = None
+
+
+class EmbeddingRequest(_Request):
+    model: str = Field(min_length=1)
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: str = "float"
+    dimensions: int | None = Field(default=None, ge=1)
+    user: str | None = None
+
+
+class RerankDocument(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    text: str
+
+
+class RerankRequest(_Request):
+    """Seed / Jina / Cohere v1 body: documents as strings or `{text}` objects; `top_n` may be a string
+    in the seed system's clients."""
+
+    model: str = Field(min_length=1)
+    query: str
+    documents: list[str | RerankDocument]
+    top_n: int | None = None
+    return_documents: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _coerce_top_n(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("top_n"), str) and data["top_n"].strip().isdigit():
+            data = {**data, "top_n": int(data["top_n"])}
+        return data
+
+    def texts(self) -> list[str]:
+        return [d if isinstance(d, str) else d.text for d in self.documents]

@@ -11,6 +11,7 @@ from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.triton.client import TritonClientPool
+from openai_api.triton.encoder import EncoderAdapter
 from openai_api.triton.llm import LLMBackend
 from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter
 
@@ -45,6 +46,7 @@ class LLMRuntime:
 class EncoderRuntime:
     config: EmbeddingModel | RerankModel
     tokenizer: TextTokenizer
+    adapter: EncoderAdapter
 
     @property
     def name(self) -> str:
@@ -86,6 +88,14 @@ def build_llm(m: LLMModel, info: ModelInfo, pool: TritonClientPool) -> LLMRuntim
                       stop_strings=sorted(set(stop_strings)), bad_token_words=_words(tok, info.bad_words))
 
 
+def build_encoder(m: EmbeddingModel | RerankModel, pool: TritonClientPool) -> EncoderRuntime:
+    output = m.output_name if isinstance(m, EmbeddingModel) else m.output_config.name
+    adapter = EncoderAdapter(pool, transport=m.transport, url=m.url, model=m.name, triton_model=m.triton_name,
+                             version=m.triton_version, input_config=m.input_config, input_dtype=m.input_dtype,
+                             output_name=output, timeout_s=m.timeout_s)
+    return EncoderRuntime(config=m, tokenizer=TextTokenizer.from_folder(m.path), adapter=adapter)
+
+
 class ModelRegistry:
     """Lookup by public model name, with the kind check every endpoint needs."""
 
@@ -97,7 +107,7 @@ class ModelRegistry:
         for m in config.llm:
             self.llms[m.name] = build_llm(m, config.model_info(m.name), pool)
         for e in [*config.embedding, *config.rerank]:
-            self.encoders[e.name] = EncoderRuntime(config=e, tokenizer=TextTokenizer.from_folder(e.path))
+            self.encoders[e.name] = build_encoder(e, pool)
 
     def kind_of(self, name: str) -> ModelKind | None:
         if name in self.llms:

@@ -1,0 +1,50 @@
+"""What embeddings and rerank share: special-token wrapping, padding, and chunked Triton calls."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from openai_api.services.registry import EncoderRuntime
+
+# Tokenizing a big batch takes milliseconds of CPU: above this many characters it runs in a worker
+# thread so the event loop keeps streaming other requests' tokens meanwhile.
+OFFLOAD_CHARS = 8192
+
+
+def special_wrap(rt: EncoderRuntime) -> tuple[list[int], list[int]]:
+    """The ids a single sequence is wrapped in ([CLS] ... [SEP] for BERT), read off the tokenizer itself."""
+    ids = rt.tokenizer.tokenizer.encode("", add_special_tokens=True).ids
+    if len(ids) >= 2:
+        return ids[:-1], ids[-1:]
+    return [], ids
+
+
+def pad_batch(seqs: list[list[int]], type_ids: list[list[int]] | None = None) -> dict[str, np.ndarray]:
+    width = max(len(s) for s in seqs)
+    ids = np.zeros((len(seqs), width), dtype=np.int64)
+    mask = np.zeros((len(seqs), width), dtype=np.int64)
+    types = np.zeros((len(seqs), width), dtype=np.int64)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)] = s
+        mask[i, : len(s)] = 1
+        if type_ids is not None:
+            types[i, : len(s)] = type_ids[i]
+    return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+
+async def infer_chunked(rt: EncoderRuntime, seqs: list[list[int]],
+                        type_ids: list[list[int]] | None = None) -> list[np.ndarray]:
+    """Split into chunks of at most the model's batch size, run them concurrently (Triton's dynamic
+    batcher merges them with other requests), and return per-chunk outputs in input order."""
+    await rt.adapter.check()
+    size = min(rt.config.max_batch_size, rt.adapter.max_batch_size or rt.config.max_batch_size)
+    chunks = [(seqs[i:i + size], type_ids[i:i + size] if type_ids else None) for i in range(0, len(seqs), size)]
+    return list(await asyncio.gather(*(rt.adapter.infer(pad_batch(s, t)) for s, t in chunks)))
+
+
+async def maybe_offload(total_chars: int, fn, *args):  # type: ignore[no-untyped-def]
+    if total_chars > OFFLOAD_CHARS:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)

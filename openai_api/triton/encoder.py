@@ -1,0 +1,105 @@
+"""Adapter for BERT-style encoder models (embeddings and cross-encoder rerank) over HTTP or gRPC.
+
+Wire contract: inputs named by the model config's `input_config` (tokenizer output name -> Triton
+input name), `[B, L]` in the configured integer dtype, padded with 0 and `attention_mask` 0; one
+requested output, `[B, L, H]` (`last_hidden_state`), `[B, H]` (`sentence_embedding`) or `[B, 1]`
+(`logits`). The model's Triton config is read once so inputs it does not declare (`token_type_ids`
+on XLM-R rerankers) are not sent, and a name or dtype mismatch is reported before the first request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpc_mod
+import tritonclient.http as http_mod
+
+from openai_api.errors import BackendUnavailableError, GatewayError
+from openai_api.triton.client import TritonClientPool, map_triton_error
+
+_NP = {"INT64": np.int64, "INT32": np.int32}
+
+
+class EncoderAdapter:
+    def __init__(self, pool: TritonClientPool, *, transport: str, url: str, model: str, triton_model: str,
+                 version: str, input_config: dict[str, str], input_dtype: str, output_name: str,
+                 timeout_s: float) -> None:
+        self.pool = pool
+        self.transport = transport
+        self.url = url
+        self.model = model
+        self.triton_model = triton_model
+        self.version = version
+        self.input_config = dict(input_config)
+        self.input_dtype = input_dtype
+        self.output_name = output_name
+        self.timeout_s = timeout_s
+        self._inputs: dict[str, str] | None = None  # Triton input name -> dtype, once known
+        self.max_batch_size: int | None = None
+        self._lock = asyncio.Lock()
+
+    async def check(self) -> None:
+        if self._inputs is not None:
+            return
+        async with self._lock:
+            if self._inputs is not None:
+                return
+            try:
+                client = self.pool.grpc(self.url) if self.transport == "grpc" else self.pool.http(self.url)
+                if self.transport == "grpc":
+                    raw = await client.get_model_config(self.triton_model, self.version, as_json=True)
+                    cfg = raw.get("config", raw)
+                else:
+                    cfg = await client.get_model_config(self.triton_model, self.version)
+            except Exception as e:  # noqa: BLE001
+                raise map_triton_error(e, self.model) from None
+            declared = {i["name"]: str(i.get("data_type", "")).removeprefix("TYPE_") for i in cfg.get("input", [])}
+            outputs = {o["name"] for o in cfg.get("output", [])}
+            problems = [f"input {t!r} (for {k}) is not declared" for k, t in self.input_config.items()
+                        if t not in declared and k in ("input_ids", "attention_mask")]
+            if self.output_name not in outputs:
+                problems.append(f"output {self.output_name!r} is not declared (has {sorted(outputs)})")
+            if problems:
+                raise BackendUnavailableError(
+                    f"Triton model {self.triton_model!r} does not match the config of {self.model!r}: "
+                    + "; ".join(problems))
+            self.max_batch_size = int(cfg.get("max_batch_size", 0) or 0) or None
+            self._inputs = {t: declared[t] for k, t in self.input_config.items() if t in declared}
+
+    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        """Run one batch. `features` maps tokenizer output names to `[B, L]` arrays; returns the output."""
+        await self.check()
+        assert self._inputs is not None
+        mod: Any = grpc_mod if self.transport == "grpc" else http_mod
+        inputs = []
+        for key, name in self.input_config.items():
+            if name not in self._inputs or key not in features:
+                continue
+            dtype = self._inputs[name] or self.input_dtype
+            arr = np.ascontiguousarray(features[key], dtype=_NP.get(dtype, np.int64))
+            inp = mod.InferInput(name, list(arr.shape), dtype)
+            if self.transport == "http":
+                inp.set_data_from_numpy(arr, binary_data=True)
+            else:
+                inp.set_data_from_numpy(arr)
+            inputs.append(inp)
+        try:
+            if self.transport == "grpc":
+                outputs = [grpc_mod.InferRequestedOutput(self.output_name)]
+                result = await self.pool.grpc(self.url).infer(
+                    self.triton_model, inputs, model_version=self.version, outputs=outputs,
+                    client_timeout=self.timeout_s)
+            else:
+                outputs = [http_mod.InferRequestedOutput(self.output_name, binary_data=True)]
+                result = await asyncio.wait_for(self.pool.http(self.url).infer(
+                    self.triton_model, inputs, model_version=self.version, outputs=outputs), self.timeout_s)
+        except GatewayError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise map_triton_error(e, self.model) from None
+        out = result.as_numpy(self.output_name)
+        if out is None:
+            raise BackendUnavailableError(f"Triton returned no {self.output_name!r} for model {self.model!r}.")
+        return out
