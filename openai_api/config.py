@@ -211,7 +211,7 @@ def load_config(path: Path | str) -> GatewayConfig:
     except ValidationError as e:
         err = e.errors()[0]
         field = _field_path(tuple(err["loc"]), data)
-        reason = err["msg"]
+        reason = err["msg"].removeprefix("Value error, ")
         if err["type"] == "missing":
             reason = "missing required field"
         elif err["type"] == "extra_forbidden":

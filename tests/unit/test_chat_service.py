@@ -1,0 +1,525 @@
+"""ChatService end to end over a scripted fake LLM backend: OpenAI shapes, streaming, stops, budgets."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from openai_api.config import BUNDLED_CONFIG, GatewayConfig, ModelInfo, load_config
+from openai_api.errors import (
+    BackendError,
+    BackendUnavailableError,
+    ContextLengthExceededError,
+    GatewayError,
+    InvalidRequestError,
+)
+from openai_api.schemas.openai import ChatCompletionRequest
+from openai_api.services.chat import ChatService
+from openai_api.services.registry import LLMRuntime, ModelRegistry, build_llm
+from openai_api.text.tokenizer import TextTokenizer
+from openai_api.triton.client import TritonClientPool
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
+SPEC_DIR = REPO.parent / "shared" / "openai-spec"
+MODEL = "smollm2-135m-instruct"
+SMOLLM2_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+
+if not (SMOLLM2_DIR / "tokenizer.json").is_file():
+    pytest.skip(f"SmolLM2 tokenizer not found at {SMOLLM2_DIR} (run the set-up script to fetch it)",
+                allow_module_level=True)
+
+
+class FakeBackend:
+    """An `LLMBackend` that plays a script of chunks, records every request and how each stream ended.
+
+    `fail_at=k` raises `error` instead of yielding chunk k (k == len(script): after the last chunk).
+    """
+
+    model = MODEL
+
+    def __init__(self, script: list[list[int]], *, fail_at: int | None = None,
+                 error: GatewayError | None = None) -> None:
+        self.script = script
+        self.fail_at = fail_at
+        self.error = error or BackendError("Triton failed the request.")
+        self.requests: list[GenerationRequest] = []
+        self.closed_early = 0
+        self.completed = 0
+        self.yielded = 0
+
+    def supports(self, param: str) -> bool:
+        return True
+
+    async def check(self) -> None:
+        return None
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.requests.append(request)
+        try:
+            for k, ids in enumerate(self.script):
+                if k == self.fail_at:
+                    raise self.error
+                self.yielded += 1
+                yield GenerationChunk(token_ids=list(ids))
+            if self.fail_at == len(self.script):
+                raise self.error
+            self.completed += 1
+        except GeneratorExit:
+            self.closed_early += 1  # the consumer closed us: the Triton request would be cancelled
+            raise
+
+
+def _conforms(backend: FakeBackend) -> LLMBackend:
+    return backend  # type-checks FakeBackend against the LLMBackend protocol
+
+
+@pytest.fixture(scope="module")
+def pool() -> TritonClientPool:
+    return TritonClientPool()  # never connects: every runtime's backend is replaced by a fake
+
+
+def llm_only_config(folder: Path) -> GatewayConfig:
+    """The bundled config's entry for MODEL alone (its paths made absolute), so the other bundled models'
+    folders need not exist here."""
+    data = json.loads(BUNDLED_CONFIG.read_text(encoding="utf-8"))
+    entry = next((dict(e) for e in data.get("llm", []) if e.get("name") == MODEL), None)
+    if entry is None:
+        pytest.skip(f"{BUNDLED_CONFIG} has no llm entry named {MODEL!r}")
+    entry["path"] = str((BUNDLED_CONFIG.parent / entry["path"]).resolve())
+    template = entry.get("chat_template")
+    if template and (BUNDLED_CONFIG.parent / template).is_file():
+        entry["chat_template"] = str((BUNDLED_CONFIG.parent / template).resolve())
+    infos = [i for i in data.get("model_infos", []) if i.get("name") == MODEL]
+    path = folder / "model_config.json"
+    path.write_text(json.dumps({"model_infos": infos, "llm": [entry]}), encoding="utf-8")
+    return load_config(path)
+
+
+@pytest.fixture(scope="module")
+def bundled(tmp_path_factory: pytest.TempPathFactory) -> GatewayConfig:
+    return llm_only_config(tmp_path_factory.mktemp("config"))
+
+
+@pytest.fixture(scope="module")
+def registry(bundled: GatewayConfig, pool: TritonClientPool) -> ModelRegistry:
+    return ModelRegistry(bundled, pool)
+
+
+@pytest.fixture(scope="module")
+def base_runtime(registry: ModelRegistry) -> LLMRuntime:
+    """The bundled llm entry as the registry builds it (tokenizer, template, config defaults)."""
+    return registry.llm(MODEL)
+
+
+@pytest.fixture(scope="module")
+def tok(base_runtime: LLMRuntime) -> TextTokenizer:
+    return base_runtime.tokenizer
+
+
+RuntimeFactory = Callable[..., tuple[ChatService, LLMRuntime, FakeBackend]]
+
+
+@pytest.fixture
+def make_service(bundled: GatewayConfig, pool: TritonClientPool, registry: ModelRegistry,
+                 base_runtime: LLMRuntime) -> RuntimeFactory:
+    """A real ChatService/LLMRuntime for the bundled llm entry, with the Triton adapter swapped for a fake.
+
+    Keyword overrides go to the entry's model_infos (e.g. `max_len=64`) and rebuild the runtime."""
+
+    def make(script: list[list[int]], *, fail_at: int | None = None, error: GatewayError | None = None,
+             **info: Any) -> tuple[ChatService, LLMRuntime, FakeBackend]:
+        fake = FakeBackend(script, fail_at=fail_at, error=error)
+        if info:
+            m = bundled.llm[0]
+            rt = build_llm(m, ModelInfo(**{**bundled.model_info(m.name).model_dump(), **info}), pool)
+            rt.backend = _conforms(fake)
+        else:
+            rt = dataclasses.replace(base_runtime, backend=_conforms(fake))
+        reg = copy.copy(registry)
+        reg.llms = {rt.name: rt}
+        return ChatService(reg), rt, fake
+
+    return make
+
+
+@pytest.fixture(scope="module")
+def validate() -> Callable[[str, Any], None]:
+    if not (SPEC_DIR / "validate.py").is_file():
+        pytest.skip(f"OpenAI spec validator not found at {SPEC_DIR}")
+    sys.path.insert(0, str(SPEC_DIR))
+    try:
+        from validate import validate as spec_validate
+    finally:
+        sys.path.remove(str(SPEC_DIR))
+    return spec_validate  # type: ignore[no-any-return]
+
+
+def chat(**kw: Any) -> ChatCompletionRequest:
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], **kw}
+    return ChatCompletionRequest.model_validate(body)
+
+
+def pieces(tok: TextTokenizer, *texts: str) -> list[list[int]]:
+    """One fake chunk per text (each chunk holding that text's token ids)."""
+    return [tok.encode(t) for t in texts]
+
+
+def tokens(tok: TextTokenizer, text: str) -> list[list[int]]:
+    """One fake chunk per token of the text."""
+    return [[i] for i in tok.encode(text)]
+
+
+async def sse_events(result: Any) -> list[str]:
+    """Every SSE `data:` payload of a stream, in order, as raw strings."""
+    assert not isinstance(result, dict), "expected a stream"
+    raw = b"".join([chunk async for chunk in result]).decode("utf-8")
+    assert raw.endswith("\n\n")
+    events = [e for e in raw.split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events), events
+    return [e[len("data: "):] for e in events]
+
+
+def json_events(events: list[str]) -> list[dict[str, Any]]:
+    return [json.loads(e) for e in events if e != "[DONE]"]
+
+
+def streamed_text(chunks: list[dict[str, Any]], index: int = 0) -> str:
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks
+                   if c["choices"] and c["choices"][0]["index"] == index)
+
+
+# --- response shapes ---------------------------------------------------------------------------------------
+
+
+async def test_non_stream_response_is_one_chat_completion_object(make_service: RuntimeFactory,
+                                                                tok: TextTokenizer) -> None:
+    svc, _, fake = make_service(tokens(tok, "Hello there!"))
+    body = await svc.create(chat(max_tokens=50), "rid1")
+    assert isinstance(body, dict)
+    assert body["id"] == "chatcmpl-rid1"
+    assert body["object"] == "chat.completion"
+    assert body["model"] == MODEL
+    assert isinstance(body["created"], int)
+    (choice,) = body["choices"]
+    assert choice == {"index": 0, "message": {"role": "assistant", "content": "Hello there!", "refusal": None},
+                      "logprobs": None, "finish_reason": "stop"}
+    assert body["usage"]["completion_tokens"] == len(tok.encode("Hello there!"))
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"]
+    assert fake.completed == 1
+
+
+@pytest.mark.parametrize("n", [1, 2])
+async def test_non_stream_response_validates_against_the_openai_schema(
+        make_service: RuntimeFactory, tok: TextTokenizer, validate: Callable[[str, Any], None], n: int) -> None:
+    svc, _, _ = make_service(tokens(tok, "Hello there!"))
+    body = await svc.create(chat(max_tokens=50, n=n, seed=5), "rid1")
+    validate("CreateChatCompletionResponse", body)
+
+
+@pytest.mark.parametrize("include_usage", [False, True])
+async def test_stream_is_role_then_content_then_finish_then_optional_usage_then_done(
+        make_service: RuntimeFactory, tok: TextTokenizer, include_usage: bool) -> None:
+    svc, _, _ = make_service(pieces(tok, "Hello", " wor", "ld 😀"))
+    opts = {"stream_options": {"include_usage": True}} if include_usage else {}
+    events = await sse_events(await svc.create(chat(stream=True, max_tokens=50, **opts), "rid2"))
+
+    assert events[-1] == "[DONE]"
+    assert events.count("[DONE]") == 1
+    chunks = json_events(events)
+    assert all(c["id"] == "chatcmpl-rid2" and c["object"] == "chat.completion.chunk" for c in chunks)
+    assert len({c["created"] for c in chunks}) == 1
+
+    role, *content, finish = chunks[:-1] if include_usage else chunks
+    assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                "finish_reason": None}]
+    assert [c["choices"][0]["delta"] for c in content] == [{"content": "Hello"}, {"content": " wor"},
+                                                            {"content": "ld 😀"}]
+    assert all(c["choices"][0]["finish_reason"] is None for c in content)
+    assert finish["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
+    assert all("usage" not in c for c in [role, *content, finish])
+    if include_usage:
+        usage = chunks[-1]
+        assert usage["choices"] == []
+        n_completion = sum(len(p) for p in pieces(tok, "Hello", " wor", "ld 😀"))
+        assert usage["usage"]["completion_tokens"] == n_completion
+        assert usage["usage"]["total_tokens"] == usage["usage"]["prompt_tokens"] + n_completion
+
+
+async def test_every_stream_chunk_validates_against_the_openai_schema(
+        make_service: RuntimeFactory, tok: TextTokenizer, validate: Callable[[str, Any], None]) -> None:
+    svc, _, _ = make_service(tokens(tok, "Hi 世界!"))
+    req = chat(stream=True, n=2, seed=1, max_tokens=50, stream_options={"include_usage": True})
+    chunks = json_events(await sse_events(await svc.create(req, "rid3")))
+    assert len(chunks) >= 6
+    for c in chunks:
+        validate("CreateChatCompletionStreamResponse", c)
+
+
+async def test_multibyte_text_split_across_chunks_streams_without_replacement_chars(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    text = "emoji 😀🎉 and 世界 and é"
+    svc, _, _ = make_service(tokens(tok, text))
+    chunks = json_events(await sse_events(await svc.create(chat(stream=True, max_tokens=100), "r")))
+    deltas = [c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"]]
+    assert all("\ufffd" not in d for d in deltas)
+    assert streamed_text(chunks) == text
+
+
+# --- finish reasons and usage --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_finish_reason_is_length_when_max_tokens_were_generated(make_service: RuntimeFactory, tok: TextTokenizer,
+                                                                    stream: bool) -> None:
+    script = tokens(tok, "one two three four")[:3]
+    svc, _, fake = make_service(script)
+    result = await svc.create(chat(max_tokens=3, stream=stream), "r")
+    if stream:
+        chunks = json_events(await sse_events(result))
+        assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    else:
+        assert isinstance(result, dict)
+        assert result["choices"][0]["finish_reason"] == "length"
+        assert result["usage"]["completion_tokens"] == 3
+    assert fake.requests[0].max_tokens == 3
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_finish_reason_is_stop_when_fewer_than_max_tokens_were_generated(
+        make_service: RuntimeFactory, tok: TextTokenizer, stream: bool) -> None:
+    svc, _, _ = make_service(tokens(tok, "one two")[:2])
+    result = await svc.create(chat(max_tokens=3, stream=stream), "r")
+    if stream:
+        chunks = json_events(await sse_events(result))
+        assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    else:
+        assert isinstance(result, dict)
+        assert result["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_end_token_is_not_shown_and_finishes_with_stop(make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    end_id = tok.eos_token_ids[0]
+    svc, _, _ = make_service([*tokens(tok, "Done."), [end_id]])
+    body = await svc.create(chat(max_tokens=20), "r")
+    assert isinstance(body, dict)
+    assert body["choices"][0]["message"]["content"] == "Done."
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_prompt_tokens_count_the_rendered_chat_template(make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    svc, rt, fake = make_service(tokens(tok, "ok"))
+    req = chat(messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=5)
+    body = await svc.create(req, "r")
+    assert isinstance(body, dict)
+    rendered = SMOLLM2_SYSTEM + "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert svc.render_prompt(rt, req) == rendered
+    expected_ids = rt.tokenizer.encode(rendered)
+    assert body["usage"]["prompt_tokens"] == len(expected_ids)
+    assert fake.requests[0].prompt_ids == expected_ids
+
+
+# --- stop strings and cancellation --------------------------------------------------------------------------
+
+
+async def test_stop_string_split_across_two_tokens_never_appears_in_any_chunk(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    svc, _, fake = make_service(pieces(tok, "The answer", " is 4.", " ##", "# Next", " question", " again"))
+    events = await sse_events(await svc.create(chat(stream=True, stop=["###"], max_tokens=50), "r"))
+    assert "#" not in "".join(events)
+    chunks = json_events(events)
+    assert streamed_text(chunks) == "The answer is 4. "
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    assert events[-1] == "[DONE]"
+    # The stop closed the backend's iterator: the Triton request is cancelled, nothing more is read.
+    assert fake.closed_early == 1
+    assert fake.completed == 0
+    assert fake.yielded == 4
+
+
+async def test_stop_string_split_across_tokens_is_cut_in_non_stream_responses(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    svc, _, fake = make_service(pieces(tok, "Hi", "<|im", "_end|>", " after"))
+    body = await svc.create(chat(stop="<|im_end|>", max_tokens=50), "r")
+    assert isinstance(body, dict)
+    assert body["choices"][0]["message"]["content"] == "Hi"
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert fake.closed_early == 1
+
+
+async def test_config_stop_words_are_stop_strings_too(make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    svc, rt, fake = make_service(pieces(tok, "alpha", " OBS", "ERVATION:", " beta"), stop_words=["OBSERVATION:"])
+    assert fake is rt.backend
+    body = await svc.create(chat(max_tokens=50), "r")
+    assert isinstance(body, dict)
+    assert body["choices"][0]["message"]["content"] == "alpha "
+    assert fake.requests[0].stop_words == [rt.tokenizer.encode("OBSERVATION:")]
+
+
+# --- request -> GenerationRequest -----------------------------------------------------------------------------
+
+
+async def test_config_defaults_flow_into_the_generation_request(make_service: RuntimeFactory) -> None:
+    svc, rt, fake = make_service([], temperature=0.3, top_p=0.8, top_k=12, repetition_penalty=1.2)
+    await svc.create(chat(max_tokens=5), "rid")
+    (g,) = fake.requests
+    assert (g.temperature, g.top_p, g.top_k, g.repetition_penalty) == (0.3, 0.8, 12, 1.2)
+    assert g.end_id == rt.tokenizer.eos_token_ids[0]  # end_id -1 in the config: taken from the tokenizer
+    assert g.pad_id is not None
+    assert g.request_id == "rid"
+    assert g.timeout_s == rt.config.timeout_s
+
+
+async def test_bundled_model_infos_defaults_reach_the_backend(make_service: RuntimeFactory) -> None:
+    svc, rt, fake = make_service([])
+    assert rt.info.temperature is not None, "the bundled config should set a default temperature"
+    await svc.create(chat(max_tokens=5), "r")
+    (g,) = fake.requests
+    assert (g.temperature, g.top_p, g.repetition_penalty) == (rt.info.temperature, rt.info.top_p,
+                                                              rt.info.repetition_penalty)
+
+
+async def test_request_sampling_values_win_over_config_defaults(make_service: RuntimeFactory) -> None:
+    svc, _, fake = make_service([], temperature=0.9, top_p=0.9, top_k=5, repetition_penalty=1.2)
+    await svc.create(chat(max_tokens=5, temperature=0.2, top_p=0.5, top_k=40, seed=7, presence_penalty=0.3), "r")
+    (g,) = fake.requests
+    assert (g.temperature, g.top_p, g.top_k, g.seed, g.presence_penalty) == (0.2, 0.5, 40, 7, 0.3)
+    assert g.repetition_penalty == 1.2  # not in the request: still the config's
+
+
+async def test_config_end_id_overrides_the_tokenizer_eos(make_service: RuntimeFactory) -> None:
+    svc, _, fake = make_service([], end_id=7, pad_id=9, temperature=0.0)
+    await svc.create(chat(max_tokens=5), "r")
+    (g,) = fake.requests
+    assert (g.end_id, g.pad_id, g.temperature) == (7, 9, 0.0)
+
+
+async def test_unset_max_tokens_fills_the_context(make_service: RuntimeFactory) -> None:
+    svc, rt, fake = make_service([])
+    req = chat()
+    await svc.create(req, "r")
+    prompt_len = len(rt.tokenizer.encode(svc.render_prompt(rt, req)))
+    assert fake.requests[0].max_tokens == rt.context_length - prompt_len
+    assert rt.context_length == (rt.info.max_len or rt.tokenizer.context_length)
+
+
+async def test_max_completion_tokens_is_the_budget_when_given(make_service: RuntimeFactory) -> None:
+    svc, _, fake = make_service([])
+    await svc.create(chat(max_completion_tokens=11, max_tokens=99), "r")
+    assert fake.requests[0].max_tokens == 11
+
+
+async def test_prompt_longer_than_the_context_is_refused(make_service: RuntimeFactory) -> None:
+    svc, _, fake = make_service([], max_len=32)
+    with pytest.raises(ContextLengthExceededError) as info:
+        await svc.create(chat(messages=[{"role": "user", "content": "word " * 100}]), "r")
+    assert info.value.code == "context_length_exceeded"
+    assert info.value.param == "messages"
+    assert info.value.status == 400
+    assert "32" in info.value.message
+    assert fake.requests == []
+
+
+async def test_max_tokens_beyond_the_context_is_refused(make_service: RuntimeFactory) -> None:
+    svc, _, fake = make_service([], max_len=64)
+    with pytest.raises(ContextLengthExceededError) as info:
+        await svc.create(chat(max_tokens=60), "r")
+    assert info.value.code == "context_length_exceeded"
+    assert fake.requests == []
+
+
+# --- message content ------------------------------------------------------------------------------------------
+
+
+async def test_content_as_a_list_of_text_parts_is_joined(make_service: RuntimeFactory) -> None:
+    svc, rt, fake = make_service([])
+    parts = [{"type": "text", "text": "Hello, "}, {"type": "text", "text": "world"}]
+    await svc.create(chat(messages=[{"role": "user", "content": parts}], max_tokens=5), "r")
+    prompt = rt.tokenizer.decode(fake.requests[0].prompt_ids, skip_special_tokens=False)
+    assert prompt == SMOLLM2_SYSTEM + "<|im_start|>user\nHello, world<|im_end|>\n<|im_start|>assistant\n"
+
+
+async def test_image_part_is_refused_naming_the_part(make_service: RuntimeFactory) -> None:
+    svc, _, fake = make_service([])
+    parts = [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
+    with pytest.raises(InvalidRequestError) as info:
+        await svc.create(chat(messages=[{"role": "user", "content": parts}]), "r")
+    assert info.value.param == "messages[0].content[0]"
+    assert info.value.status == 400
+    assert fake.requests == []
+
+
+# --- n > 1 ------------------------------------------------------------------------------------------------------
+
+
+async def test_n_2_gives_two_choices_with_distinct_seeds(make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    svc, rt, fake = make_service(tokens(tok, "Same text"))
+    body = await svc.create(chat(n=2, seed=42, max_tokens=50), "rid")
+    assert isinstance(body, dict)
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert all(c["message"]["content"] == "Same text" for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == 2 * len(rt.tokenizer.encode("Same text"))
+    seeds = [g.seed for g in fake.requests]
+    assert len(seeds) == 2 and len(set(seeds)) == 2 and 42 in seeds
+    assert len({g.request_id for g in fake.requests}) == 2
+
+
+async def test_n_2_streams_both_choices_each_with_role_content_and_finish(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    svc, _, fake = make_service(tokens(tok, "Hi there"))
+    chunks = json_events(await sse_events(await svc.create(chat(n=2, seed=3, stream=True, max_tokens=50), "r")))
+    for index in (0, 1):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == index]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert mine[-1]["finish_reason"] == "stop"
+        assert sum(c["finish_reason"] is not None for c in mine) == 1
+        assert streamed_text(chunks, index) == "Hi there"
+    assert {c["choices"][0]["index"] for c in chunks} == {0, 1}
+    assert len({g.seed for g in fake.requests}) == 2
+
+
+# --- backend errors ---------------------------------------------------------------------------------------------
+
+
+async def test_backend_error_before_any_token_is_raised_for_non_stream(make_service: RuntimeFactory) -> None:
+    svc, _, _ = make_service([[1, 2]], fail_at=0, error=BackendUnavailableError("Triton is down."))
+    with pytest.raises(BackendUnavailableError):
+        await svc.create(chat(max_tokens=5), "r")
+
+
+async def test_backend_error_before_the_first_token_propagates_from_the_stream(make_service: RuntimeFactory) -> None:
+    svc, _, _ = make_service([[1, 2]], fail_at=0, error=BackendUnavailableError("Triton is down."))
+    stream = await svc.create(chat(stream=True, max_tokens=5), "r")
+    assert not isinstance(stream, dict)
+    with pytest.raises(BackendUnavailableError) as info:
+        await anext(stream)  # type: ignore[arg-type]
+    assert info.value.status == 503
+
+
+async def test_backend_error_after_tokens_becomes_a_final_error_event(make_service: RuntimeFactory,
+                                                                     tok: TextTokenizer) -> None:
+    svc, _, fake = make_service(pieces(tok, "partial", " answer", " lost"), fail_at=2,
+                                error=BackendError("Triton failed mid-stream."))
+    events = await sse_events(await svc.create(chat(stream=True, max_tokens=50), "r"))
+    assert "[DONE]" not in events
+    *chunks, last = [json.loads(e) for e in events]
+    assert streamed_text(chunks) == "partial answer"
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+    assert last == {"error": {"message": "Triton failed mid-stream.", "type": "server_error", "param": None,
+                              "code": "backend_error"}}
+    assert fake.completed == 0
+
+
+async def test_mid_stream_error_event_validates_against_openai_error_response(
+        make_service: RuntimeFactory, tok: TextTokenizer, validate: Callable[[str, Any], None]) -> None:
+    svc, _, _ = make_service(pieces(tok, "partial", " answer"), fail_at=1)
+    events = await sse_events(await svc.create(chat(stream=True, max_tokens=50), "r"))
+    validate("ErrorResponse", json.loads(events[-1]))

@@ -1,0 +1,131 @@
+"""IncrementalDetokenizer over SmolLM2's byte-level BPE: exact text, never a half character."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from openai_api.text.detokenizer import IncrementalDetokenizer
+from openai_api.text.tokenizer import TextTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
+
+if not (SMOLLM2_DIR / "tokenizer.json").is_file():
+    pytest.skip(f"SmolLM2 tokenizer not found at {SMOLLM2_DIR} (run the set-up script to fetch it)",
+                allow_module_level=True)
+
+REPLACEMENT = "\ufffd"
+
+SAMPLES = [
+    "Hello, world!",
+    " leading space and trailing space ",
+    "héllo café naïve Ærøskøbing",
+    "😀",
+    "Emoji 😀🎉🚀 in a row",
+    "family: 👨\u200d👩\u200d👧 and flags 🇫🇷🇯🇵",
+    "世界你好\uff0c这是一个测试。",
+    "日本語のテキストと한국어",
+    "mixed: abc 世界 😀 é ß ∑ → ✓",
+    "tabs\tand\nnewlines\n\n  indented",
+    "code: def f(x):\n    return x ** 2  # ok",
+    "numbers 1234567890 3.14159",
+    "Ünïcödé ÅÄÖ ñ ç Ω ж ע ع",
+    "   ",
+    "a",
+]
+
+
+@pytest.fixture(scope="module")
+def tok() -> TextTokenizer:
+    return TextTokenizer.from_folder(SMOLLM2_DIR)
+
+
+def stream(tok: TextTokenizer, ids: list[int], prefix_ids: list[int] | None = None) -> list[str]:
+    d = IncrementalDetokenizer(tok.tokenizer, prefix_ids=prefix_ids)
+    return [d.step(i) for i in ids]
+
+
+def _splits_multibyte_chars(tok: TextTokenizer, ids: list[int]) -> bool:
+    """True when at least one token ends inside a UTF-8 character (the case this module is about)."""
+    return any(tok.decode([i]).endswith(REPLACEMENT) for i in ids)
+
+
+@pytest.mark.parametrize("text", ["😀", "世界", "é" * 3 + "😀🎉", "👨\u200d👩\u200d👧"])
+def test_multibyte_char_split_across_tokens_is_reassembled_exactly(tok: TextTokenizer, text: str) -> None:
+    ids = tok.encode(text)
+    assert _splits_multibyte_chars(tok, ids) or len(ids) == 1
+    pieces = stream(tok, ids)
+    assert "".join(pieces) == text
+    assert all(REPLACEMENT not in p for p in pieces)
+
+
+def test_emoji_split_over_several_tokens_yields_nothing_until_complete(tok: TextTokenizer) -> None:
+    ids = tok.encode("😀")
+    assert len(ids) > 1, "the emoji should span several byte-level tokens"
+    pieces = stream(tok, ids)
+    assert pieces[:-1] == [""] * (len(ids) - 1)
+    assert pieces[-1] == "😀"
+
+
+@pytest.mark.parametrize("text", SAMPLES)
+def test_concatenated_steps_equal_decoding_all_ids(tok: TextTokenizer, text: str) -> None:
+    ids = tok.encode(text)
+    pieces = stream(tok, ids)
+    assert "".join(pieces) == tok.decode(ids)
+    assert "".join(pieces) == text
+    assert all(REPLACEMENT not in p for p in pieces)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_random_mixed_text_streams_exactly(tok: TextTokenizer, seed: int) -> None:
+    rng = random.Random(seed)
+    alphabet = list("abcxyz ABC,.!?\n\t0123") + list("éüßøñç") + list("世界你好日本語") + ["😀", "🎉", "🚀", "👍🏽"]
+    for _ in range(20):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40)))
+        ids = tok.encode(text)
+        pieces = stream(tok, ids)
+        assert "".join(pieces) == tok.decode(ids) == text, text
+        assert all(REPLACEMENT not in p for p in pieces), text
+
+
+def test_steps_batch_equals_single_steps(tok: TextTokenizer) -> None:
+    ids = tok.encode("mixed: abc 世界 😀 é")
+    d = IncrementalDetokenizer(tok.tokenizer)
+    batched = d.steps(ids[:3]) + d.steps(ids[3:7]) + d.steps([]) + d.steps(ids[7:])
+    assert batched == "".join(stream(tok, ids))
+
+
+def test_special_tokens_are_skipped(tok: TextTokenizer) -> None:
+    im_end = tok.tokenizer.token_to_id("<|im_end|>")
+    im_start = tok.tokenizer.token_to_id("<|im_start|>")
+    assert im_end is not None and im_start is not None
+    ids = [*tok.encode("Hi there"), im_end, im_start, *tok.encode(" 😀")]
+    text = "".join(stream(tok, ids))
+    assert text == "Hi there 😀"
+    assert "<|im" not in text
+
+
+def test_special_tokens_are_kept_when_asked(tok: TextTokenizer) -> None:
+    im_end = tok.tokenizer.token_to_id("<|im_end|>")
+    d = IncrementalDetokenizer(tok.tokenizer, skip_special_tokens=False)
+    assert d.steps([*tok.encode("Hi"), im_end]) == "Hi<|im_end|>"
+
+
+@pytest.mark.parametrize("prompt", [
+    "<|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n",
+    "A prompt that ends in a word",
+    "Ends with emoji 😀",
+    "世界世界世界世界世界",
+    "😀😀😀😀😀😀",  # the 8-id priming window starts in the middle of a character
+])
+@pytest.mark.parametrize("completion", [" world", "world 😀 ok", "界 and more", "\n\n- item", "é"])
+def test_prefix_priming_does_not_change_output_for_byte_level_bpe(tok: TextTokenizer, prompt: str,
+                                                                  completion: str) -> None:
+    prompt_ids = tok.encode(prompt)
+    ids = tok.encode(completion)
+    primed = "".join(stream(tok, ids, prefix_ids=prompt_ids))
+    unprimed = "".join(stream(tok, ids))
+    assert primed == unprimed == completion
