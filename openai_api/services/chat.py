@@ -100,7 +100,7 @@ class ChatService:
         prompt_ids = rt.tokenizer.encode(prompt)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(rt, requested, len(prompt_ids), "messages")
-        greqs = [build_generation_request(rt, req, prompt_ids, max_tokens, request_id, i) for i in range(req.n)]
+        greqs = [build_generation_request(rt, req, prompt_ids, max_tokens, request_id, i, prompt) for i in range(req.n)]
         stops = req.stop_list()
         completion_id = f"chatcmpl-{request_id}" if request_id else f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())

@@ -36,8 +36,13 @@ async def generate_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str
     chunks = rt.backend.generate(greq)
     try:
         async for chunk in chunks:
-            produced += len(chunk.token_ids)
-            text = matcher.push(detok.steps(chunk.token_ids))
+            if chunk.text is not None:
+                produced += chunk.num_tokens if chunk.num_tokens is not None else len(
+                    rt.tokenizer.encode(chunk.text))
+                text = matcher.push(chunk.text)
+            else:
+                produced += len(chunk.token_ids)
+                text = matcher.push(detok.steps(chunk.token_ids))
             if matcher.stopped:
                 yield TextEvent(text, "stop", produced)
                 return
@@ -68,7 +73,7 @@ def _first(*values: Any) -> Any:
 
 
 def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
-                             request_id: str, choice_index: int = 0) -> GenerationRequest:
+                             request_id: str, choice_index: int = 0, prompt_text: str = "") -> GenerationRequest:
     info, gdefaults = rt.info, rt.tokenizer.generation_defaults
     if req.logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this model's Triton backend.",
@@ -82,6 +87,7 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         seed = (seed + choice_index) % 2**64  # n > 1 with a seed: reproducible, yet distinct choices
     return GenerationRequest(
         prompt_ids=prompt_ids,
+        prompt_text=prompt_text,
         max_tokens=max_tokens,
         request_id=request_id if not choice_index else f"{request_id}-{choice_index}",
         end_id=rt.end_id,

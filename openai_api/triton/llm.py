@@ -14,6 +14,8 @@ class GenerationRequest:
 
     prompt_ids: list[int]
     max_tokens: int
+    # Text-in protocols (the vLLM backend) send this instead of ids; ids still count prompt tokens.
+    prompt_text: str = ""
     request_id: str = ""
     end_id: int | None = None
     pad_id: int | None = None
@@ -33,10 +35,16 @@ class GenerationRequest:
 
 @dataclass(slots=True)
 class GenerationChunk:
-    """New tokens since the previous chunk (never cumulative), with their log-probs if asked for."""
+    """New tokens since the previous chunk (never cumulative), with their log-probs if asked for.
+
+    Text-out protocols (the vLLM backend) fill `text` with the new text instead and `num_tokens` with
+    how many tokens it took (when the backend says; else the count is estimated by the tokenizer).
+    """
 
     token_ids: list[int]
     logprobs: list[float] | None = None
+    text: str | None = None
+    num_tokens: int | None = None
 
 
 # Request fields an adapter may or may not be able to honour, by the name the OpenAI API uses.
