@@ -80,7 +80,8 @@ class LLMModel(_Served):
     chat_template: Path | None = None
     transport: Transport = "grpc"
     protocol: LLMProtocol = "auto"
-    tool_parser: str | None = None
+    tool_parser: Literal["hermes", "llama3_json"] | None = Field(
+        default=None, description="how tool calls are read from the output; default hermes (<tool_call> JSON)")
 
 
 class EmbeddingModel(_Served):

@@ -20,6 +20,7 @@ from openai_api.services.generation import (
 )
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, usage_dict
+from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
 from openai_api.text.templates import TemplateError
 
 logger = logging.getLogger(__name__)
@@ -62,29 +63,35 @@ class ChatService:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
-    def _refuse_unsupported(self, req: ChatCompletionRequest) -> None:
-        if req.logprobs or req.top_logprobs:
-            raise InvalidRequestError("logprobs are not supported on chat completions yet.", param="logprobs",
-                                      code="unsupported_parameter")
-        if req.tools:
-            raise InvalidRequestError("tools are not supported by this gateway yet.", param="tools",
-                                      code="unsupported_parameter")
+    def _refuse_unsupported(self, rt: LLMRuntime, req: ChatCompletionRequest) -> None:
+        if req.top_logprobs:
+            raise InvalidRequestError(
+                "top_logprobs > 0 is not supported: Triton's TensorRT-LLM protocol returns only the sampled "
+                "token's log-probability. Use logprobs=true with top_logprobs=0.", param="top_logprobs",
+                code="unsupported_parameter")
+        if req.logprobs and not rt.backend.supports("return_logprobs"):
+            raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
+                                      param="logprobs", code="unsupported_parameter")
         if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise InvalidRequestError("response_format other than 'text' is not supported by this backend.",
-                                      param="response_format", code="unsupported_parameter")
+            raise InvalidRequestError(
+                "response_format other than 'text' needs guided decoding, which this model's Triton backend "
+                "does not offer.", param="response_format", code="unsupported_parameter")
 
-    def render_prompt(self, rt: LLMRuntime, req: ChatCompletionRequest) -> str:
+    def render_prompt(self, rt: LLMRuntime, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
+        plan = plan or ToolPlan()
         if rt.template is None:
             raise InvalidRequestError(f"The model {rt.name!r} has no chat template; use /v1/completions.",
                                       param="model", code="no_chat_template")
+        messages = apply_plan_to_messages(plan, template_messages(req.messages), rt)
         try:
-            return rt.template.render(
-                template_messages(req.messages), add_generation_prompt=req.add_generation_prompt
-                and not req.continue_final_message, continue_final_message=req.continue_final_message,
+            prompt = rt.template.render(
+                messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+                continue_final_message=req.continue_final_message, tools=plan.tools,
                 bos_token=rt.tokenizer.bos_token, eos_token=rt.tokenizer.eos_token, **(req.chat_template_kwargs or {}))
         except TemplateError as e:
             raise InvalidRequestError(f"The chat template could not render these messages: {e}",
                                       param="messages") from None
+        return prompt + plan.prefill
 
     async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncIterator[bytes]:
         """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
@@ -95,40 +102,63 @@ class ChatService:
         rt = self.registry.llm(req.model)
         if req.unknown_fields():
             logger.debug("ignoring unknown chat fields: %s", req.unknown_fields())
-        self._refuse_unsupported(req)
-        prompt = self.render_prompt(rt, req)
+        self._refuse_unsupported(rt, req)
+        plan = plan_tools(rt, req)
+        prompt = self.render_prompt(rt, req, plan)
         prompt_ids = rt.tokenizer.encode(prompt)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(rt, requested, len(prompt_ids), "messages")
         greqs = [build_generation_request(rt, req, prompt_ids, max_tokens, request_id, i, prompt) for i in range(req.n)]
-        stops = req.stop_list()
+        for g in greqs:
+            g.return_logprobs = req.logprobs
+        stops = req.stop_list() + plan.stops
         completion_id = f"chatcmpl-{request_id}" if request_id else f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._stream(rt, greqs, stops, completion_id, created, req.model, include_usage)
+            return self._stream(rt, greqs, stops, plan, completion_id, created, req.model, include_usage)
         results = await asyncio.gather(*(self._collect(rt, g, stops) for g in greqs))
         choices = []
         completion_tokens = 0
-        for i, (text, finish, produced) in enumerate(results):
+        for i, (text, finish, produced, ids, lps) in enumerate(results):
             completion_tokens += produced
-            choices.append({"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                            "logprobs": None, "finish_reason": finish})
+            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+            if plan.parser is not None:
+                content, calls = plan.parser.parse(plan.prefill + text)
+                if calls:
+                    calls = calls if plan.parallel else calls[:1]
+                    message = {"role": "assistant", "content": content, "refusal": None,
+                               "tool_calls": [c.to_openai() for c in calls]}
+                    finish = "tool_calls"
+            logprobs = {"content": self._logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
+            choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         return {"id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage_dict(len(prompt_ids), completion_tokens)}
 
     @staticmethod
-    async def _collect(rt: LLMRuntime, greq: Any, stops: list[str]) -> tuple[str, str, int]:
+    def _logprob_entries(rt: LLMRuntime, ids: list[int], lps: list[float] | None) -> list[dict[str, Any]]:
+        out = []
+        for t, lp in zip(ids, lps or [0.0] * len(ids), strict=False):
+            tok = rt.tokenizer.decode([t], skip_special_tokens=False)
+            out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+        return out
+
+    @staticmethod
+    async def _collect(rt: LLMRuntime, greq: Any, stops: list[str]) -> tuple[str, str, int, list[int], list[float]]:
         parts: list[str] = []
+        ids: list[int] = []
+        lps: list[float] = []
         finish, produced = "stop", 0
         async for ev in generate_text(rt, greq, stops):
             parts.append(ev.text)
+            ids += ev.token_ids
+            lps += ev.logprobs or []
             if ev.finish_reason:
                 finish, produced = ev.finish_reason, ev.completion_tokens
-        return "".join(parts), finish, produced
+        return "".join(parts), finish, produced, ids, lps
 
-    async def _stream(self, rt: LLMRuntime, greqs: list[Any], stops: list[str], completion_id: str, created: int,
-                      model: str, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, rt: LLMRuntime, greqs: list[Any], stops: list[str], plan: ToolPlan, completion_id: str,
+                      created: int, model: str, include_usage: bool) -> AsyncIterator[bytes]:
         enc = ChatChunkEncoder(completion_id, created, model)
         prompt_tokens = len(greqs[0].prompt_ids)
         if len(greqs) == 1:
@@ -136,17 +166,26 @@ class ChatService:
         else:
             events = merge_streams([generate_text(rt, g, stops) for g in greqs])
         produced = [0] * len(greqs)
+        tools = [_StreamTools(plan) for _ in greqs] if plan.parser is not None else None
+        with_lp = greqs[0].return_logprobs
         started = False
         try:
             async for i, ev in events:
                 if not started:
                     started = True
                     yield b"".join(enc.role(j) for j in range(len(greqs)))
-                if ev.text:
+                if tools is not None:
+                    for chunk in tools[i].push(enc, i, ev.text, ev.finish_reason is not None):
+                        yield chunk
+                elif with_lp and (ev.text or ev.token_ids):
+                    yield enc.delta(i, {"content": ev.text},
+                                    {"content": self._logprob_entries(rt, ev.token_ids, ev.logprobs), "refusal": None})
+                elif ev.text:
                     yield enc.content(i, ev.text)
                 if ev.finish_reason:
                     produced[i] = ev.completion_tokens
-                    yield enc.finish(i, ev.finish_reason)
+                    reason = "tool_calls" if tools is not None and tools[i].calls else ev.finish_reason
+                    yield enc.finish(i, reason)
         except GatewayError as e:
             if not started:
                 raise
@@ -158,6 +197,37 @@ class ChatService:
         if include_usage:
             yield enc.usage(prompt_tokens, sum(produced))
         yield DONE
+
+
+class _StreamTools:
+    """Per-choice tool-call streaming: content deltas, then for each call a delta with id, type and
+    name, followed by its arguments; half-parsed call text never reaches `content`."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        assert plan.parser is not None
+        self.parser = plan.parser.streamer()
+        self.parallel = plan.parallel
+        self.calls = 0
+        if plan.prefill:
+            self.parser.push(plan.prefill)
+
+    def push(self, enc: ChatChunkEncoder, index: int, text: str, last: bool) -> list[bytes]:
+        events = [self.parser.push(text)] if text else []
+        if last:
+            events.append(self.parser.finish())
+        out = []
+        for ev in events:
+            if ev.content:
+                out.append(enc.content(index, ev.content))
+            for call in ev.calls:
+                if self.calls and not self.parallel:
+                    continue
+                k = self.calls
+                self.calls += 1
+                out.append(enc.delta(index, {"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                                             "function": {"name": call.name, "arguments": ""}}]}))
+                out.append(enc.delta(index, {"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}))
+        return out
 
 
 async def _tagged(it: AsyncIterator[TextEvent]) -> AsyncIterator[tuple[int, TextEvent]]:

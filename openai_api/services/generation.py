@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from openai_api.errors import ContextLengthExceededError, InvalidRequestError
@@ -22,17 +22,25 @@ from openai_api.triton.llm import GenerationRequest
 
 @dataclass(slots=True)
 class TextEvent:
-    """New text safe to send ("" allowed), and on the last event of a sequence its finish reason."""
+    """New text safe to send ("" allowed), and on the last event of a sequence its finish reason.
+
+    `token_ids`/`logprobs` are the tokens consumed since the previous event (text held back by the
+    stop matcher is reported with the event that finally releases it)."""
 
     text: str
     finish_reason: str | None
     completion_tokens: int
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
 
 
 async def generate_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> AsyncIterator[TextEvent]:
     detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids)
     matcher = StopStringMatcher([*rt.stop_strings, *stops])
     produced = 0
+    want_lp = greq.return_logprobs
+    pending_ids: list[int] = []
+    pending_lp: list[float] = []
     chunks = rt.backend.generate(greq)
     try:
         async for chunk in chunks:
@@ -43,12 +51,18 @@ async def generate_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str
             else:
                 produced += len(chunk.token_ids)
                 text = matcher.push(detok.steps(chunk.token_ids))
+            if want_lp:
+                pending_ids += chunk.token_ids
+                pending_lp += chunk.logprobs or [0.0] * len(chunk.token_ids)
             if matcher.stopped:
-                yield TextEvent(text, "stop", produced)
+                yield TextEvent(text, "stop", produced, pending_ids, pending_lp if want_lp else None)
                 return
             if text:
-                yield TextEvent(text, None, produced)
-        yield TextEvent(matcher.flush(), "length" if produced >= greq.max_tokens else "stop", produced)
+                yield TextEvent(text, None, produced, pending_ids, pending_lp if want_lp else None)
+                if want_lp:
+                    pending_ids, pending_lp = [], []
+        yield TextEvent(matcher.flush(), "length" if produced >= greq.max_tokens else "stop", produced, pending_ids,
+                        pending_lp if want_lp else None)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
 

@@ -32,6 +32,11 @@ class ChatChunkEncoder:
         return (self._head + b'{"index":%d,"delta":{"content":' % index + orjson.dumps(text)
                 + b'},"logprobs":null,"finish_reason":null' + self._tail)
 
+    def delta(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None) -> bytes:
+        """Any other delta (tool calls, content with log-probs): rare enough for a full dumps."""
+        return (self._head + b'{"index":%d,"delta":' % index + orjson.dumps(delta) + b',"logprobs":'
+                + orjson.dumps(logprobs) + b',"finish_reason":null' + self._tail)
+
     def finish(self, index: int, reason: str) -> bytes:
         return self._head + b'{"index":%d,"delta":{},"logprobs":null,"finish_reason":"%s"' % (
             index, reason.encode()) + self._tail

@@ -1,0 +1,126 @@
+"""The prompt side of tool calling: how `tools` and `tool_choice` shape the prompt.
+
+Templates that read `tools` get them as the `tools` variable. Templates that ignore tools (SmolLM2's)
+get a system message describing them and the expected call format, as the chatglm.cpp seed server
+does. `tool_choice` "required" or a named function is enforced by prefilling the assistant turn with
+the start of a call, so even a small model produces the call's shape; the parser then reads the
+prefill plus what the model wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from openai_api.errors import InvalidRequestError
+from openai_api.schemas.openai import ChatCompletionRequest
+from openai_api.services.registry import LLMRuntime
+from openai_api.text.tool_parsers import HermesToolParser, ToolParser, get_parser
+
+
+@dataclass
+class ToolPlan:
+    tools: list[dict[str, Any]] | None = None  # passed to the template's `tools` variable
+    system_text: str | None = None  # injected when the template ignores `tools`
+    prefill: str = ""  # appended after the generation prompt
+    parser: ToolParser | None = None
+    parallel: bool = True
+    stops: list[str] = field(default_factory=list)  # extra stop strings (end of a forced single call)
+
+
+def _tool_system_text(tools: list[dict[str, Any]], parser: ToolParser) -> str:
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if isinstance(parser, HermesToolParser):
+        fmt = ('<tool_call>\n{"name": <function-name>, "arguments": <arguments-json-object>}\n</tool_call>')
+    else:
+        fmt = '{"name": <function-name>, "parameters": <arguments-json-object>}'
+    return ("You are a function calling AI model. You may call one or more of the functions described in "
+            f"<tools></tools> to answer the user.\n<tools>\n{lines}\n</tools>\nTo call a function, reply with "
+            f"the call in exactly this form:\n{fmt}\nIf no function is needed, answer normally.")
+
+
+def _validate_tools(tools: list[dict[str, Any]]) -> list[str]:
+    names = []
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, dict) else None
+        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) \
+                or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise InvalidRequestError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}.",
+                                      param=f"tools[{i}]")
+        names.append(fn["name"])
+    return names
+
+
+def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none", "auto"):
+            raise InvalidRequestError("tool_choice needs tools.", param="tool_choice")
+        return ToolPlan()
+    names = _validate_tools(req.tools)
+    if choice == "none":
+        return ToolPlan()
+    parser = get_parser(rt.config.tool_parser, frozenset(names))
+    plan = ToolPlan(parser=parser, parallel=req.parallel_tool_calls is not False)
+    if rt.template is not None and rt.template.uses_tools:
+        plan.tools = req.tools
+    else:
+        plan.system_text = _tool_system_text(req.tools, parser)
+    hermes = isinstance(parser, HermesToolParser)
+    if choice in (None, "auto"):
+        return plan
+    if choice == "required" and len(names) > 1:
+        plan.prefill = '<tool_call>\n{"name": "' if hermes else '{"name": "'
+        return plan
+    if choice == "required":
+        choice = {"type": "function", "function": {"name": names[0]}}
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if name not in names:
+            raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in tools.",
+                                      param="tool_choice")
+        key = "arguments" if hermes else "parameters"
+        # Opening the arguments object as well keeps even a small model on the call's shape.
+        plan.prefill = ("<tool_call>\n" if hermes else "") + f'{{"name": {json.dumps(name)}, "{key}": {{"'
+        plan.parallel = False
+        if hermes:
+            plan.stops = [HermesToolParser.end]  # one forced call: nothing useful follows it
+        return plan
+    raise InvalidRequestError("tool_choice must be 'none', 'auto', 'required' or "
+                              "{'type': 'function', 'function': {'name': ...}}.", param="tool_choice")
+
+
+def tool_call_text(call: dict[str, Any], parser_name: str | None) -> str:
+    """An assistant's earlier tool call, written back in the model's own call format for templates
+    that do not render `tool_calls` themselves."""
+    fn = call.get("function", {})
+    args: Any = fn.get("arguments", "{}")
+    try:
+        args = json.loads(args) if isinstance(args, str) else args
+    except ValueError:
+        pass
+    if (parser_name or "hermes") == "hermes":
+        return "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False) \
+            + "\n</tool_call>"
+    return json.dumps({"name": fn.get("name"), "parameters": args}, ensure_ascii=False)
+
+
+def apply_plan_to_messages(plan: ToolPlan, messages: list[dict[str, Any]], rt: LLMRuntime) -> list[dict[str, Any]]:
+    if rt.template is not None and rt.template.uses_tools:
+        return messages
+    out = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(tool_call_text(c, rt.config.tool_parser) for c in m["tool_calls"])
+            m = {**m, "content": ((m.get("content") or "") + ("\n" if m.get("content") else "") + calls)}
+            m.pop("tool_calls")
+        elif m["role"] == "tool":
+            m = {**m, "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+        out.append(m)
+    if plan.system_text:
+        if out and out[0]["role"] == "system":
+            out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{plan.system_text}"}
+        else:
+            out.insert(0, {"role": "system", "content": plan.system_text})
+    return out
