@@ -57,7 +57,7 @@ def test_streaming_at_every_split_point_matches_whole_parse(cls: type[ToolParser
         events = [stream.push(text[:cut]), stream.push(text[cut:]), stream.finish()]
         streamed = "".join(e.content for e in events)
         assert calls_of([c for e in events for c in e.calls]) == expected
-        assert "<tool_call>" not in streamed and '"arguments"' not in streamed or not expected
+        assert ("<tool_call>" not in streamed and '"arguments"' not in streamed) or not expected
         assert streamed.strip() == (content or "")
 
 
