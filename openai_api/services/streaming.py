@@ -49,3 +49,25 @@ class ChatChunkEncoder:
 def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
             "total_tokens": prompt_tokens + completion_tokens}
+
+
+class CompletionChunkEncoder:
+    """`text_completion` stream events (the legacy completions API streams the same object type)."""
+
+    __slots__ = ("_head",)
+
+    def __init__(self, completion_id: str, created: int, model: str) -> None:
+        self._head = (b'data: {"id":' + orjson.dumps(completion_id) + b',"object":"text_completion","created":'
+                      + str(created).encode() + b',"model":' + orjson.dumps(model) + b',"choices":[')
+
+    def text(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
+        return (self._head + b'{"index":%d,"text":' % index + orjson.dumps(text) + b',"logprobs":'
+                + orjson.dumps(logprobs) + b',"finish_reason":null}]}\n\n')
+
+    def finish(self, index: int, reason: str) -> bytes:
+        return self._head + b'{"index":%d,"text":"","logprobs":null,"finish_reason":"%s"}]}\n\n' % (
+            index, reason.encode())
+
+    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return (self._head + b'],"usage":' + orjson.dumps(usage_dict(prompt_tokens, completion_tokens))
+                + b"}\n\n")

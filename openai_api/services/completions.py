@@ -1,0 +1,162 @@
+"""`/v1/completions`: prompts (text or token ids) -> Triton -> `text_completion` objects."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from openai_api.errors import GatewayError, InvalidRequestError, error_response_bytes
+from openai_api.schemas.openai import CompletionRequest
+from openai_api.services.generation import (
+    TextEvent,
+    build_generation_request,
+    generate_text,
+    merge_streams,
+    resolve_max_tokens,
+)
+from openai_api.services.registry import LLMRuntime, ModelRegistry
+from openai_api.services.streaming import DONE, CompletionChunkEncoder, usage_dict
+from openai_api.triton.llm import GenerationRequest
+
+logger = logging.getLogger(__name__)
+
+
+def _prompts(rt: LLMRuntime, prompt: Any) -> list[tuple[str, list[int]]]:
+    """(text, ids) per prompt; OpenAI's four prompt forms, with the empty cases refused."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise InvalidRequestError("'prompt' must not be empty.", param="prompt")
+    if all(isinstance(p, int) for p in prompt):
+        prompt = [prompt]
+    out = []
+    vocab = rt.tokenizer.vocab_size
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            if not p:
+                raise InvalidRequestError(f"prompt[{i}] is an empty string.", param="prompt")
+            out.append((p, rt.tokenizer.encode(p)))
+        else:
+            if not p:
+                raise InvalidRequestError(f"prompt[{i}] is an empty list of tokens.", param="prompt")
+            if any(t < 0 or t >= vocab for t in p):
+                raise InvalidRequestError(f"prompt[{i}] has token ids outside the vocabulary (0..{vocab - 1}).",
+                                          param="prompt")
+            out.append((rt.tokenizer.decode(p, skip_special_tokens=False), list(p)))
+    return out
+
+
+class CompletionsService:
+    def __init__(self, registry: ModelRegistry) -> None:
+        self.registry = registry
+
+    def _refuse_unsupported(self, rt: LLMRuntime, req: CompletionRequest) -> None:
+        if req.suffix:
+            raise InvalidRequestError("suffix is not supported: the models behind this gateway do not do "
+                                      "fill-in-the-middle.", param="suffix", code="unsupported_parameter")
+        if req.best_of is not None and req.best_of != req.n:
+            raise InvalidRequestError("best_of is not supported (only best_of == n).", param="best_of",
+                                      code="unsupported_parameter")
+        if req.logprobs:
+            raise InvalidRequestError(
+                "logprobs > 0 asks for alternatives, but Triton's TensorRT-LLM protocol returns only the sampled "
+                "token's log-probability: use logprobs=0.", param="logprobs", code="unsupported_parameter")
+        if req.logprobs == 0 and not rt.backend.supports("return_logprobs"):
+            raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
+                                      param="logprobs", code="unsupported_parameter")
+
+    def _logprobs(self, rt: LLMRuntime, ids: list[int], lps: list[float] | None, offset: int) -> dict[str, Any]:
+        tokens = [rt.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+        offsets = []
+        for tok in tokens:
+            offsets.append(offset)
+            offset += len(tok)
+        return {"tokens": tokens, "token_logprobs": list(lps or [0.0] * len(ids)), "top_logprobs": None,
+                "text_offset": offsets}
+
+    async def create(self, req: CompletionRequest, request_id: str) -> dict[str, Any] | AsyncIterator[bytes]:
+        rt = self.registry.llm(req.model)
+        if req.unknown_fields():
+            logger.debug("ignoring unknown completion fields: %s", req.unknown_fields())
+        self._refuse_unsupported(rt, req)
+        prompts = _prompts(rt, req.prompt)
+        greqs: list[GenerationRequest] = []
+        for text, ids in prompts:
+            max_tokens = resolve_max_tokens(rt, req.max_tokens, len(ids), "prompt")
+            for i in range(req.n):
+                g = build_generation_request(rt, req, ids, max_tokens, f"{request_id}-{len(greqs)}" if greqs
+                                             else request_id, i, text)
+                g.return_logprobs = req.logprobs == 0
+                greqs.append(g)
+        stops = req.stop_list()
+        completion_id = f"cmpl-{request_id}" if request_id else f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        echoes = [prompts[k // req.n][0] if req.echo else "" for k in range(len(greqs))]
+        prompt_tokens = sum(len(ids) for _, ids in prompts)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return self._stream(rt, greqs, stops, echoes, completion_id, created, req.model, include_usage,
+                                prompt_tokens)
+        results = await asyncio.gather(*(self._collect(rt, g, stops) for g in greqs))
+        choices = []
+        completion_tokens = 0
+        for k, (text, finish, produced, ids, lps) in enumerate(results):
+            completion_tokens += produced
+            logprobs = self._logprobs(rt, ids, lps, len(echoes[k])) if greqs[k].return_logprobs else None
+            choices.append({"index": k, "text": echoes[k] + text, "logprobs": logprobs, "finish_reason": finish})
+        return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
+                "choices": choices, "usage": usage_dict(prompt_tokens, completion_tokens)}
+
+    @staticmethod
+    async def _collect(rt: LLMRuntime, greq: GenerationRequest,
+                       stops: list[str]) -> tuple[str, str, int, list[int], list[float]]:
+        parts: list[str] = []
+        ids: list[int] = []
+        lps: list[float] = []
+        finish, produced = "stop", 0
+        async for ev in generate_text(rt, greq, stops):
+            parts.append(ev.text)
+            ids += ev.token_ids
+            lps += ev.logprobs or []
+            if ev.finish_reason:
+                finish, produced = ev.finish_reason, ev.completion_tokens
+        return "".join(parts), finish, produced, ids, lps
+
+    async def _stream(self, rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], echoes: list[str],
+                      completion_id: str, created: int, model: str, include_usage: bool,
+                      prompt_tokens: int) -> AsyncIterator[bytes]:
+        enc = CompletionChunkEncoder(completion_id, created, model)
+        events: AsyncIterator[tuple[int, TextEvent]] = merge_streams([generate_text(rt, g, stops) for g in greqs])
+        produced = [0] * len(greqs)
+        offsets = [len(e) for e in echoes]
+        with_lp = greqs[0].return_logprobs
+        started = False
+        try:
+            async for i, ev in events:
+                if not started:
+                    started = True
+                    echoed = b"".join(enc.text(k, e) for k, e in enumerate(echoes) if e)
+                    if echoed:
+                        yield echoed
+                if ev.text or (with_lp and ev.token_ids):
+                    lp = self._logprobs(rt, ev.token_ids, ev.logprobs, offsets[i]) if with_lp else None
+                    offsets[i] += len(ev.text)
+                    yield enc.text(i, ev.text, lp)
+                if ev.finish_reason:
+                    produced[i] = ev.completion_tokens
+                    yield enc.finish(i, ev.finish_reason)
+        except GatewayError as e:
+            if not started:
+                raise
+            logger.warning("stream %s ended by backend error: %s", completion_id, e.message)
+            yield b"data: " + error_response_bytes(e) + b"\n\n"
+            return
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+        if include_usage:
+            yield enc.usage(prompt_tokens, sum(produced))
+        yield DONE
