@@ -75,8 +75,9 @@ def test_round_trip_with_a_tool_message(client: openai.OpenAI) -> None:
     first = client.chat.completions.create(model=LLM, messages=ASK, tools=TOOLS, tool_choice=FORCE, temperature=0,
                                            max_tokens=60)  # type: ignore[arg-type]
     call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    result = '{"temperature_c": 21, "sky": "sunny"}'
     messages: list[Any] = [*ASK, first.choices[0].message.model_dump(exclude_none=True),
-                           {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21, "sky": "sunny"}'}]
+                           {"role": "tool", "tool_call_id": call.id, "content": result}]
     r = client.chat.completions.create(model=LLM, messages=messages, tools=TOOLS, temperature=0, max_tokens=40)
     assert r.choices[0].message.content
     assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
