@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,18 +14,25 @@ from fastapi.middleware.cors import CORSMiddleware
 from openai_api import __version__
 from openai_api.config import GatewayConfig
 from openai_api.errors import GatewayError
+from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestIdMiddleware
+from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
-from openai_api.http.routers import chat, embeddings, health, models, rerank
+from openai_api.http.routers import chat, completions, embeddings, health, metrics, models, rerank
+from openai_api.observability import InstrumentedEncoder, InstrumentedLLMBackend, Metrics, ObservabilityMiddleware
 from openai_api.services.chat import ChatService
+from openai_api.services.completions import CompletionsService
 from openai_api.services.embeddings import EmbeddingsService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.registry import ModelRegistry
 from openai_api.services.rerank import RerankService
 from openai_api.settings import Settings
 from openai_api.triton.client import TritonClientPool
+from openai_api.triton.replicas import ReplicaProber
 
 logger = logging.getLogger(__name__)
+# Start-up check of each model's Triton config: long enough for a busy Triton, short enough to start.
+STARTUP_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -35,46 +43,90 @@ class Services:
     health: HealthService
     embeddings: EmbeddingsService
     rerank: RerankService
+    completions: CompletionsService
 
 
 def build_services(config: GatewayConfig, pool: TritonClientPool) -> Services:
     registry = ModelRegistry(config, pool)
     return Services(registry=registry, chat=ChatService(registry), models=ModelsService(registry),
                     health=HealthService(registry), embeddings=EmbeddingsService(registry),
-                    rerank=RerankService(registry))
+                    rerank=RerankService(registry), completions=CompletionsService(registry))
+
+
+def set_stream_idle_timeout(backend: object, idle_s: float | None) -> None:
+    """Every adapter streaming from Triton honours `stream_idle_timeout_s`; reach through replica sets."""
+    backend.stream_idle_timeout_s = idle_s  # type: ignore[attr-defined]
+    replica_set = getattr(backend, "set", None)
+    for replica in getattr(replica_set, "replicas", ()):
+        set_stream_idle_timeout(replica.adapter, idle_s)
+
+
+def instrument(svc: Services, mx: Metrics, settings: Settings) -> None:
+    """Wrap every Triton adapter with metrics, and give LLM adapters the stall timeout."""
+    for rt in svc.registry.llms.values():
+        set_stream_idle_timeout(rt.backend, settings.stream_idle_timeout_s)
+        rt.backend = InstrumentedLLMBackend(rt.backend, mx, rt.name)
+    for enc in svc.registry.encoders.values():
+        enc.adapter = InstrumentedEncoder(enc.adapter, mx, enc.name)  # type: ignore[assignment]
 
 
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
     pool = TritonClientPool()
     svc = build_services(config, pool)
+    metrics_ = Metrics()
+    instrument(svc, metrics_, settings)
+    lifecycle = Lifecycle()
+    limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
+                              models={*svc.registry.llms, *svc.registry.encoders}, metrics=metrics_)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Check each model against Triton's own config now, so a mismatch is reported at start-up
         # rather than on the first request. Triton being down is not fatal: /health/ready says so.
+        # Bounded: a hung (not dead) Triton must not keep the gateway from starting.
         for rt in svc.registry.llms.values():
             try:
-                await rt.backend.check()
+                await asyncio.wait_for(rt.backend.check(), STARTUP_CHECK_TIMEOUT_S)
                 logger.info("model %s: Triton model %s checked", rt.name, rt.config.triton_name)
             except GatewayError as e:
                 logger.warning("model %s: %s", rt.name, e.message)
+            except TimeoutError:
+                logger.warning("model %s: Triton did not answer the config check in time", rt.name)
         for enc in svc.registry.encoders.values():
             try:
-                await enc.adapter.check()
+                await asyncio.wait_for(enc.adapter.check(), STARTUP_CHECK_TIMEOUT_S)
                 logger.info("model %s: Triton model %s checked", enc.name, enc.config.triton_name)
             except GatewayError as e:
                 logger.warning("model %s: %s", enc.name, e.message)
+            except TimeoutError:
+                logger.warning("model %s: Triton did not answer the config check in time", enc.name)
+        prober = ReplicaProber(pool, list(svc.registry.replica_sets().values()))
+        prober.start()
         yield
+        await prober.stop()
         await pool.close()
 
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
     app.state.services = svc
+    app.state.settings = settings
+    app.state.metrics = metrics_
+    app.state.lifecycle = lifecycle
+    app.state.limiter = limiter
     install_error_handlers(app)
-    for r in (chat.router, embeddings.router, rerank.router, models.router, health.router):
-        app.include_router(r)
-    # Outermost last: request id wraps everything so even a 401 carries one.
+    for r in (chat.router, completions.router, embeddings.router, rerank.router, models.router):
+        app.include_router(r, responses=ERROR_RESPONSES)
+    app.include_router(health.router, responses=HEALTH_RESPONSES)
+    app.include_router(metrics.router)
+    # Added innermost first. Outermost: the request id (so even a 401 carries one), then metrics and
+    # the access log (so they see every status), CORS, API keys (before any body is read), and the
+    # guard (draining, body size, in-flight limits, disconnect cancellation) right outside the routes.
+    app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, limiter=limiter,
+                       lifecycle=lifecycle, metrics=metrics_, log_prompts=settings.log_prompts)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)
-    if cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=cors_origins, allow_methods=["*"], allow_headers=["*"])
+    origins = [*settings.cors_origins, *(cors_origins or [])]
+    if origins:
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=["X-Request-Id", "Retry-After"])
+    app.add_middleware(ObservabilityMiddleware, metrics=metrics_, access_log=settings.access_log)
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -5,8 +5,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
+from types import FrameType
 
 from openai_api.config import BUNDLED_CONFIG, ConfigError, load_config
 from openai_api.settings import Settings
@@ -34,6 +37,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--triton-http-port", type=int, default=None, help="HTTP port of the embedded Triton (free)")
     p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                    help="allow cross-origin requests from ORIGIN (repeatable; default: CORS off)")
+    d = Settings(config_file=Path("."))
+    lim = p.add_argument_group("limits, overload and timeouts")
+    lim.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                     help=f"largest request body; 413 past it (default: {d.max_body_bytes})")
+    lim.add_argument("--max-messages", type=int, default=d.max_messages,
+                     help=f"most chat messages per request (default: {d.max_messages})")
+    lim.add_argument("--max-embedding-inputs", type=int, default=d.max_embedding_inputs,
+                     help=f"most inputs per embeddings request (default: {d.max_embedding_inputs})")
+    lim.add_argument("--max-rerank-documents", type=int, default=d.max_rerank_documents,
+                     help=f"most documents per rerank request (default: {d.max_rerank_documents})")
+    lim.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
+                     help=f"requests in flight in the gateway; 429 past it (default: {d.max_in_flight})")
+    lim.add_argument("--max-in-flight-per-model", type=int, default=d.max_in_flight_per_model,
+                     help=f"requests in flight per model; 429 past it (default: {d.max_in_flight_per_model})")
+    lim.add_argument("--retry-after", type=int, default=d.retry_after_s, metavar="SECONDS",
+                     help=f"Retry-After of a 429 (default: {d.retry_after_s})")
+    lim.add_argument("--stream-idle-timeout", type=float, default=d.stream_idle_timeout_s, metavar="SECONDS",
+                     help="end a generation that produced no token for this long with a 504 / SSE error "
+                          f"(0: never; default: {d.stream_idle_timeout_s:g})")
+    lim.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s, metavar="SECONDS",
+                     help="on SIGTERM, how long requests in flight may take to finish while new ones get 503 "
+                          f"(default: {d.shutdown_grace_s:g})")
+    p.add_argument("--log-prompts", action="store_true",
+                   help="with --verbose, log request bodies (prompts) at debug level; never otherwise")
+    p.add_argument("--no-access-log", action="store_true", help="no access-log line per request")
     return p.parse_args(argv)
 
 
@@ -43,16 +71,32 @@ def setup_logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # before the server runs: unwind through `finally` (stops the embedded Triton)
+
+
 def api_keys(args: argparse.Namespace) -> list[str]:
     keys = list(args.api_key)
     keys += [k.strip() for k in os.environ.get("OPENAI_API_KEYS", "").split(",") if k.strip()]
     return keys
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    return Settings(config_file=args.config_file, api_keys=api_keys(args), host=args.host, port=args.port,
+                    cors_origins=list(args.cors_origin), max_body_bytes=args.max_body_bytes,
+                    max_messages=args.max_messages, max_embedding_inputs=args.max_embedding_inputs,
+                    max_rerank_documents=args.max_rerank_documents, max_in_flight=args.max_in_flight,
+                    max_in_flight_per_model=args.max_in_flight_per_model, retry_after_s=args.retry_after,
+                    stream_idle_timeout_s=args.stream_idle_timeout or None, shutdown_grace_s=args.shutdown_grace,
+                    log_prompts=args.log_prompts and args.verbose, access_log=not args.no_access_log)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     setup_logging(args.verbose)
     triton = None
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
     try:
         if args.embedded_triton:
             from openai_api.embedded.prepare import prepare_models
@@ -80,13 +124,19 @@ def main(argv: list[str] | None = None) -> int:
         import uvicorn
 
         from openai_api.app import create_app
+        from openai_api.server import DrainingServer
 
-        settings = Settings(config_file=args.config_file, api_keys=api_keys(args), host=args.host, port=args.port)
-        app = create_app(config, settings, cors_origins=args.cors_origin)
+        settings = settings_from(args)
+        app = create_app(config, settings)
         logger.info("gateway listening on http://%s:%d/v1 (%d models, API keys %s)", args.host, args.port,
                     len(config.all_models()), "required" if settings.api_keys else "off")
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                    timeout_graceful_shutdown=30)
+        # uvicorn's own access log is off: the gateway writes one structured line per request instead.
+        server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
+                                               access_log=False, timeout_graceful_shutdown=5),
+                                lifecycle=app.state.lifecycle, limiter=app.state.limiter,
+                                grace_s=settings.shutdown_grace_s)
+        server.run()
+        logger.info("gateway stopped")
         return 0
     except KeyboardInterrupt:
         return 0

@@ -101,3 +101,11 @@ def error_response_bytes(err: GatewayError) -> bytes:
 
 
 INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request."
+
+
+class ShuttingDownError(GatewayError):
+    """The gateway is draining after SIGTERM: requests in flight finish, new ones are refused."""
+
+    status = 503
+    type = "server_error"
+    default_code = "shutting_down"

@@ -1,4 +1,8 @@
-"""Process-wide settings (CLI flags and environment), separate from the model config file."""
+"""Process-wide settings (CLI flags and environment), separate from the model config file.
+
+Every limit has a default that a real deployment can live with and one line of why; each one has a
+CLI flag (see `openai_api.cli`).
+"""
 
 from __future__ import annotations
 
@@ -12,5 +16,38 @@ class Settings:
     api_keys: list[str] = field(default_factory=list)
     host: str = "localhost"
     port: int = 5100
-    # Routes that stay reachable without a key; everything else in the route table is guarded.
-    open_paths: frozenset[str] = frozenset({"/health", "/health/ready", "/metrics", "/ping"})
+    # Routes that stay reachable without a key; everything else in the route table is guarded
+    # (/metrics included: Prometheus sends the key with `authorization: {credentials: KEY}`).
+    open_paths: frozenset[str] = frozenset({"/health", "/health/ready", "/ping"})
+    cors_origins: list[str] = field(default_factory=list)
+
+    # --- request limits --------------------------------------------------------------------------
+    # 2,048 embedding inputs of ~8 KB each fit; anything bigger is abuse, and the body is held in memory.
+    max_body_bytes: int = 16 * 1024 * 1024
+    # Far more turns than any context window holds; bounds the template-rendering work per request.
+    max_messages: int = 2048
+    # OpenAI's own maximum number of inputs per embeddings request.
+    max_embedding_inputs: int = 2048
+    # Cohere's documented maximum number of documents per rerank request.
+    max_rerank_documents: int = 1000
+
+    # --- overload ----------------------------------------------------------------------------------
+    # Requests (POSTs) in flight in the whole gateway; past it an immediate 429, never a queue.
+    max_in_flight: int = 512
+    # Requests in flight per model; a Triton LLM instance batches tens to a few hundred sequences.
+    max_in_flight_per_model: int = 256
+    # What a 429 tells the client to wait (Retry-After, seconds).
+    retry_after_s: int = 1
+
+    # --- timeouts ----------------------------------------------------------------------------------
+    # A stream with no token from Triton for this long is ended (504 before the first byte, an SSE
+    # error event after). Well above a long prefill on a busy GPU; None or 0 turns it off.
+    stream_idle_timeout_s: float | None = 60.0
+    # On SIGTERM: new requests get 503 while requests in flight get this long to finish.
+    shutdown_grace_s: float = 30.0
+
+    # --- logging -------------------------------------------------------------------------------------
+    # Prompts and completions never reach the logs unless asked for (debug level only, even then).
+    log_prompts: bool = False
+    # One structured access-log line per request (logger `openai_api.access`).
+    access_log: bool = True

@@ -18,16 +18,18 @@ from openai_api.errors import BackendError, BackendTimeoutError, BackendUnavaila
 
 logger = logging.getLogger(__name__)
 
-# Keepalive lets a dead Triton surface as UNAVAILABLE within seconds instead of a hung stream.
-_GRPC_KEEPALIVE = grpc_aio.KeepAliveOptions(keepalive_time_ms=10_000, keepalive_timeout_ms=5_000,
-                                            keepalive_permit_without_calls=True)
+# Keepalive must respect Triton's server-side ping policy (defaults: at most one ping per 300 s without
+# data, none without calls): faster pings earn GOAWAY "too_many_pings", which kills the connection and
+# every stream on it. A dead Triton is noticed anyway: a killed process resets its connections at
+# once, and a hung one is ended by the stream idle timeout and the per-request deadline.
+_GRPC_KEEPALIVE_MS = 300_000
 _GRPC_CHANNEL_ARGS = [
     ("grpc.max_send_message_length", 256 * 1024 * 1024),
     ("grpc.max_receive_message_length", 256 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 10_000),
-    ("grpc.keepalive_timeout_ms", 5_000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.keepalive_time_ms", _GRPC_KEEPALIVE_MS),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 2),
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
@@ -61,27 +63,130 @@ class TritonClientPool:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
 
+# gRPC status codes (by name, so no grpc import is needed here) -> what they mean for the client.
+_GRPC_UNAVAILABLE = {"UNAVAILABLE", "UNKNOWN_CONNECTION", "ABORTED"}
+_CONNECTION_WORDS = ("failed to connect", "connect call failed", "cannot connect", "connection refused",
+                     "socket closed", "connection reset", "server disconnected", "broken pipe",
+                     "connection aborted", "end of tcp stream", "eof occurred", "transport is closing")
+
+
+def _grpc_code(err: BaseException) -> str:
+    """The gRPC status name of a raw grpc.aio.AioRpcError (what stream iteration raises), else ""."""
+    code = getattr(err, "code", None)
+    if callable(code):
+        try:
+            c = code()
+        except Exception:  # noqa: BLE001 - not a gRPC error after all
+            return ""
+        return str(getattr(c, "name", c) or "")
+    return ""
+
+
 def map_triton_error(err: BaseException, model: str) -> GatewayError:
-    """Translate a tritonclient exception into the gateway's taxonomy without leaking internals."""
+    """Translate a tritonclient / grpc / aiohttp exception into the gateway's taxonomy without leaking
+    internals: unreachable Triton and unknown/unready models are 503 (naming the model), deadlines 504,
+    everything else Triton refused is 502 with Triton's own message."""
     if isinstance(err, GatewayError):
         return err
-    if isinstance(err, asyncio.TimeoutError):
+    if isinstance(err, asyncio.TimeoutError | TimeoutError):
         return BackendTimeoutError(f"The model {model!r} did not answer in time.")
     status = ""
     message = str(err)
     if isinstance(err, InferenceServerException):
         status = str(err.status() or "")
         message = err.message() or message
+    else:
+        status = _grpc_code(err)
+        details = getattr(err, "details", None)
+        if callable(details):
+            try:
+                message = str(details() or message)
+            except Exception:  # noqa: BLE001
+                pass
     lowered = message.lower()
-    if "deadline" in status.lower() or "deadline exceeded" in lowered:
+    status_l = status.lower()
+    if "deadline" in status_l or "deadline exceeded" in lowered:
         return BackendTimeoutError(f"The model {model!r} did not answer in time.")
-    if ("unavailable" in status.lower() or "failed to connect" in lowered or "connect call failed" in lowered
-            or "cannot connect" in lowered or "connection refused" in lowered or "socket closed" in lowered):
-        return BackendUnavailableError(f"The Triton server for model {model!r} is unreachable.")
-    if "unknown model" in lowered or "is not ready" in lowered or ("not found" in lowered and "model" in lowered):
+    if "unknown model" in lowered or "is not ready" in lowered or ("not found" in lowered and "model" in lowered) \
+            or "no available versions" in lowered:
         return BackendUnavailableError(f"The model {model!r} is not loaded or not ready in Triton.")
-    if "cancelled" in status.lower():
+    if (status.upper().removeprefix("STATUSCODE.") in _GRPC_UNAVAILABLE or "unavailable" in status_l
+            or any(w in lowered for w in _CONNECTION_WORDS) or _is_connection_error(err)):
+        return BackendUnavailableError(f"The Triton server for model {model!r} is unreachable.")
+    if "cancelled" in status_l:
         return BackendUnavailableError(f"The request to model {model!r} was cancelled by Triton.")
-    logger.warning("triton error for model %s: %s %s", model, status, message)
+    logger.warning("triton error for model %s: %s %s", model, status, message[:500])
     # Triton's own message names tensors and shapes: useful to the caller, and not gateway internals.
     return BackendError(f"Triton failed the request for model {model!r}: {message[:500]}")
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - aiohttp comes with tritonclient[http]
+        return isinstance(err, ConnectionError)
+    return isinstance(err, ConnectionError | aiohttp.ClientConnectionError | aiohttp.ServerDisconnectedError)
+
+
+class StallGuard:
+    """Ends an iteration that stops making progress while waiting on Triton.
+
+    `async with StallGuard(idle_s, model) as g:` around a loop over a Triton stream that calls
+    `g.hold()` as soon as an item arrived and `g.touch()` just before waiting for the next one, so
+    time spent while the consumer holds a yielded chunk (a slow HTTP client) never counts. If the
+    wait lasts `idle_s` seconds, the waiting task is cancelled at its await (closing the Triton stream
+    in the adapter's `finally`) and the block raises `BackendTimeoutError` instead. Per item it costs
+    a clock read and a task lookup; the one timer is re-armed lazily when it fires, never per item.
+    """
+
+    __slots__ = ("_fired", "_handle", "_last", "_loop", "_task", "_waiting", "idle_s", "model")
+
+    def __init__(self, idle_s: float | None, model: str) -> None:
+        self.idle_s = idle_s if idle_s and idle_s > 0 else None
+        self.model = model
+        self._fired = False
+        self._waiting = False
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+
+    async def __aenter__(self) -> StallGuard:
+        if self.idle_s is not None:
+            self._loop = asyncio.get_running_loop()
+            self.touch()
+            self._handle = self._loop.call_at(self._last + self.idle_s, self._check)
+        return self
+
+    def hold(self) -> None:
+        """An item arrived: the clock stops until `touch`."""
+        self._waiting = False
+
+    def touch(self) -> None:
+        """About to wait for the next item (possibly from another task than before)."""
+        if self.idle_s is not None:
+            self._last = self._loop.time()
+            self._task = asyncio.current_task()
+            self._waiting = True
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        due = self._last + self.idle_s  # type: ignore[operator]
+        if self._waiting and now >= due and self._task is not None and not self._task.done():
+            self._handle = None
+            self._fired = True
+            self._task.cancel()
+        else:
+            # Not waiting on Triton right now (the consumer holds a chunk): look again a period later.
+            self._handle = self._loop.call_at(due if self._waiting else now + self.idle_s, self._check)  # type: ignore[operator]
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._fired and exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if task is not None and task.uncancel() > 0:
+                return False  # someone else cancelled this task too: let it go
+            raise BackendTimeoutError(
+                f"The model {self.model!r} produced no token for {self.idle_s:g} s; the stream was ended.",
+                code="stream_stalled")
+        return False

@@ -20,6 +20,8 @@ from openai_api.errors import BackendUnavailableError, GatewayError
 from openai_api.triton.client import TritonClientPool, map_triton_error
 
 _NP = {"INT64": np.int64, "INT32": np.int32}
+# Reading the model's config is one small call: a Triton that takes longer is hung, not busy.
+CONFIG_TIMEOUT_S = 10.0
 
 
 class EncoderAdapter:
@@ -49,10 +51,12 @@ class EncoderAdapter:
             try:
                 client = self.pool.grpc(self.url) if self.transport == "grpc" else self.pool.http(self.url)
                 if self.transport == "grpc":
-                    raw = await client.get_model_config(self.triton_model, self.version, as_json=True)
+                    raw = await client.get_model_config(self.triton_model, self.version, as_json=True,
+                                                        client_timeout=CONFIG_TIMEOUT_S)
                     cfg = raw.get("config", raw)
                 else:
-                    cfg = await client.get_model_config(self.triton_model, self.version)
+                    cfg = await asyncio.wait_for(client.get_model_config(self.triton_model, self.version),
+                                                 CONFIG_TIMEOUT_S)
             except Exception as e:  # noqa: BLE001
                 raise map_triton_error(e, self.model) from None
             declared = {i["name"]: str(i.get("data_type", "")).removeprefix("TYPE_") for i in cfg.get("input", [])}

@@ -22,7 +22,7 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from openai_api.errors import BackendUnavailableError, GatewayError, InvalidRequestError
-from openai_api.triton.client import TritonClientPool, map_triton_error
+from openai_api.triton.client import StallGuard, TritonClientPool, map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ class _ModelSpec:
 
 class TensorRTLLMAdapter:
     protocol = "tensorrt_llm"
+    # Seconds without a token before a stream is ended with a 504 (None: never); the app sets it from
+    # `Settings.stream_idle_timeout_s`.
+    stream_idle_timeout_s: float | None = None
 
     def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "") -> None:
         self.pool = pool
@@ -201,20 +204,24 @@ class TensorRTLLMAdapter:
             # itself ends after the model's FINAL response (the aio client never sees empty finals).
             yield payload
 
+        # The deadline (`timeout_s`) is the gRPC deadline of the whole stream; the stall guard ends a
+        # stream that stops producing (Triton hung, GPU wedged) long before that.
         stream = self._client.stream_infer(one_request(), stream_timeout=req.timeout_s)
         try:
-            async for result, error in stream:
-                if error is not None:
-                    raise map_triton_error(error, self.model)
-                ids = result.as_numpy("output_ids")
-                if ids is None:
-                    continue
-                tokens = ids.reshape(-1).tolist()
-                logprobs = None
-                if req.return_logprobs:
-                    lp = result.as_numpy("output_log_probs")
-                    logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens else None
-                yield GenerationChunk(tokens, logprobs)
+            async with StallGuard(self.stream_idle_timeout_s, self.model) as guard:
+                async for result, error in stream:
+                    guard.hold()
+                    if error is not None:
+                        raise map_triton_error(error, self.model)
+                    ids = result.as_numpy("output_ids")
+                    if ids is not None:
+                        tokens = ids.reshape(-1).tolist()
+                        logprobs = None
+                        if req.return_logprobs:
+                            lp = result.as_numpy("output_log_probs")
+                            logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens else None
+                        yield GenerationChunk(tokens, logprobs)
+                    guard.touch()
         except GatewayError:
             raise
         except Exception as e:  # noqa: BLE001

@@ -3,11 +3,14 @@ thread on a free port) for the whole session, the way a user runs them."""
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,7 +24,7 @@ from openai_api.settings import Settings
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
-TRITON_MODELS = ["smollm2-135m-instruct", "all-minilm-l6-v2", "minilm-rerank"]
+TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "all-minilm-l6-v2", "minilm-rerank"]
 
 
 def free_port() -> int:
@@ -34,9 +37,11 @@ class GatewayServer:
     """A real uvicorn server in a background thread (as httpx's own tests do): real sockets, real
     streaming and disconnects, without a subprocess per test."""
 
-    def __init__(self, config: GatewayConfig, api_keys: list[str]) -> None:
+    def __init__(self, config: GatewayConfig, api_keys: list[str], settings: Settings | None = None) -> None:
         self.port = free_port()
-        app = create_app(config, Settings(config_file=config.source or Path("."), api_keys=api_keys))
+        if settings is None:
+            settings = Settings(config_file=config.source or Path("."), api_keys=api_keys)
+        app = create_app(config, settings)
         self.app = app
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
                                                     lifespan="on"))
@@ -60,8 +65,36 @@ class GatewayServer:
         self.thread.join(timeout=30)
 
 
+STATS_ENV = "OPENAI_API_REF_STATS_DIR"
+
+
 @pytest.fixture(scope="session")
-def triton() -> Iterator[EmbeddedTriton]:
+def ref_stats_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the reference LLM writes its counters (set before any Triton of the session starts)."""
+    folder = tmp_path_factory.mktemp("ref-stats")
+    os.environ[STATS_ENV] = str(folder)
+    return folder
+
+
+def read_ref_stats(folder: Path, model: str = LLM) -> dict[str, Any]:
+    """The reference model's own counters: started, completed, cancelled, errors, tokens_generated, active."""
+    path = folder / f"{model}.json"
+    for _ in range(20):  # the model rewrites the file; a read can race a write
+        try:
+            return dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            time.sleep(0.02)
+    raise AssertionError(f"no readable stats at {path}")
+
+
+@pytest.fixture(scope="session")
+def ref_stats(ref_stats_dir: Path) -> Callable[[], dict[str, Any]]:
+    """`ref_stats()` -> the session Triton's reference LLM counters (proof from the model's side)."""
+    return lambda: read_ref_stats(ref_stats_dir)
+
+
+@pytest.fixture(scope="session")
+def triton(ref_stats_dir: Path) -> Iterator[EmbeddedTriton]:
     prepare_models()
     with EmbeddedTriton(models=TRITON_MODELS) as server:
         yield server

@@ -1,0 +1,287 @@
+"""Request limits, overload protection, draining and client-disconnect cancellation (pure ASGI).
+
+`GuardMiddleware` sits innermost, just outside the routes, and for every HTTP request:
+
+1. refuses new work with 503 while the gateway drains after SIGTERM (`Lifecycle.draining`);
+2. reads the whole body before the route runs, refusing a malformed `Content-Length` (400) and a
+   body over `max_body_bytes` (413), whether announced by `Content-Length` or counted while a
+   chunked body streams in;
+3. admits the request against the global in-flight limit (POSTs only; 429 with `Retry-After` past
+   it, never a queue); routes then admit it against its model's limit with `admit_*` below;
+4. runs the route while a watcher task reads `receive()`: when the client disconnects before the
+   response is complete, the route's task is cancelled, which closes the Triton gRPC stream in the
+   adapter's `finally`. Starlette alone never cancels a non-streaming handler, and notices a dropped
+   stream only at its next write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openai_api.errors import (
+    InvalidRequestError,
+    OverloadedError,
+    PayloadTooLargeError,
+    ShuttingDownError,
+)
+from openai_api.http.middleware import send_error
+from openai_api.observability import Metrics, current_stats
+
+prompt_logger = logging.getLogger("openai_api.prompts")
+TICKET_KEY = "admission_ticket"
+# Reachable while draining: liveness and metrics (readiness answers 503, so balancers stop routing).
+DRAINING_OPEN_PATHS = frozenset({"/health", "/metrics"})
+_CLOSE = [(b"connection", b"close")]
+
+
+class Lifecycle:
+    """Process state shared between the server (signals) and the middleware."""
+
+    def __init__(self) -> None:
+        self.draining = False
+
+
+class InFlightLimiter:
+    """Counts requests in flight, globally and per model. Event-loop only: no locks needed."""
+
+    def __init__(self, max_total: int, max_per_model: int, retry_after_s: int, models: set[str],
+                 metrics: Metrics | None = None) -> None:
+        self.max_total = max_total
+        self.max_per_model = max_per_model
+        self.retry_after_s = retry_after_s
+        self.models = models
+        self.metrics = metrics
+        self.total = 0
+        self.per_model: dict[str, int] = {}
+
+    def overloaded(self, message: str, reason: str) -> OverloadedError:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason).inc()
+        return OverloadedError(message, headers={"Retry-After": str(self.retry_after_s)})
+
+
+class Ticket:
+    """One request's admission: its global slot (taken by the middleware) and model slot (by the route)."""
+
+    __slots__ = ("limiter", "model")
+
+    def __init__(self, limiter: InFlightLimiter) -> None:
+        self.limiter = limiter
+        self.model: str | None = None
+
+    def admit(self, model: str) -> None:
+        lim = self.limiter
+        if self.model is not None or model not in lim.models:
+            return  # unknown models get their 404 from the service; they never become a metric label
+        stats = current_stats()
+        if stats is not None:
+            stats.model = model
+        n = lim.per_model.get(model, 0)
+        if n >= lim.max_per_model:
+            raise lim.overloaded(f"The model {model!r} is serving its maximum of {lim.max_per_model} requests; "
+                                 "retry shortly.", "model_limit")
+        lim.per_model[model] = n + 1
+        self.model = model
+        if lim.metrics is not None:
+            lim.metrics.model_in_flight.labels(model).inc()
+
+    def release(self) -> None:
+        if self.model is not None:
+            lim = self.limiter
+            lim.per_model[self.model] -= 1
+            if lim.metrics is not None:
+                lim.metrics.model_in_flight.labels(self.model).dec()
+            self.model = None
+
+
+def _content_length(scope: Scope) -> bytes | None:
+    for k, v in scope["headers"]:
+        if k == b"content-length":
+            return v  # type: ignore[no-any-return]
+    return None
+
+
+class GuardMiddleware:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, limiter: InFlightLimiter, lifecycle: Lifecycle,
+                 metrics: Metrics | None = None, log_prompts: bool = False) -> None:
+        self.app = app
+        self.log_prompts = log_prompts
+        self.max_body_bytes = max_body_bytes
+        self.limiter = limiter
+        self.lifecycle = lifecycle
+        self.metrics = metrics
+
+    def _rejected(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.rejected.labels(reason).inc()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.lifecycle.draining and scope["path"] not in DRAINING_OPEN_PATHS:
+            self._rejected("draining")
+            await send_error(send, ShuttingDownError("The server is shutting down; retry on another instance."),
+                             _CLOSE)
+            return
+        body = await self._read_body(scope, receive, send)
+        if body is None:
+            return
+        if self.log_prompts and body and prompt_logger.isEnabledFor(logging.DEBUG):
+            # Only when asked for (--verbose --log-prompts): request bodies hold prompts.
+            prompt_logger.debug("request_id=%s body=%s", scope.get("state", {}).get("request_id", ""),
+                                body[:4096].decode("utf-8", "replace"))
+        counted = scope["method"] == "POST"
+        lim = self.limiter
+        if counted:
+            if lim.total >= lim.max_total:
+                err = lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
+                                     "global_limit")
+                await send_error(send, err)
+                return
+            lim.total += 1
+        ticket = Ticket(lim)
+        scope.setdefault("state", {})[TICKET_KEY] = ticket
+        try:
+            await self._run(scope, body, receive, send)
+        finally:
+            ticket.release()
+            if counted:
+                lim.total -= 1
+
+    async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole body, or None when the request was answered here (or the client left)."""
+        limit = self.max_body_bytes
+        declared = _content_length(scope)
+        if declared is not None:
+            text = declared.strip()
+            if not text.isdigit():
+                self._rejected("bad_content_length")
+                await send_error(send, InvalidRequestError("The Content-Length header is malformed.",
+                                                           code="invalid_content_length"), _CLOSE)
+                return None
+            if int(text) > limit:
+                self._rejected("body_too_large")
+                await send_error(send, self._too_large(), _CLOSE)
+                return None
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            if chunk:
+                size += len(chunk)
+                if size > limit:
+                    self._rejected("body_too_large")
+                    await send_error(send, self._too_large(), _CLOSE)
+                    return None
+                parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _too_large(self) -> PayloadTooLargeError:
+        return PayloadTooLargeError(f"The request body is larger than this server's limit of "
+                                    f"{self.max_body_bytes} bytes.")
+
+    async def _run(self, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        gone = asyncio.Event()
+        body_sent = False
+        complete = False
+        disconnected = False
+
+        async def app_receive() -> Message:
+            nonlocal body_sent
+            if not body_sent:
+                body_sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def app_send(message: Message) -> None:
+            nonlocal complete
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                complete = True
+            await send(message)
+
+        async def watch() -> None:
+            nonlocal disconnected
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not complete:
+                disconnected = True
+                stats = current_stats()
+                if stats is not None:
+                    stats.disconnected = True
+                gone.set()
+                task.cancel()
+            else:
+                gone.set()
+
+        watcher = asyncio.create_task(watch(), name="disconnect-watcher")
+        try:
+            await self.app(scope, app_receive, app_send)
+        except asyncio.CancelledError:
+            # Our own cancellation (client gone) ends here; anyone else's goes on up.
+            if not disconnected or task.uncancel() > 0:
+                raise
+        finally:
+            watcher.cancel()
+
+
+def _ticket(request: Request) -> Ticket | None:
+    state: dict[str, Any] = request.scope.get("state", {})
+    return state.get(TICKET_KEY)
+
+
+def _settings(request: Request) -> Any:
+    return getattr(request.app.state, "settings", None)
+
+
+def _check_count(count: int, limit: int | None, param: str, what: str) -> None:
+    if limit is not None and count > limit:
+        raise InvalidRequestError(f"'{param}' has {count} {what}; this server accepts at most {limit}.",
+                                  param=param, code="too_many_items")
+
+
+def admit(request: Request, model: str) -> None:
+    """Take a slot of `model`'s in-flight limit for this request (429 when full). Every route that
+    reaches a model calls this (or one of the `admit_*` helpers) before calling its service."""
+    ticket = _ticket(request)
+    if ticket is not None:
+        ticket.admit(model)
+    else:
+        stats = current_stats()
+        if stats is not None and not stats.model:
+            stats.model = model
+
+
+def _limited(attr: str, count_of: Callable[[Any], int], param: str, what: str) -> Callable[[Request, Any], None]:
+    def check(request: Request, body: Any) -> None:
+        settings = _settings(request)
+        _check_count(count_of(body), getattr(settings, attr, None), param, what)
+        admit(request, body.model)
+
+    return check
+
+
+def _embedding_inputs(body: Any) -> int:
+    inp = body.input
+    if isinstance(inp, str) or (inp and all(isinstance(x, int) for x in inp)):
+        return 1
+    return len(inp)
+
+
+admit_chat = _limited("max_messages", lambda b: len(b.messages), "messages", "messages")
+admit_embeddings = _limited("max_embedding_inputs", _embedding_inputs, "input", "inputs")
+admit_rerank = _limited("max_rerank_documents", lambda b: len(b.documents), "documents", "documents")

@@ -1,0 +1,53 @@
+"""uvicorn's server with a drain phase for graceful shutdown.
+
+The first SIGTERM (or Ctrl-C) marks the app as draining: new requests get 503 (`shutting_down`) and
+readiness fails, so a load balancer stops routing here, while requests in flight (streams included)
+get up to `grace_s` seconds to finish. Then uvicorn's own shutdown runs (listening socket and idle
+connections closed, lifespan shutdown). A second signal ends the drain at once; a third forces the
+exit. The signal is handled rather than re-raised, so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import FrameType
+
+import uvicorn
+
+from openai_api.http.limits import InFlightLimiter, Lifecycle
+
+logger = logging.getLogger("openai_api")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, *, lifecycle: Lifecycle, limiter: InFlightLimiter,
+                 grace_s: float) -> None:
+        super().__init__(config)
+        self.lifecycle = lifecycle
+        self.limiter = limiter
+        self.grace_s = grace_s
+        self.drain_started: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.drain_started is None:
+            self.drain_started = time.monotonic()
+            self.lifecycle.draining = True
+            logger.info("signal %d: draining; %d requests in flight get up to %.0f s, new ones get 503",
+                        sig, self.limiter.total, self.grace_s)
+        elif not self.should_exit:
+            logger.info("second signal: ending the drain now")
+            self.config.timeout_graceful_shutdown = 1
+            self.should_exit = True
+        else:
+            self.force_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.drain_started is not None and not self.should_exit:
+            left = self.grace_s - (time.monotonic() - self.drain_started)
+            if self.limiter.total == 0 or left <= 0:
+                if self.limiter.total:
+                    logger.warning("grace period over: %d requests still in flight are cut", self.limiter.total)
+                self.config.timeout_graceful_shutdown = 1
+                self.should_exit = True
+        return bool(await super().on_tick(counter))

@@ -1,0 +1,24 @@
+"""Schemathesis against the app's own OpenAPI schema (50 cases per route; scripts/fuzz.py runs more):
+no 5xx, and every status, content type and body is what the schema documents."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import requires_models
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz.py"
+pytest.importorskip("schemathesis")
+
+
+@requires_models("smollm2-135m-instruct", "all-minilm-l6-v2")
+def test_every_route_survives_schema_driven_fuzzing() -> None:
+    spec = importlib.util.spec_from_file_location("fuzz_script", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    fuzz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fuzz)
+    failures = fuzz.run(examples=50)
+    assert not failures, "\n\n".join(failures)
