@@ -1,0 +1,222 @@
+"""Adapter for the legacy FasterTransformer GPT tensor interface (protocol `fastertransformer`).
+
+Wire contract (see design/triton-protocols.md): token ids in, token ids out, in the dtypes the model's
+config declares (UINT32 ids and scalars in FasterTransformer's own configs). With `max_batch_size > 0`
+every tensor carries a leading batch dim of 1 (`input_ids` [1, L], scalars [1, 1], words lists
+[1, 2, N]). Sampling inputs: `temperature`, `runtime_top_k`, `runtime_top_p`, `repetition_penalty`,
+`random_seed`, `min_length`, `is_return_log_probs`, `stop_words_list`, `bad_words_list`; only those the
+config declares are accepted, a request using another is refused with a 400 naming the parameter.
+FasterTransformer has no greedy temperature: `temperature == 0` is sent as `runtime_top_k = 1`.
+
+Outputs: `output_ids` [1, beams, T] holds the prompt AND the generation, `sequence_length` [1, beams]
+its valid length. Decoupled models stream over one gRPC stream per request and every response
+resends the whole sequence so far (cumulative, not a delta): `CumulativeDiff` strips the prompt and
+what was already yielded, so chunks hold only new token ids. Other models get one unary `infer`
+whose output is trimmed by `sequence_length` and stripped of the prompt the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+
+from openai_api.errors import InvalidRequestError
+from openai_api.triton.client import TritonClientPool, map_triton_error
+from openai_api.triton.detect import require_protocol
+from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.tensorrt_llm import words_tensor
+from openai_api.triton.wire import ModelSpec, fetch_model_spec, make_input, stream_one_request
+
+logger = logging.getLogger(__name__)
+
+# OpenAI-side parameter -> FasterTransformer input names (first declared one wins).
+_PARAM_INPUTS = {
+    "temperature": ("temperature",),
+    "top_p": ("runtime_top_p",),
+    "top_k": ("runtime_top_k",),
+    "seed": ("random_seed", "seed"),
+    "repetition_penalty": ("repetition_penalty",),
+    "presence_penalty": ("presence_penalty",),
+    "frequency_penalty": ("frequency_penalty",),
+    "min_tokens": ("min_length",),
+    "stop_words": ("stop_words_list",),
+    "bad_words": ("bad_words_list",),
+    "return_logprobs": ("is_return_log_probs",),
+}
+_MAX_ID = 2**31 - 1  # a UINT32 -1 pad (4294967295) or anything else past it is not a token
+
+
+def _first_beam(arr: np.ndarray | None) -> list[Any] | None:
+    """[batch, beams, T] / [beams, T] / [T] -> the first beam's T values."""
+    if arr is None:
+        return None
+    if arr.ndim == 0:
+        return [arr.item()]
+    return arr.reshape(-1, arr.shape[-1])[0].tolist()
+
+
+class CumulativeDiff:
+    """Turns FasterTransformer's cumulative `output_ids` (prompt + everything so far) into new tokens.
+
+    Whether the output starts with the prompt is decided on the first non-empty response (it always
+    does in FasterTransformer; a model that sends only the generation works too). The generation is
+    cut at the first `end_id` or pad value, so an end token is never yielded.
+    """
+
+    __slots__ = ("end_id", "includes_prompt", "prompt", "sent")
+
+    def __init__(self, prompt_ids: list[int], end_id: int | None = None) -> None:
+        self.prompt = prompt_ids
+        self.end_id = end_id
+        self.includes_prompt: bool | None = None
+        self.sent = 0  # generated tokens yielded so far
+
+    def generation(self, ids: list[int], seq_len: int | None = None) -> list[int]:
+        """The whole generation in one cumulative response."""
+        if seq_len is not None:
+            ids = ids[: max(seq_len, 0)]
+        if self.includes_prompt is None and ids:
+            n = len(self.prompt)
+            self.includes_prompt = len(ids) >= n and ids[:n] == self.prompt
+        gen = ids[len(self.prompt):] if self.includes_prompt else ids
+        for i, t in enumerate(gen):
+            if t == self.end_id or t < 0 or t > _MAX_ID:
+                return gen[:i]
+        return gen
+
+    def push(self, ids: list[int], seq_len: int | None = None) -> tuple[int, list[int]]:
+        """(index of the first new token in the generation, the new tokens) for one response."""
+        gen = self.generation(ids, seq_len)
+        start = self.sent
+        if len(gen) <= start:
+            return start, []
+        self.sent = len(gen)
+        return start, gen[start:]
+
+
+class FasterTransformerAdapter:
+    """`LLMBackend` over a FasterTransformer-style model; see the module docstring for the wire contract."""
+
+    protocol = "fastertransformer"
+    # Seconds without a response before a stream is ended with a 504 (None: never).
+    stream_idle_timeout_s: float | None = None
+
+    def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
+                 spec: ModelSpec | None = None) -> None:
+        self.pool = pool
+        self.url = url
+        self.model = model
+        self.triton_model = triton_model
+        self.version = version
+        self._spec = spec
+        self._lock = asyncio.Lock()
+
+    @property
+    def _client(self) -> grpc_aio.InferenceServerClient:
+        return self.pool.grpc(self.url)
+
+    async def check(self) -> None:
+        require_protocol("fastertransformer", await self._load_spec(), self.triton_model)
+
+    async def _load_spec(self) -> ModelSpec:
+        if self._spec is None:
+            async with self._lock:
+                if self._spec is None:
+                    self._spec = await fetch_model_spec(self.pool, self.url, self.triton_model, self.version,
+                                                        self.model)
+        return self._spec
+
+    def supports(self, param: str) -> bool:
+        spec = self._spec
+        if spec is None:
+            return True  # unknown until Triton answered; checked again at request time
+        return any(n in spec.inputs for n in _PARAM_INPUTS.get(param, (param,)))
+
+    def _input_name(self, spec: ModelSpec, param: str) -> str:
+        name = next((n for n in _PARAM_INPUTS[param] if n in spec.inputs), None)
+        if name is None:
+            raise InvalidRequestError(
+                f"The model {self.model!r} (Triton model {self.triton_model!r}, FasterTransformer) does not "
+                f"accept '{param}'.", param=param, code="unsupported_parameter")
+        return name
+
+    def build_inputs(self, spec: ModelSpec, req: GenerationRequest) -> list[InferInput]:
+        names = spec.inputs
+        inputs = [make_input(spec, "input_ids", req.prompt_ids),
+                  make_input(spec, "request_output_len", [req.max_tokens])]
+        if "input_lengths" in names:
+            inputs.append(make_input(spec, "input_lengths", [len(req.prompt_ids)]))
+        if req.end_id is not None and req.end_id >= 0 and "end_id" in names:
+            inputs.append(make_input(spec, "end_id", [req.end_id]))
+        values: dict[str, Any] = {p: getattr(req, p) for p in _PARAM_INPUTS}
+        if req.temperature == 0:
+            # No greedy temperature in FasterTransformer (it divides by it): greedy is top-k 1.
+            values["temperature"] = None
+            if "runtime_top_k" in names:
+                values["top_k"] = 1
+            elif "runtime_top_p" in names:
+                values["top_p"] = 0.0  # top-k 0 (unsent) with top-p 0 is greedy as well
+        for param, value in values.items():
+            if value is None or value is False or value == []:
+                continue
+            name = self._input_name(spec, param)
+            if param in ("stop_words", "bad_words"):
+                inputs.append(make_input(spec, name, words_tensor(value)))
+            else:
+                inputs.append(make_input(spec, name, [value]))
+        return inputs
+
+    def _outputs(self, spec: ModelSpec, req: GenerationRequest) -> list[InferRequestedOutput]:
+        wanted = ["output_ids", "sequence_length"]
+        if req.return_logprobs:
+            wanted.append("output_log_probs")
+        return [InferRequestedOutput(n) for n in wanted if n in spec.outputs]
+
+    @staticmethod
+    def chunk_from(result: InferResult, diff: CumulativeDiff, want_logprobs: bool) -> GenerationChunk | None:
+        """The new tokens in one cumulative response (None when there are none)."""
+        ids = _first_beam(result.as_numpy("output_ids"))
+        if ids is None:
+            return None
+        seq = _first_beam(result.as_numpy("sequence_length"))
+        start, new = diff.push([int(t) for t in ids], int(seq[0]) if seq else None)
+        if not new:
+            return None
+        logprobs = None
+        if want_logprobs:
+            lp = _first_beam(result.as_numpy("output_log_probs"))
+            if lp is not None and len(lp) >= start + len(new):
+                logprobs = [float(x) for x in lp[start:start + len(new)]]
+        return GenerationChunk(new, logprobs)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        spec = await self._load_spec()
+        inputs = self.build_inputs(spec, request)
+        diff = CumulativeDiff(request.prompt_ids, request.end_id)
+        if spec.decoupled:
+            payload = {"model_name": self.triton_model, "model_version": self.version, "inputs": inputs,
+                       "outputs": self._outputs(spec, request), "request_id": request.request_id}
+            responses = stream_one_request(self._client, payload, model=self.model, timeout_s=request.timeout_s,
+                                           idle_s=self.stream_idle_timeout_s)
+            # aclosing: closing this generator early must close the stream (and so cancel the request) now.
+            async with aclosing(responses):
+                async for result in responses:
+                    chunk = self.chunk_from(result, diff, request.return_logprobs)
+                    if chunk is not None:
+                        yield chunk
+            return
+        try:
+            result = await self._client.infer(
+                self.triton_model, inputs, model_version=self.version, outputs=self._outputs(spec, request),
+                request_id=request.request_id, client_timeout=request.timeout_s)
+        except Exception as e:  # noqa: BLE001
+            raise map_triton_error(e, self.model) from None
+        chunk = self.chunk_from(result, diff, request.return_logprobs)
+        yield chunk if chunk is not None else GenerationChunk([])

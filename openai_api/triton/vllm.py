@@ -1,0 +1,227 @@
+"""Adapter for the Triton vLLM backend (protocol `vllm`): text in, text out.
+
+Wire contract (see design/triton-protocols.md; the backend's own auto-completed config): no batch dim
+(`max_batch_size 0`). Inputs: `text_input` BYTES [1] (the templated prompt), `stream` BOOL [1],
+`sampling_parameters` BYTES [1] (JSON of vLLM SamplingParams; `max_tokens` is always sent because
+vLLM's default is 16), `exclude_input_in_output` BOOL [1] (true: the prompt is never echoed), and
+`return_finish_reason` / `return_num_output_tokens` / `return_logprobs` BOOL [1]. Only inputs the
+model's config declares are sent. Each response's `text_output` holds the text new since the
+previous response and `num_output_tokens` the number of tokens that text took (a delta as well).
+
+Decoupled models are called over one gRPC stream per request with `stream=true`; others get one
+unary `infer` with `stream=false` whose single response is the whole text. Chunks carry `text` and
+`num_tokens` (None when the model does not return `num_output_tokens`: the gateway then counts with
+the tokenizer); with log-probs asked for, also the sampled token ids and their log-probs.
+
+Stop strings are matched by the gateway on the text (and the stream closed, which cancels the
+request); single-token stop words and `end_id` go to vLLM as `stop_token_ids`. Token-id bad words
+cannot be expressed in SamplingParams, so a model with bad words configured refuses requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+
+from openai_api.errors import InvalidRequestError
+from openai_api.triton.client import TritonClientPool, map_triton_error
+from openai_api.triton.detect import require_protocol
+from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.wire import ModelSpec, fetch_model_spec, make_input, stream_one_request
+
+logger = logging.getLogger(__name__)
+
+# GenerationRequest fields that map onto vLLM SamplingParams keys of the same meaning.
+_SAMPLING_KEYS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "seed": "seed",
+    "repetition_penalty": "repetition_penalty",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "min_tokens": "min_tokens",
+}
+
+
+def sampling_parameters(req: GenerationRequest) -> dict[str, Any]:
+    """The SamplingParams JSON object for one request: `max_tokens` always, the rest only when set."""
+    params: dict[str, Any] = {"max_tokens": int(req.max_tokens)}
+    for field_name, key in _SAMPLING_KEYS.items():
+        value = getattr(req, field_name)
+        if value is not None:
+            params[key] = value
+    if params.get("top_k") == 0:
+        params["top_k"] = -1  # "off": 0 is TensorRT-LLM's spelling, older vLLM rejects it
+    stop_ids = [w[0] for w in req.stop_words if len(w) == 1]
+    if req.end_id is not None and req.end_id >= 0:
+        stop_ids.insert(0, req.end_id)
+    if stop_ids:
+        params["stop_token_ids"] = list(dict.fromkeys(stop_ids))
+    if req.return_logprobs:
+        params["logprobs"] = 0  # the sampled token's log-prob only
+    return params
+
+
+def parse_logprobs(raw: Any) -> tuple[list[int], list[float]] | None:
+    """vLLM's `logprobs` output: JSON, one `{"<token id>": {"logprob": ...}}` per new token."""
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8")
+    data = json.loads(raw)
+    if data is None:
+        return None
+    ids: list[int] = []
+    lps: list[float] = []
+    for entry in data:
+        if not entry:
+            continue
+        # With logprobs=0 there is one entry, the sampled token; with top-n the sampled one comes first.
+        token, info = next(iter(entry.items()))
+        ids.append(int(token))
+        lps.append(float(info["logprob"] if isinstance(info, dict) else info))
+    return ids, lps
+
+
+def _text(result: InferResult) -> str:
+    arr = result.as_numpy("text_output")
+    if arr is None or arr.size == 0:
+        return ""
+    raw = arr.reshape(-1)[0]
+    return raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _count(result: InferResult, name: str) -> int | None:
+    arr = result.as_numpy(name)
+    return int(arr.reshape(-1)[0]) if arr is not None and arr.size else None
+
+
+class VLLMAdapter:
+    """`LLMBackend` over the Triton vLLM backend; see the module docstring for the wire contract."""
+
+    protocol = "vllm"
+    # Seconds without a response before a stream is ended with a 504 (None: never).
+    stream_idle_timeout_s: float | None = None
+
+    def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
+                 spec: ModelSpec | None = None) -> None:
+        self.pool = pool
+        self.url = url
+        self.model = model
+        self.triton_model = triton_model
+        self.version = version
+        self._spec = spec
+        self._lock = asyncio.Lock()
+
+    @property
+    def _client(self) -> grpc_aio.InferenceServerClient:
+        return self.pool.grpc(self.url)
+
+    async def check(self) -> None:
+        require_protocol("vllm", await self._load_spec(), self.triton_model)
+
+    async def _load_spec(self) -> ModelSpec:
+        if self._spec is None:
+            async with self._lock:
+                if self._spec is None:
+                    self._spec = await fetch_model_spec(self.pool, self.url, self.triton_model, self.version,
+                                                        self.model)
+        return self._spec
+
+    def supports(self, param: str) -> bool:
+        spec = self._spec
+        if spec is None:
+            return True  # unknown until Triton answered; checked again at request time
+        if param == "bad_words":
+            return False
+        if param == "return_logprobs":
+            return "return_logprobs" in spec.inputs and "logprobs" in spec.outputs
+        if param in _SAMPLING_KEYS or param == "stop_words":
+            return "sampling_parameters" in spec.inputs
+        return False
+
+    def _refuse(self, param: str, why: str = "") -> InvalidRequestError:
+        return InvalidRequestError(
+            f"The model {self.model!r} (Triton model {self.triton_model!r}, vLLM backend) does not accept "
+            f"'{param}'{why}.", param=param, code="unsupported_parameter")
+
+    def build_inputs(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferInput]:
+        names = spec.inputs
+        if req.bad_words:
+            raise self._refuse("bad_words", ": vLLM takes bad words as text, not token ids")
+        if req.return_logprobs and not self.supports("return_logprobs"):
+            raise self._refuse("return_logprobs")
+        params = sampling_parameters(req)
+        if "sampling_parameters" not in names:
+            extra = sorted(set(params) - {"max_tokens", "stop_token_ids"})
+            if extra:
+                raise self._refuse(extra[0], " (its Triton config has no sampling_parameters input)")
+            logger.warning("model %s: Triton model %s has no sampling_parameters input; vLLM's default "
+                           "max_tokens (16) applies", self.model, self.triton_model)
+        inputs = [make_input(spec, "text_input", req.prompt_text)]
+        if "stream" in names:
+            inputs.append(make_input(spec, "stream", [streaming]))
+        if "sampling_parameters" in names:
+            inputs.append(make_input(spec, "sampling_parameters", json.dumps(params, separators=(",", ":"))))
+        if "exclude_input_in_output" in names:
+            inputs.append(make_input(spec, "exclude_input_in_output", [True]))
+        for flag, output in (("return_finish_reason", "finish_reason"),
+                             ("return_num_output_tokens", "num_output_tokens")):
+            if flag in names and output in spec.outputs:
+                inputs.append(make_input(spec, flag, [True]))
+        if req.return_logprobs:
+            inputs.append(make_input(spec, "return_logprobs", [True]))
+        return inputs
+
+    def _outputs(self, spec: ModelSpec, req: GenerationRequest) -> list[InferRequestedOutput]:
+        wanted = ["text_output", "finish_reason", "num_output_tokens"]
+        if req.return_logprobs:
+            wanted.append("logprobs")
+        return [InferRequestedOutput(n) for n in wanted if n in spec.outputs]
+
+    def _chunk(self, result: InferResult, req: GenerationRequest) -> GenerationChunk:
+        chunk = GenerationChunk(token_ids=[], text=_text(result), num_tokens=_count(result, "num_output_tokens"))
+        if req.return_logprobs:
+            arr = result.as_numpy("logprobs")
+            parsed = parse_logprobs(arr.reshape(-1)[0] if arr is not None and arr.size else None)
+            if parsed is not None:
+                chunk.token_ids, chunk.logprobs = parsed
+        return chunk
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        spec = await self._load_spec()
+        if not request.prompt_text:
+            raise InvalidRequestError(f"The model {self.model!r} takes text prompts (vLLM backend); this "
+                                      "request has token ids only.", param="prompt", code="unsupported_parameter")
+        if spec.decoupled:
+            payload = {"model_name": self.triton_model, "model_version": self.version,
+                       "inputs": self.build_inputs(spec, request, streaming=True),
+                       "outputs": self._outputs(spec, request), "request_id": request.request_id}
+            responses = stream_one_request(self._client, payload, model=self.model, timeout_s=request.timeout_s,
+                                           idle_s=self.stream_idle_timeout_s)
+            # aclosing: closing this generator early must close the stream (and so cancel the request) now.
+            async with aclosing(responses):
+                async for result in responses:
+                    chunk = self._chunk(result, request)
+                    if chunk.text or chunk.num_tokens or chunk.token_ids:
+                        yield chunk
+            return
+        try:
+            result = await self._client.infer(
+                self.triton_model, self.build_inputs(spec, request, streaming=False), model_version=self.version,
+                outputs=self._outputs(spec, request), request_id=request.request_id,
+                client_timeout=request.timeout_s)
+        except Exception as e:  # noqa: BLE001
+            raise map_triton_error(e, self.model) from None
+        chunk = self._chunk(result, request)
+        if "exclude_input_in_output" not in spec.inputs and chunk.text and chunk.text.startswith(request.prompt_text):
+            chunk.text = chunk.text[len(request.prompt_text):]  # an old backend that always echoes the prompt
+        yield chunk

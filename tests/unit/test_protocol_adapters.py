@@ -1,0 +1,385 @@
+"""The vLLM and FasterTransformer adapters and protocol detection, against fake Triton clients and the
+model configs real deployments serve (no server needed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+
+from openai_api.errors import BackendUnavailableError, InvalidRequestError
+from openai_api.triton.auto import AutoLLMBackend
+from openai_api.triton.detect import detect_protocol, protocol_mismatches, require_protocol
+from openai_api.triton.fastertransformer import CumulativeDiff, FasterTransformerAdapter
+from openai_api.triton.llm import GenerationRequest
+from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter
+from openai_api.triton.vllm import VLLMAdapter, parse_logprobs, sampling_parameters
+from openai_api.triton.wire import parse_model_config
+
+
+def tensor(name: str, dtype: str, dims: list[int], optional: bool = False) -> dict[str, Any]:
+    # gRPC get_model_config(as_json=True) renders int64 dims as strings.
+    return {"name": name, "data_type": f"TYPE_{dtype}", "dims": [str(d) for d in dims], "optional": optional}
+
+
+TRTLLM_CONFIG = {"config": {
+    "name": "tensorrt_llm", "backend": "tensorrtllm", "max_batch_size": 8,
+    "model_transaction_policy": {"decoupled": True},
+    "input": [tensor("input_ids", "INT32", [-1]), tensor("input_lengths", "INT32", [1]),
+              tensor("request_output_len", "INT32", [1]), tensor("end_id", "INT32", [1], True),
+              tensor("pad_id", "INT32", [1], True), tensor("runtime_top_k", "INT32", [1], True),
+              tensor("temperature", "FP32", [1], True), tensor("presence_penalty", "FP32", [1], True),
+              tensor("seed", "UINT64", [1], True), tensor("streaming", "BOOL", [1], True),
+              tensor("return_log_probs", "BOOL", [1], True), tensor("stop_words_list", "INT32", [2, -1], True)],
+    "output": [tensor("output_ids", "INT32", [-1, -1]), tensor("sequence_length", "INT32", [-1])],
+}}
+
+# TensorRT-LLM releases before Nov 2023: UINT32 scalars, random_seed, min_length. Still tensorrt_llm.
+OLD_TRTLLM_CONFIG = {"config": {
+    "name": "tensorrt_llm", "max_batch_size": 128, "model_transaction_policy": {"decoupled": False},
+    "input": [tensor("input_ids", "UINT32", [-1]), tensor("input_lengths", "UINT32", [1]),
+              tensor("request_output_len", "UINT32", [-1]), tensor("end_id", "UINT32", [1], True),
+              tensor("pad_id", "UINT32", [1], True), tensor("beam_width", "UINT32", [1], True),
+              tensor("runtime_top_k", "UINT32", [1], True), tensor("runtime_top_p", "FP32", [1], True),
+              tensor("min_length", "UINT32", [1], True), tensor("random_seed", "UINT64", [1], True),
+              tensor("return_log_probs", "BOOL", [1], True), tensor("streaming", "BOOL", [1], True)],
+    "output": [tensor("output_ids", "INT32", [-1, -1])],
+}}
+
+VLLM_CONFIG = {"config": {
+    "name": "vllm_model", "backend": "vllm", "max_batch_size": 0,
+    "model_transaction_policy": {"decoupled": True},
+    "input": [tensor("text_input", "STRING", [1]), tensor("stream", "BOOL", [1], True),
+              tensor("sampling_parameters", "STRING", [1], True),
+              tensor("exclude_input_in_output", "BOOL", [1], True),
+              tensor("return_finish_reason", "BOOL", [1], True),
+              tensor("return_logprobs", "BOOL", [1], True),
+              tensor("return_num_output_tokens", "BOOL", [1], True)],
+    "output": [tensor("text_output", "STRING", [-1]), tensor("finish_reason", "STRING", [-1]),
+               tensor("logprobs", "STRING", [-1]), tensor("num_output_tokens", "UINT32", [-1])],
+}}
+
+FT_CONFIG = {"config": {
+    "name": "fastertransformer", "backend": "fastertransformer", "max_batch_size": 1024,
+    "model_transaction_policy": {"decoupled": True},
+    "input": [tensor("input_ids", "UINT32", [-1]), tensor("start_id", "UINT32", [1], True),
+              tensor("end_id", "UINT32", [1], True), tensor("input_lengths", "UINT32", [1]),
+              tensor("request_output_len", "UINT32", [-1]), tensor("runtime_top_k", "UINT32", [1], True),
+              tensor("runtime_top_p", "FP32", [1], True), tensor("temperature", "FP32", [1], True),
+              tensor("len_penalty", "FP32", [1], True), tensor("repetition_penalty", "FP32", [1], True),
+              tensor("random_seed", "UINT64", [1], True), tensor("is_return_log_probs", "BOOL", [1], True),
+              tensor("beam_width", "UINT32", [1], True), tensor("stop_words_list", "INT32", [2, -1], True),
+              tensor("bad_words_list", "INT32", [2, -1], True)],
+    "output": [tensor("output_ids", "UINT32", [-1, -1]), tensor("sequence_length", "UINT32", [-1]),
+               tensor("output_log_probs", "FP32", [-1, -1])],
+}}
+
+# The TensorRT-LLM ensemble's text interface: text in, but no sampling_parameters. Not spoken here.
+ENSEMBLE_CONFIG = {"name": "ensemble", "platform": "ensemble", "max_batch_size": 64,
+                   "input": [tensor("text_input", "STRING", [1]), tensor("max_tokens", "INT32", [1])],
+                   "output": [tensor("text_output", "STRING", [-1])]}
+
+
+# ------------------------------------------------------------------ fakes
+class FakeResult:
+    def __init__(self, **arrays: Any) -> None:
+        self.arrays = arrays
+
+    def as_numpy(self, name: str) -> Any:
+        return self.arrays.get(name)
+
+
+class FakeStream:
+    def __init__(self, items: list[tuple[Any, Any]]) -> None:
+        self.items = items
+        self.cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[tuple[Any, Any]]:
+        return self._gen()
+
+    async def _gen(self) -> AsyncIterator[tuple[Any, Any]]:
+        for item in self.items:
+            yield item
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeClient:
+    def __init__(self, config: dict[str, Any], responses: list[FakeResult] | None = None) -> None:
+        self.config = config
+        self.responses = responses or []
+        self.requests: list[dict[str, Any]] = []
+        self.streams: list[FakeStream] = []
+        self.config_reads = 0
+
+    async def get_model_config(self, name: str, version: str = "", as_json: bool = False) -> dict[str, Any]:
+        self.config_reads += 1
+        return self.config
+
+    def stream_infer(self, gen: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None) -> FakeStream:
+        stream = FakeStream([(r, None) for r in self.responses])
+        outer = self
+
+        class Recording(FakeStream):
+            async def _gen(self) -> AsyncIterator[tuple[Any, Any]]:
+                async for payload in gen:
+                    outer.requests.append(payload)
+                async for item in stream._gen():
+                    yield item
+
+        rec = Recording(stream.items)
+        self.streams.append(rec)
+        return rec
+
+    async def infer(self, model: str, inputs: list[Any], **kwargs: Any) -> FakeResult:
+        self.requests.append({"model_name": model, "inputs": inputs, **kwargs})
+        return self.responses[-1]
+
+
+class FakePool:
+    def __init__(self, client: FakeClient) -> None:
+        self.client = client
+
+    def grpc(self, url: str) -> FakeClient:
+        return self.client
+
+
+def sent(payload: dict[str, Any]) -> dict[str, np.ndarray]:
+    """name -> the numpy array an InferInput carries (decoded back from its raw bytes)."""
+    out = {}
+    for inp in payload["inputs"]:
+        dtype = inp.datatype()
+        shape = inp.shape()
+        raw = inp._get_content()
+        if dtype == "BYTES":
+            out[inp.name()] = deserialize_bytes_tensor(raw).reshape(shape)
+        else:
+            out[inp.name()] = np.frombuffer(raw, dtype=triton_to_np_dtype(dtype)).reshape(shape)
+    return out
+
+
+def request(**kw: Any) -> GenerationRequest:
+    base: dict[str, Any] = {"prompt_ids": [5, 6, 7], "prompt_text": "Hi there", "max_tokens": 8, "end_id": 2}
+    return GenerationRequest(**{**base, **kw})
+
+
+def ft_result(ids: list[int], seq_len: int | None = None, log_probs: list[float] | None = None) -> FakeResult:
+    arrays: dict[str, Any] = {"output_ids": np.asarray(ids, dtype=np.uint32).reshape(1, 1, -1)}
+    arrays["sequence_length"] = np.asarray([[len(ids) if seq_len is None else seq_len]], dtype=np.uint32)
+    if log_probs is not None:
+        arrays["output_log_probs"] = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)
+    return FakeResult(**arrays)
+
+
+def vllm_result(text: str, n: int | None = None, finish: str = "None") -> FakeResult:
+    arrays: dict[str, Any] = {"text_output": np.asarray([text.encode()], dtype=np.object_),
+                              "finish_reason": np.asarray([finish.encode()], dtype=np.object_)}
+    if n is not None:
+        arrays["num_output_tokens"] = np.asarray([n], dtype=np.uint32)
+    return FakeResult(**arrays)
+
+
+async def collect(it: AsyncIterator[Any]) -> list[Any]:
+    return [c async for c in it]
+
+
+# ------------------------------------------------------------------ FasterTransformer: cumulative diffing
+def test_ft_cumulative_responses_become_new_tokens_only() -> None:
+    diff = CumulativeDiff([5, 6, 7], end_id=2)
+    assert diff.push([5, 6, 7, 10]) == (0, [10])
+    assert diff.push([5, 6, 7, 10, 11, 12]) == (1, [11, 12])  # two steps in one response
+    assert diff.push([5, 6, 7, 10, 11, 12]) == (3, [])  # a repeated final response adds nothing
+    assert diff.push([5, 6, 7, 10, 11, 12, 2, 2, 2], seq_len=9) == (3, [])  # end_id padding is not a token
+
+
+def test_ft_sequence_length_trims_padding_and_pad_values_are_dropped() -> None:
+    diff = CumulativeDiff([5, 6], end_id=None)
+    assert diff.push([5, 6, 9, 0, 0, 0], seq_len=3) == (0, [9])
+    assert diff.push([5, 6, 9, 8, 4294967295, 4294967295]) == (1, [8])
+
+
+def test_ft_output_without_the_prompt_is_taken_as_generation() -> None:
+    diff = CumulativeDiff([5, 6, 7], end_id=2)
+    assert diff.push([10]) == (0, [10])
+    assert diff.push([10, 5]) == (1, [5])
+
+
+def test_ft_chunk_carries_log_probs_of_the_new_tokens() -> None:
+    diff = CumulativeDiff([5, 6, 7], end_id=2)
+    first = FasterTransformerAdapter.chunk_from(ft_result([5, 6, 7, 10], log_probs=[-0.5]), diff, True)
+    second = FasterTransformerAdapter.chunk_from(ft_result([5, 6, 7, 10, 11], log_probs=[-0.5, -0.25]), diff, True)
+    assert first is not None and first.token_ids == [10] and first.logprobs == [-0.5]
+    assert second is not None and second.token_ids == [11] and second.logprobs == [-0.25]
+    assert FasterTransformerAdapter.chunk_from(ft_result([5, 6, 7, 10, 11]), diff, False) is None
+
+
+async def test_ft_stream_yields_deltas_and_sends_uint32_with_batch_dim() -> None:
+    client = FakeClient(FT_CONFIG, [ft_result([5, 6, 7, 10]), ft_result([5, 6, 7, 10, 11]),
+                                    ft_result([5, 6, 7, 10, 11, 12]), ft_result([5, 6, 7, 10, 11, 12])])
+    adapter = FasterTransformerAdapter(FakePool(client), "u", "m", "ft")  # type: ignore[arg-type]
+    chunks = await collect(adapter.generate(request(temperature=0.0, top_p=0.9, seed=7, stop_words=[[4, 5]])))
+    assert [c.token_ids for c in chunks] == [[10], [11], [12]]
+    t = sent(client.requests[0])
+    assert t["input_ids"].dtype == np.uint32 and t["input_ids"].tolist() == [[5, 6, 7]]
+    assert t["input_lengths"].tolist() == [[3]] and t["request_output_len"].tolist() == [[8]]
+    assert t["end_id"].tolist() == [[2]] and t["random_seed"].dtype == np.uint64
+    # No greedy temperature in FasterTransformer: temperature 0 becomes top-k 1.
+    assert "temperature" not in t and t["runtime_top_k"].tolist() == [[1]]
+    assert t["stop_words_list"].tolist() == [[[4, 5], [2, -1]]]
+    assert "streaming" not in t
+
+
+async def test_ft_unary_strips_prompt_and_trims_by_sequence_length() -> None:
+    cfg = json.loads(json.dumps(FT_CONFIG))
+    cfg["config"]["model_transaction_policy"]["decoupled"] = False
+    client = FakeClient(cfg, [ft_result([5, 6, 7, 10, 11, 2, 2], seq_len=5)])
+    adapter = FasterTransformerAdapter(FakePool(client), "u", "m", "ft")  # type: ignore[arg-type]
+    chunks = await collect(adapter.generate(request(temperature=0.7)))
+    assert [c.token_ids for c in chunks] == [[10, 11]]
+    assert sent(client.requests[0])["temperature"].tolist() == [[pytest.approx(0.7)]]
+
+
+async def test_ft_refuses_a_parameter_its_config_lacks_naming_it() -> None:
+    adapter = FasterTransformerAdapter(FakePool(FakeClient(FT_CONFIG)), "u", "m", "ft")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(adapter.generate(request(presence_penalty=0.5)))
+    assert e.value.param == "presence_penalty" and e.value.code == "unsupported_parameter"
+    assert not adapter.supports("presence_penalty") and adapter.supports("seed") and adapter.supports("top_k")
+
+
+# ------------------------------------------------------------------ vLLM
+def test_vllm_sampling_parameters_always_carry_max_tokens() -> None:
+    assert sampling_parameters(request(end_id=None)) == {"max_tokens": 8}
+    params = sampling_parameters(request(temperature=0.0, top_p=0.9, top_k=0, seed=3, repetition_penalty=1.1,
+                                         presence_penalty=0.5, frequency_penalty=0.25, min_tokens=2,
+                                         stop_words=[[9], [4, 5]], return_logprobs=True))
+    assert params == {"max_tokens": 8, "temperature": 0.0, "top_p": 0.9, "top_k": -1, "seed": 3,
+                      "repetition_penalty": 1.1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+                      "min_tokens": 2, "stop_token_ids": [2, 9], "logprobs": 0}
+
+
+async def test_vllm_stream_yields_text_deltas_with_token_counts() -> None:
+    client = FakeClient(VLLM_CONFIG, [vllm_result("The", 1), vllm_result(" capital", 1), vllm_result("", 1),
+                                      vllm_result("", 0, "stop")])
+    adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
+    chunks = await collect(adapter.generate(request(temperature=0.0)))
+    assert [(c.text, c.num_tokens, c.token_ids) for c in chunks] == [("The", 1, []), (" capital", 1, []), ("", 1, [])]
+    t = sent(client.requests[0])
+    assert t["text_input"].tolist() == [b"Hi there"]  # no batch dim: max_batch_size 0
+    assert t["stream"].tolist() == [True] and t["exclude_input_in_output"].tolist() == [True]
+    assert json.loads(t["sampling_parameters"][0]) == {"max_tokens": 8, "temperature": 0.0, "stop_token_ids": [2]}
+    assert t["return_num_output_tokens"].tolist() == [True] and "return_logprobs" not in t
+    assert client.streams[0].cancelled  # closed (a no-op once finished) so a live request never lingers
+
+
+async def test_vllm_sends_only_the_inputs_its_config_declares() -> None:
+    cfg = json.loads(json.dumps(VLLM_CONFIG))
+    cfg["config"]["input"] = [i for i in cfg["config"]["input"] if not i["name"].startswith(("return_", "exclude"))]
+    cfg["config"]["output"] = [o for o in cfg["config"]["output"] if o["name"] == "text_output"]
+    client = FakeClient(cfg, [vllm_result("Paris")])
+    adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
+    chunks = await collect(adapter.generate(request()))
+    assert [(c.text, c.num_tokens) for c in chunks] == [("Paris", None)]  # None: the gateway counts
+    assert set(sent(client.requests[0])) == {"text_input", "stream", "sampling_parameters"}
+    assert not adapter.supports("return_logprobs") and adapter.supports("presence_penalty")
+    assert not adapter.supports("bad_words")
+
+
+async def test_vllm_logprobs_give_token_ids_and_log_probs() -> None:
+    result = vllm_result(" Paris", 1)
+    result.arrays["logprobs"] = np.asarray([json.dumps([{"7": {"logprob": -0.25, "rank": 1}}]).encode()],
+                                           dtype=np.object_)
+    client = FakeClient(VLLM_CONFIG, [result])
+    adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
+    [chunk] = await collect(adapter.generate(request(return_logprobs=True)))
+    assert chunk.token_ids == [7] and chunk.logprobs == [-0.25] and chunk.text == " Paris"
+    assert sent(client.requests[0])["return_logprobs"].tolist() == [True]
+    assert parse_logprobs(b"null") is None
+
+
+async def test_vllm_refuses_token_id_bad_words() -> None:
+    adapter = VLLMAdapter(FakePool(FakeClient(VLLM_CONFIG)), "u", "m", "vllm")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(adapter.generate(request(bad_words=[[3]])))
+    assert e.value.param == "bad_words"
+
+
+# ------------------------------------------------------------------ detection and mismatches
+@pytest.mark.parametrize(("config", "protocol"), [
+    (TRTLLM_CONFIG, "tensorrt_llm"),
+    (OLD_TRTLLM_CONFIG, "tensorrt_llm"),
+    (VLLM_CONFIG, "vllm"),
+    (FT_CONFIG, "fastertransformer"),
+    (ENSEMBLE_CONFIG, "tensorrt_llm"),
+])
+def test_detect_protocol_from_model_config(config: dict[str, Any], protocol: str) -> None:
+    assert detect_protocol(parse_model_config(config)) == protocol
+
+
+def test_model_config_parsing_handles_the_grpc_json_shape() -> None:
+    spec = parse_model_config(VLLM_CONFIG)
+    assert spec.inputs["text_input"].dtype == "BYTES" and spec.inputs["text_input"].dims == (1,)
+    assert spec.decoupled and not spec.batched
+    ft = parse_model_config(FT_CONFIG["config"])  # HTTP shape: no wrapper
+    assert ft.batched and ft.inputs["stop_words_list"].dims == (2, -1) and ft.inputs["random_seed"].optional
+
+
+def test_each_protocol_fits_its_own_config() -> None:
+    for config, protocol in ((TRTLLM_CONFIG, "tensorrt_llm"), (OLD_TRTLLM_CONFIG, "tensorrt_llm"),
+                             (VLLM_CONFIG, "vllm"), (FT_CONFIG, "fastertransformer")):
+        assert protocol_mismatches(protocol, parse_model_config(config)) == []
+
+
+def test_mismatch_names_the_missing_tensors_and_wrong_dtypes() -> None:
+    problems = protocol_mismatches("vllm", parse_model_config(TRTLLM_CONFIG))
+    assert problems == ["no input 'text_input' (BYTES)", "no output 'text_output' (BYTES)"]
+    cfg = json.loads(json.dumps(VLLM_CONFIG))
+    cfg["config"]["input"][0]["data_type"] = "TYPE_FP32"
+    assert protocol_mismatches("vllm", parse_model_config(cfg)) == ["input 'text_input' is FP32, expected BYTES"]
+    ft = protocol_mismatches("fastertransformer", parse_model_config(VLLM_CONFIG))
+    assert "no input 'input_ids' (an integer type)" in ft and "no output 'output_ids' (an integer type)" in ft
+    ensemble = protocol_mismatches("tensorrt_llm", parse_model_config(ENSEMBLE_CONFIG))
+    assert any("ensemble" in p for p in ensemble)
+    with pytest.raises(BackendUnavailableError) as e:
+        require_protocol("vllm", parse_model_config(TRTLLM_CONFIG), "tensorrt_llm")
+    assert "text_input" in e.value.message and "configured protocol 'vllm'" in e.value.message
+
+
+async def test_auto_backend_picks_the_adapter_and_delegates() -> None:
+    for config, kind in ((VLLM_CONFIG, VLLMAdapter), (FT_CONFIG, FasterTransformerAdapter),
+                         (TRTLLM_CONFIG, TensorRTLLMAdapter)):
+        client = FakeClient(config)
+        auto = AutoLLMBackend(FakePool(client), "u", "m", "t")  # type: ignore[arg-type]
+        assert auto.supports("presence_penalty")  # unknown before Triton answered
+        await auto.check()
+        assert isinstance(auto.backend, kind) and auto.protocol == kind.protocol
+        await auto.check()
+        assert client.config_reads <= 2  # read once (the TensorRT-LLM adapter reads its own copy)
+    ft = AutoLLMBackend(FakePool(FakeClient(FT_CONFIG)), "u", "m", "t")  # type: ignore[arg-type]
+    await ft.check()
+    assert not ft.supports("presence_penalty") and ft.supports("seed")
+
+
+async def test_auto_backend_reports_a_configured_protocol_the_model_does_not_speak() -> None:
+    auto = AutoLLMBackend(FakePool(FakeClient(TRTLLM_CONFIG)), "u", "m", "trt", protocol="vllm")  # type: ignore[arg-type]
+    with pytest.raises(BackendUnavailableError) as e:
+        await auto.check()
+    assert "'text_input'" in e.value.message and "'trt'" in e.value.message
+    assert auto.backend is None  # not cached: a fixed Triton model is picked up on the next call
+    with pytest.raises(BackendUnavailableError):
+        await collect(auto.generate(request()))
+
+
+async def test_auto_backend_closes_the_adapter_stream_when_closed_early() -> None:
+    client = FakeClient(FT_CONFIG, [ft_result([5, 6, 7, 10]), ft_result([5, 6, 7, 10, 11])])
+    auto = AutoLLMBackend(FakePool(client), "u", "m", "ft")  # type: ignore[arg-type]
+    gen = auto.generate(request())
+    first = await gen.__anext__()
+    assert first.token_ids == [10]
+    await gen.aclose()  # type: ignore[attr-defined]
+    assert client.streams[0].cancelled

@@ -1,0 +1,387 @@
+"""The SmolLM2-135M-Instruct decoding engine shared by every reference LLM in ``triton_models/``.
+
+Three Triton models speak three wire protocols over the same weights and the same decoding:
+``smollm2-135m-instruct`` (TensorRT-LLM tensors), ``smollm2-vllm`` (the vLLM backend's text interface)
+and ``smollm2-ft`` (the legacy FasterTransformer tensors).  Each ``model.py`` subclasses
+``SmolLM2Engine`` and implements only its protocol: ``parse`` turns a Triton request into a ``Job``
+(raising ``RequestError`` for the client's mistakes) and ``respond`` turns decoding progress into
+Triton responses.  This module owns everything else:
+
+* loading the weights (``$OPENAI_API_MODELS_DIR/smollm2-135m-instruct``, else ``<repo>/models/...``);
+* one background worker thread that owns the model and interleaves decoding round-robin: each round
+  it picks up newly queued jobs (prefilled on their first step) and advances every active job by one
+  token, each job keeping its own KV cache;
+* sampling (greedy when ``temperature == 0`` or ``top_k == 1``; else temperature, top-k, top-p),
+  repetition / presence / frequency penalties, ``min_tokens``, bad words, stop words, end ids;
+* cancellation, polled before every token step: the job is dropped, its KV cache freed and a
+  CANCELLED error sent with the FINAL flag;
+* counters (started, completed, cancelled, errors, tokens_generated, active) written as JSON to
+  ``$OPENAI_API_REF_STATS_DIR/<model name>.json`` after every request ends, when that env var is set.
+
+The engine calls ``respond(job, new_tokens, final)`` after every generated token when
+``job.streaming``, else once at the end; ``job.finish_reason`` is ``"stop"`` (end id, stop token or
+stop word) or ``"length"`` on the final call.  An end id is never part of ``job.generated``.
+
+Torch runs one intra-op thread unless ``OPENAI_API_REF_TORCH_THREADS`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+from transformers import AutoModelForCausalLM
+
+MODEL_FOLDER = "smollm2-135m-instruct"
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+# Never make a KV cache longer than the checkpoint's position range (config.json says 8192).
+DEFAULT_MAX_SEQUENCE = 8192
+
+
+class RequestError(ValueError):
+    """Invalid request; the message goes back to the client verbatim."""
+
+
+def triton_error(message: str, code_name: str = "INVALID_ARG") -> Any:
+    code = getattr(pb_utils.TritonError, code_name, None)
+    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+
+
+def input_array(request: Any, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def batched_scalar(request: Any, name: str, default: Any) -> Any:
+    """A scalar sent as [1, 1] (batch dim) or [1] (no batch dim); a batch of more than one is refused."""
+    arr = input_array(request, name)
+    if arr is None or arr.size == 0:
+        return default
+    if arr.shape[0] != 1:
+        raise RequestError(f"{name}: batch size {arr.shape[0]} not supported, send one sequence per request")
+    return arr.reshape(-1)[0].item()
+
+
+def word_list(request: Any, name: str) -> list[list[int]]:
+    """Decode a words list ([1, 2, N] or [2, N]: ids, cumulative end offsets -1-padded) into id sequences."""
+    arr = input_array(request, name)
+    if arr is None or arr.size == 0:
+        return []
+    if arr.ndim == 2:  # tolerate a client that dropped the batch dim
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[0] != 1 or arr.shape[1] != 2:
+        raise RequestError(f"{name}: expected shape [1, 2, N], got {list(arr.shape)}")
+    ids, offsets = arr[0, 0].tolist(), arr[0, 1].tolist()
+    words: list[list[int]] = []
+    start = 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end <= start or end > len(ids):
+            if end == start:
+                continue
+            raise RequestError(f"{name}: bad offset {end}")
+        words.append([int(t) for t in ids[start:end]])
+        start = end
+    return words
+
+
+def seeded_generator(seed: int | None) -> torch.Generator | None:
+    if seed is None:
+        return None
+    return torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
+
+
+@dataclass
+class Job:
+    """One generation request and its decoding state (owned by the worker thread once queued).
+
+    ``state`` is the protocol's own per-request data (a detokenizer, flags for optional outputs).
+    """
+
+    request: Any
+    sender: Any
+    prompt: list[int]
+    max_new: int
+    end_id: int
+    streaming: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    # Token sequences that end generation and stay in the output (TensorRT-LLM stop words).
+    stop_words: list[list[int]] = field(default_factory=list)
+    # Extra ids that end generation like end_id and are not emitted (vLLM stop_token_ids).
+    stop_ids: frozenset[int] = frozenset()
+    bad_words: list[list[int]] = field(default_factory=list)
+    generator: torch.Generator | None = None
+    state: dict[str, Any] = field(default_factory=dict)
+    cache: Any = None
+    pending: list[int] = field(default_factory=list)
+    generated: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    counts: Counter[int] = field(default_factory=Counter)
+    finish_reason: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self) -> None:
+        self.pending = list(self.prompt)
+        self.bad_single = [w[0] for w in self.bad_words if len(w) == 1]
+        self.bad_multi = [w for w in self.bad_words if len(w) > 1]
+
+
+class SmolLM2Engine:
+    """Base of the reference ``TritonPythonModel``s; see the module docstring."""
+
+    def parse(self, request: Any, sender: Any) -> Job:
+        raise NotImplementedError
+
+    def respond(self, job: Job, new_tokens: list[int], final: bool) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ life cycle
+    def initialize(self, args: dict[str, str]) -> None:
+        self.model_name = args.get("model_name", MODEL_FOLDER)
+        self.logger = pb_utils.Logger
+        self.weights_dir = self._weights_dir()
+        t0 = time.monotonic()
+        # One intra-op thread by default: on a small shared CPU box, OpenMP threads spin at barriers
+        # whenever another process holds a core, and decode speed collapses from ~18 to ~4 tokens/s.
+        threads = int(os.environ.get("OPENAI_API_REF_TORCH_THREADS", "1"))
+        torch.set_num_threads(max(1, threads))
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.weights_dir), dtype=torch.float32)
+        self.model.eval()
+        self.max_sequence = int(getattr(self.model.config, "max_position_embeddings", DEFAULT_MAX_SEQUENCE))
+        eos = getattr(self.model.config, "eos_token_id", None)
+        self.default_end_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else -1
+        self.vocab_size = int(self.model.config.vocab_size)
+        self.logger.log_info(f"{self.model_name}: loaded {self.weights_dir} in {time.monotonic() - t0:.1f} s")
+
+        stats_dir = os.environ.get("OPENAI_API_REF_STATS_DIR")
+        self.stats_path = Path(stats_dir) / f"{self.model_name}.json" if stats_dir else None
+        self.stats = {"started": 0, "completed": 0, "cancelled": 0, "errors": 0, "tokens_generated": 0, "active": 0}
+        self.stats_lock = threading.Lock()
+        self._write_stats()
+
+        self.incoming: queue.Queue[Job | None] = queue.Queue()
+        self.stopping = threading.Event()
+        self.worker = threading.Thread(target=self._worker, name=f"{self.model_name}-decode", daemon=True)
+        self.worker.start()
+
+    def _weights_dir(self) -> Path:
+        candidates = []
+        if os.environ.get("OPENAI_API_MODELS_DIR"):
+            candidates.append(Path(os.environ["OPENAI_API_MODELS_DIR"]) / MODEL_FOLDER)
+        candidates.append(Path(__file__).resolve().parents[3] / "models" / MODEL_FOLDER)
+        for path in candidates:
+            if (path / "config.json").is_file():
+                return path
+        raise pb_utils.TritonModelException(
+            f"weights not found in {[str(p) for p in candidates]}; run python -m openai_api.embedded.prepare"
+        )
+
+    def finalize(self) -> None:
+        self.stopping.set()
+        self.incoming.put(None)
+        self.worker.join(timeout=10)
+
+    # ------------------------------------------------------------------ request intake
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self.parse(request, sender)
+            except RequestError as exc:
+                self._bump("errors")
+                self.send_error(sender, str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - any parse failure is the client's error
+                self._bump("errors")
+                self.send_error(sender, f"invalid request: {type(exc).__name__}: {exc}")
+                continue
+            self._bump("started", active=1)
+            self.incoming.put(job)
+
+    def validate_prompt(self, prompt: list[int], max_new: int, output_name: str) -> None:
+        """Shared limits: ids in the vocabulary, a non-negative budget, prompt + budget within range."""
+        if any(t < 0 or t >= self.vocab_size for t in prompt):
+            raise RequestError(f"input_ids: token ids must be in [0, {self.vocab_size})")
+        if max_new < 0:
+            raise RequestError(f"{output_name} must be >= 0")
+        if len(prompt) + max_new > self.max_sequence:
+            raise RequestError(
+                f"prompt ({len(prompt)} tokens) + {output_name} ({max_new}) exceeds the maximum "
+                f"sequence length {self.max_sequence}"
+            )
+
+    # ------------------------------------------------------------------ decode loop
+    def _worker(self) -> None:
+        active: list[Job] = []
+        while not self.stopping.is_set():
+            try:
+                # Block only when idle; otherwise just pick up what arrived since the last round.
+                job = self.incoming.get(timeout=0.1) if not active else self.incoming.get_nowait()
+                if job is not None:
+                    active.append(job)
+                continue
+            except queue.Empty:
+                pass
+            for job in list(active):
+                try:
+                    done = self._step(job)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                    self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
+                    self.send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
+                    self._finish(job, "errors")
+                    done = True
+                if done:
+                    active.remove(job)
+        while True:  # shutting down: release whatever is still queued or in flight
+            try:
+                queued = self.incoming.get_nowait()
+            except queue.Empty:
+                break
+            if queued is not None:
+                active.append(queued)
+        for job in active:
+            self.send_error(job.sender, "model is shutting down", "UNAVAILABLE")
+            self._finish(job, "errors")
+
+    @staticmethod
+    def _cancelled(job: Job) -> bool:
+        for obj in (job.sender, job.request):
+            check = getattr(obj, "is_cancelled", None)
+            if check is not None:
+                return bool(check())
+        return False
+
+    def _step(self, job: Job) -> bool:
+        """Advance one token; returns True when the job is finished (and answered)."""
+        if self._cancelled(job):
+            self.logger.log_info(f"{self.model_name}: request cancelled after {len(job.generated)} tokens; dropping it")
+            job.cache = None
+            self.send_error(job.sender, "request cancelled", "CANCELLED")
+            self._finish(job, "cancelled")
+            return True
+        if job.max_new == 0:
+            job.finish_reason = "length"
+            self.respond(job, [], final=True)
+            self._finish(job, "completed")
+            return True
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=torch.tensor([job.pending], dtype=torch.long),
+                past_key_values=job.cache,
+                use_cache=True,
+                # Only the last position is sampled; full prefill logits would be L x 49152 floats.
+                logits_to_keep=1,
+            )
+            job.cache = out.past_key_values
+            token, log_prob = self._sample(job, out.logits[0, -1].float())
+        if token == job.end_id or token in job.stop_ids:
+            job.finish_reason = "stop"
+            self.respond(job, [], final=True)
+            self._finish(job, "completed")
+            return True
+        job.generated.append(token)
+        job.log_probs.append(log_prob)
+        job.counts[token] += 1
+        job.pending = [token]
+        self._bump("tokens_generated")
+        if any(job.generated[-len(w) :] == w for w in job.stop_words if len(w) <= len(job.generated)):
+            job.finish_reason = "stop"
+        elif len(job.generated) >= job.max_new:
+            job.finish_reason = "length"
+        done = job.finish_reason is not None
+        if job.streaming or done:
+            self.respond(job, [token], final=done)
+        if done:
+            self._finish(job, "completed")
+        return done
+
+    def _sample(self, job: Job, logits: torch.Tensor) -> tuple[int, float]:
+        if job.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(job.prompt) | set(job.generated)), dtype=torch.long)
+            vals = logits[seen]
+            logits[seen] = torch.where(vals > 0, vals / job.repetition_penalty, vals * job.repetition_penalty)
+        if job.counts and (job.presence_penalty or job.frequency_penalty):
+            toks = torch.tensor(list(job.counts), dtype=torch.long)
+            cnt = torch.tensor([job.counts[t] for t in job.counts], dtype=logits.dtype)
+            logits[toks] -= job.presence_penalty + job.frequency_penalty * cnt
+        masked = [t for t in job.bad_single if 0 <= t < logits.numel()]
+        for word in job.bad_multi:
+            prefix = word[:-1]
+            if len(prefix) <= len(job.generated) and job.generated[len(job.generated) - len(prefix) :] == prefix:
+                masked.append(word[-1])
+        if len(job.generated) < job.min_tokens:
+            masked += [t for t in (job.end_id, *job.stop_ids) if 0 <= t < logits.numel()]
+        if masked:
+            logits[torch.tensor(masked, dtype=torch.long)] = float("-inf")
+
+        greedy = job.temperature == 0.0 or job.top_k == 1
+        scaled = logits if greedy else logits / job.temperature
+        log_probs = torch.log_softmax(scaled, dim=-1)
+        if greedy:
+            token = int(torch.argmax(scaled))
+            return token, float(log_probs[token])
+        filtered = scaled.clone()
+        if job.top_k > 0 and job.top_k < filtered.numel():
+            kth = torch.topk(filtered, job.top_k).values[-1]
+            filtered[filtered < kth] = float("-inf")
+        if 0.0 < job.top_p < 1.0:
+            sorted_logits, order = torch.sort(filtered, descending=True)
+            cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
+            # Drop tokens once the mass before them already reaches top_p (the first always stays).
+            drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= job.top_p
+            filtered[order[drop]] = float("-inf")
+        probs = torch.softmax(filtered, dim=-1)
+        token = int(torch.multinomial(probs, 1, generator=job.generator))
+        return token, float(log_probs[token])
+
+    # ------------------------------------------------------------------ responses and stats
+    def send(self, job: Job, outputs: list[Any], final: bool) -> None:
+        job.sender.send(pb_utils.InferenceResponse(output_tensors=outputs), flags=FINAL if final else 0)
+
+    def send_error(self, sender: Any, message: str, code_name: str = "INVALID_ARG") -> None:
+        try:
+            sender.send(pb_utils.InferenceResponse(output_tensors=[], error=triton_error(message, code_name)),
+                        flags=FINAL)
+        except Exception as exc:  # noqa: BLE001 - the client may already be gone
+            self.logger.log_warn(f"{self.model_name}: could not send error response: {exc}")
+
+    def _finish(self, job: Job, outcome: str) -> None:
+        job.cache = None
+        self._bump(outcome, active=-1)
+
+    def _bump(self, key: str, active: int = 0) -> None:
+        with self.stats_lock:
+            self.stats[key] += 1
+            self.stats["active"] += active
+        if key != "tokens_generated" and key != "started":
+            self._write_stats()
+
+    def _write_stats(self) -> None:
+        if self.stats_path is None:
+            return
+        with self.stats_lock:
+            data = json.dumps(self.stats)
+        try:
+            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.stats_path.with_name(f".{self.stats_path.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(data)
+            os.replace(tmp, self.stats_path)
+        except OSError as exc:
+            self.logger.log_warn(f"{self.model_name}: cannot write stats to {self.stats_path}: {exc}")
