@@ -64,7 +64,8 @@ class ModelInfo(BaseModel):
 
 class _Served(_Strict):
     name: str = Field(min_length=1)
-    url: str = Field(min_length=1, description="host:port of the Triton endpoint for `transport`")
+    # One "host:port", or a list of them for several Triton replicas serving the same model.
+    url: str | list[str] = Field(description="host:port of the Triton endpoint(s) for `transport`")
     path: Path = Field(description="folder with tokenizer.json (and the model's own configs)")
     triton_model: str | None = Field(default=None, description="Triton's model name, if not `name`")
     triton_version: str = ""
@@ -73,6 +74,20 @@ class _Served(_Strict):
     @property
     def triton_name(self) -> str:
         return self.triton_model or self.name
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.url] if isinstance(self.url, str) else list(self.url)
+
+    @field_validator("url")
+    @classmethod
+    def _urls_not_empty(cls, v: str | list[str]) -> str | list[str]:
+        items = [v] if isinstance(v, str) else v
+        if not items or any(not u.strip() for u in items):
+            raise ValueError("must be a non-empty host:port, or a non-empty list of them")
+        if len(set(items)) != len(items):
+            raise ValueError("lists the same replica twice")
+        return v
 
 
 class LLMModel(_Served):

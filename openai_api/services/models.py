@@ -25,6 +25,9 @@ class ModelsService:
             card["max_model_len"] = self.registry.llms[name].context_length
         else:
             card["max_model_len"] = self.registry.encoders[name].config.max_tokens
+        replicas = self.registry.replica_sets().get(name)
+        if replicas is not None:
+            card["replicas"] = replicas.states()
         return card
 
     def list(self) -> list[dict[str, Any]]:
@@ -42,7 +45,18 @@ class HealthService:
     async def readiness(self) -> dict[str, Any]:
         models = self.registry.config.all_models()
         pool = self.registry.pool
-        checks = await asyncio.gather(*(health.model_ready(pool, m.transport, m.url, m.triton_name,
-                                                           m.triton_version) for m in models))
-        report = {m.name: ("ready" if ok else "not ready") for m, ok in zip(models, checks, strict=True)}
-        return {"ready": all(checks), "models": report}
+        # A model is ready while at least one of its replicas is.
+        probes = [(m, u) for m in models for u in m.urls]
+        results = await asyncio.gather(*(health.model_ready(pool, m.transport, u, m.triton_name, m.triton_version)
+                                         for m, u in probes))
+        ready: dict[str, bool] = {m.name: False for m in models}
+        replicas: dict[str, dict[str, str]] = {}
+        for (m, u), ok in zip(probes, results, strict=True):
+            ready[m.name] = ready[m.name] or ok
+            if len(m.urls) > 1:
+                replicas.setdefault(m.name, {})[u] = "ready" if ok else "not ready"
+        report: dict[str, Any] = {"ready": all(ready.values()),
+                                  "models": {n: ("ready" if ok else "not ready") for n, ok in ready.items()}}
+        if replicas:
+            report["replicas"] = replicas
+        return report
