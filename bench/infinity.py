@@ -1,0 +1,107 @@
+"""Infinity (infinity-emb), the embeddings baseline, in its own virtual environment.
+
+``ensure_venv()`` creates ``bench/.venv-infinity`` on first use (git-ignored): ``torch==2.13.0``
+pinned in the same ``pip install`` as ``infinity-emb[server,torch]`` (any other torch spec, or the
+``[all]`` extra, whose torchvision drags in a CUDA torch, pulls gigabytes). Infinity brings its own
+transformers, which is why it does not share the gateway's environment. ``InfinityServer`` starts it
+offline on the same MiniLM folder the Triton model serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from bench.stack import MINILM_FOLDER, REPO, free_port, wait_http
+
+VENV = REPO / "bench" / ".venv-infinity"
+INFINITY_VERSION = "0.0.78"
+PACKAGES = ["torch==2.13.0", f"infinity-emb[server,torch]=={INFINITY_VERSION}"]
+SERVED_NAME = "all-minilm-l6-v2"
+
+
+def executable() -> Path:
+    return VENV / "bin" / "infinity_emb"
+
+
+def ensure_venv(log: Path) -> None:
+    """Create the venv and install Infinity if absent; raise RuntimeError with pip's tail on failure."""
+    if executable().is_file():
+        return
+    with open(log, "ab") as out:
+        if not (VENV / "bin" / "python").is_file():
+            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", *PACKAGES],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.returncode != 0 or not executable().is_file():
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if not ln.startswith("WARNING: Location")]
+        raise RuntimeError(
+            f"pip install {' '.join(PACKAGES)} failed (exit {proc.returncode}): " + " | ".join(lines[-8:])
+        )
+
+
+class InfinityServer:
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.log_path = workdir / "infinity.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 240.0) -> InfinityServer:
+        cmd = [
+            str(executable()),
+            "v2",
+            "--model-id",
+            str(MINILM_FOLDER),
+            "--served-model-name",
+            SERVED_NAME,
+            "--engine",
+            "torch",
+            "--device",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--no-model-warmup",
+            "--log-level",
+            "warning",
+        ]
+        env = {
+            **os.environ,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "INFINITY_ANONYMOUS_USAGE_STATS": "0",
+            "DO_NOT_TRACK": "1",
+        }
+        env.pop("PYTHONPATH", None)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        wait_http(f"{self.url}/health", timeout, self.proc, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self.proc = None

@@ -1,0 +1,184 @@
+"""The processes a benchmark run measures: one tritonserver, the gateway as its own process, Infinity.
+
+* Triton serves ``synthetic-llm`` and ``all-minilm-l6-v2`` from ``triton_models/`` plus
+  ``synthetic-llm-slow`` (the synthetic model with ``delay_ms`` set) from a temporary second model
+  repository, so the checked-in repository only holds the one synthetic model.
+* The gateway runs as ``python openai_api_cli.py --config-file <bench config>`` in a subprocess, so
+  its CPU time and memory are its own (uvicorn picks uvloop and httptools when installed).
+* The bench-only gateway config is built here; the top-level ``model_config.json`` is not touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from openai_api.embedded.launcher import EmbeddedTriton
+
+REPO = Path(__file__).resolve().parents[1]
+SYNTHETIC = "synthetic-llm"
+SYNTHETIC_SLOW = "synthetic-llm-slow"
+EMBEDDING = "all-minilm-l6-v2"
+SMOLLM_TOKENIZER = REPO / "models" / "smollm2-135m-instruct"
+MINILM_FOLDER = REPO / "models" / "all-minilm-l6-v2"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc is not None and proc.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"process exited with code {proc.returncode} before {url} answered:\n{tail}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            tail = log.read_text(errors="replace")[-3000:] if log and log.exists() else ""
+            raise RuntimeError(f"{url} not ready after {timeout:.0f} s:\n{tail}")
+        time.sleep(0.2)
+
+
+def slow_model_repository(delay_ms: int) -> Path:
+    """A temporary repository holding ``synthetic-llm-slow``: the synthetic model, paced."""
+    root = Path(tempfile.mkdtemp(prefix="bench-models-"))
+    src = REPO / "triton_models" / SYNTHETIC
+    dst = root / SYNTHETIC_SLOW
+    (dst / "1").mkdir(parents=True)
+    shutil.copy2(src / "1" / "model.py", dst / "1" / "model.py")
+    cfg = (src / "config.pbtxt").read_text()
+    cfg = cfg.replace(f'name: "{SYNTHETIC}"', f'name: "{SYNTHETIC_SLOW}"')
+    cfg = cfg.replace(
+        '{ key: "delay_ms" value: { string_value: "0" } }',
+        f'{{ key: "delay_ms" value: {{ string_value: "{delay_ms}" }} }}',
+    )
+    if f'string_value: "{delay_ms}"' not in cfg:
+        raise RuntimeError("could not derive synthetic-llm-slow: delay_ms parameter not found in config.pbtxt")
+    (dst / "config.pbtxt").write_text(cfg)
+    return root
+
+
+def start_triton(slow_delay_ms: int, embeddings: bool) -> tuple[EmbeddedTriton, Path]:
+    extra = slow_model_repository(slow_delay_ms)
+    models = [SYNTHETIC, SYNTHETIC_SLOW] + ([EMBEDDING] if embeddings else [])
+    triton = EmbeddedTriton(models=models, extra_args=[f"--model-repository={extra}"])
+    triton.start()
+    return triton, extra
+
+
+def gateway_config(grpc_url: str, http_url: str) -> dict[str, Any]:
+    """The bench-only model config: both synthetic LLMs with SmolLM2's tokenizer and template."""
+    template = str(REPO / "chat_templates" / "smollm2.jinja")
+    llm = [
+        {"name": name, "url": grpc_url, "path": str(SMOLLM_TOKENIZER), "triton_model": name, "chat_template": template}
+        for name in (SYNTHETIC, SYNTHETIC_SLOW)
+    ]
+    return {
+        # Long-output runs ask for 8,192 tokens: the synthetic model has no position limit.
+        "model_infos": [{"name": name, "end_id": -1, "max_len": 32768} for name in (SYNTHETIC, SYNTHETIC_SLOW)],
+        "llm": llm,
+        "embedding": [{"name": EMBEDDING, "url": http_url, "path": str(MINILM_FOLDER), "max_tokens": 256}],
+        "rerank": [],
+    }
+
+
+class Gateway:
+    """``openai_api_cli.py`` in its own process, pointed at the bench Triton."""
+
+    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+        self.port = free_port()
+        self.workdir = workdir
+        self.config_path = workdir / "gateway-config.json"
+        self.config_path.write_text(json.dumps(config, indent=2))
+        self.log_path = workdir / "gateway.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    @staticmethod
+    def _limit_flags() -> list[str]:
+        """Lift the gateway's admission limits (if this version has them) so 1,000 streams fit."""
+        helptext = subprocess.run(
+            [sys.executable, str(REPO / "openai_api_cli.py"), "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+        flags = []
+        for flag in ("--max-in-flight", "--max-in-flight-per-model"):
+            if f"{flag} " in helptext:
+                flags += [flag, "100000"]
+        return flags
+
+    def start(self, prefix: list[str] | None = None) -> Gateway:
+        cmd = [
+            *(prefix or []),
+            sys.executable,
+            str(REPO / "openai_api_cli.py"),
+            "--config-file",
+            str(self.config_path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--uvicorn-log-level",
+            "warning",
+            *self._limit_flags(),
+        ]
+        env = {**os.environ, "LOG_LEVEL": "WARNING"}
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_http(f"{self.url}/health", 60, self.proc, self.log_path)
+        return self
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""

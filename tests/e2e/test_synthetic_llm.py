@@ -1,0 +1,122 @@
+"""The synthetic LLM (triton_models/synthetic-llm) that bench/ measures the gateway with: a real
+tritonserver, called directly with tritonclient.grpc.aio, the way the bench's "direct" side does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc.aio as grpc_aio
+from tritonclient.grpc import InferInput, InferRequestedOutput
+
+from openai_api.embedded.launcher import EmbeddedTriton
+
+MODEL = "synthetic-llm"
+# " The quick brown fox ..." as the model emits it.
+FIRST_TOKENS = [378, 2365, 6354, 16438]
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedTriton, Any]]:
+    stats = tmp_path_factory.mktemp("synthetic-stats")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OPENAI_API_REF_STATS_DIR", str(stats))  # the child inherits it
+    try:
+        with EmbeddedTriton(models=[MODEL]) as server:
+            yield server, stats / f"{MODEL}.json"
+    finally:
+        mp.undo()
+
+
+def _inputs(prompt: list[int], output_len: int, *, streaming: bool = True) -> list[InferInput]:
+    def tensor(name: str, value: Any, dtype: str) -> InferInput:
+        arr = np.asarray(value, dtype={"INT32": np.int32, "BOOL": np.bool_}[dtype])[np.newaxis, ...]
+        inp = InferInput(name, list(arr.shape), dtype)
+        inp.set_data_from_numpy(arr)
+        return inp
+
+    return [tensor("input_ids", prompt, "INT32"), tensor("input_lengths", [len(prompt)], "INT32"),
+            tensor("request_output_len", [output_len], "INT32"), tensor("end_id", [2], "INT32"),
+            tensor("streaming", [streaming], "BOOL")]
+
+
+async def _one(payload: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    yield payload
+
+
+def _payload(prompt: list[int], output_len: int, **kw: Any) -> dict[str, Any]:
+    return {"model_name": MODEL, "inputs": _inputs(prompt, output_len, **kw),
+            "outputs": [InferRequestedOutput("output_ids"), InferRequestedOutput("sequence_length")]}
+
+
+async def test_streams_one_token_per_response(synthetic: tuple[EmbeddedTriton, Any]) -> None:
+    server, _ = synthetic
+    n = 200
+    client = grpc_aio.InferenceServerClient(server.grpc_url)
+    try:
+        responses: list[list[int]] = []
+        lengths: list[int] = []
+        async for result, error in client.stream_infer(_one(_payload([1, 2, 3], n))):
+            assert error is None, error
+            responses.append(result.as_numpy("output_ids").reshape(-1).tolist())
+            lengths.append(int(result.as_numpy("sequence_length").reshape(-1)[0]))
+        assert len(responses) == n
+        assert all(len(r) == 1 for r in responses)
+        assert [r[0] for r in responses[:4]] == FIRST_TOKENS
+        assert lengths == [3 + i + 1 for i in range(n)]  # running total, prompt included
+    finally:
+        await client.close()
+
+
+async def test_non_streaming_returns_prompt_and_generation(synthetic: tuple[EmbeddedTriton, Any]) -> None:
+    server, _ = synthetic
+    client = grpc_aio.InferenceServerClient(server.grpc_url)
+    try:
+        results = [r async for r in client.stream_infer(_one(_payload([7, 8], 4, streaming=False)))]
+        assert len(results) == 1 and results[0][1] is None
+        assert results[0][0].as_numpy("output_ids").reshape(-1).tolist() == [7, 8, *FIRST_TOKENS]
+    finally:
+        await client.close()
+
+
+async def test_bad_request_gets_an_error_response(synthetic: tuple[EmbeddedTriton, Any]) -> None:
+    server, _ = synthetic
+    client = grpc_aio.InferenceServerClient(server.grpc_url)
+    try:
+        results = [r async for r in client.stream_infer(_one(_payload([1], 10**7)))]
+        assert len(results) == 1 and results[0][1] is not None
+        assert "exceeds the maximum sequence length" in str(results[0][1])
+    finally:
+        await client.close()
+
+
+async def test_cancel_stops_generation(synthetic: tuple[EmbeddedTriton, Any]) -> None:
+    server, stats_path = synthetic
+    client = grpc_aio.InferenceServerClient(server.grpc_url)
+    try:
+        before = json.loads(stats_path.read_text())["cancelled"]
+        # A paced request (10 ms/token, 100k tokens) would run for ~17 minutes if cancel failed.
+        payload = {**_payload([1, 2, 3], 100_000), "parameters": {"delay_ms": 10}}
+        stream = client.stream_infer(_one(payload))
+        got = 0
+        async for _result, error in stream:
+            assert error is None, error
+            got += 1
+            if got == 5:
+                stream.cancel()
+                break
+        deadline = time.monotonic() + 5
+        while True:
+            stats = json.loads(stats_path.read_text())
+            if stats["cancelled"] > before:
+                break
+            assert time.monotonic() < deadline, f"model did not stop the cancelled request: {stats}"
+            await asyncio.sleep(0.05)
+        assert stats["active"] == 0
+    finally:
+        await client.close()

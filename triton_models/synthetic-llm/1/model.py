@@ -1,0 +1,378 @@
+"""Synthetic LLM for Triton's Python backend: the TensorRT-LLM tensor interface, no model maths.
+
+It exists to measure what a client of an LLM pays *outside* the model (gRPC, Triton, the gateway),
+so it produces tokens as fast as Triton takes them.  Same wire contract as
+``smollm2-135m-instruct`` (``max_batch_size: 8``; every tensor has a leading batch dim that must be 1):
+
+* inputs: ``input_ids`` INT32 [1, L], ``input_lengths`` INT32 [1, 1], ``request_output_len`` INT32
+  [1, 1]; optional ``end_id``/``min_tokens`` INT32 [1, 1], ``streaming``/``exclude_input_in_output``
+  BOOL [1, 1], ``stop_words_list`` INT32 [1, 2, N].  The sampling inputs (``temperature``,
+  ``runtime_top_p``, ``seed``, penalties, ``bad_words_list``, ...) are accepted and ignored.
+* outputs: ``output_ids`` INT32 [1, 1, T], ``sequence_length`` INT32 [1, 1], ``output_log_probs``
+  FP32 [1, 1, T] (zeros), ``cum_log_probs`` FP32 [1, 1] (zero).  Only the outputs the request asks
+  for are built (all four when it names none).
+* tokens: the i-th generated token is ``TOKEN_CYCLE[i % len(TOKEN_CYCLE)]``, real SmolLM2 ids that
+  decode to " The quick brown fox jumps over the lazy dog ..." (one English word per token), so a
+  client's detokenization does realistic work.
+* streaming: one response per token holding only that token; ``sequence_length`` is the running
+  total (prompt included unless ``exclude_input_in_output``).  The last token's response carries
+  ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; when generation ends on ``end_id`` (never emitted) or
+  ``request_output_len`` is 0, the FINAL response has an empty ``output_ids`` [1, 1, 0].
+* non-streaming: one FINAL response with prompt + generation (generation only when
+  ``exclude_input_in_output``).
+* stops: ``request_output_len`` tokens; ``end_id`` (once ``min_tokens`` tokens exist); the generated
+  suffix equals a ``stop_words_list`` entry (stop tokens included, as TensorRT-LLM does).
+* pacing: config parameter ``delay_ms`` (default 0) or request parameter ``delay_ms`` puts that pause
+  between two tokens of a request, so benchmarks can hold many streams open cheaply.
+* errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
+  a FINAL response carrying a ``TritonError``, as the reference model does.
+* cancellation: ``is_cancelled()`` is polled at least every ``CANCEL_POLL_S`` seconds and before every
+  paced token; a cancelled request is dropped and a CANCELLED error is sent with the FINAL flag.
+
+Concurrency: ``execute`` validates and enqueues, then returns (decoupled mode).  One worker thread
+serves every request: unpaced requests round-robin one token each, paced ones wait in a heap keyed
+by their next due time, so 1,000 open streams cost 1,000 small objects, not 1,000 threads.
+
+Counters (started, completed, cancelled, errors, tokens_generated, active) are written as JSON to
+``$OPENAI_API_REF_STATS_DIR/<model name>.json`` after every request ends, when that env var is set.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+VOCAB_SIZE = 49152  # SmolLM2's vocabulary: prompt ids outside it are refused, as the reference does
+DEFAULT_MAX_SEQUENCE = 131072
+# How often a free-running request asks Triton whether it was cancelled (the call is an IPC round
+# trip to the server process, so asking before every token would halve the token rate).
+CANCEL_POLL_S = 0.005
+# " The quick brown fox jumps over the lazy dog and then it runs across the green field to find a
+# small river where the water is cold and clear so the animals come here every day to drink"
+TOKEN_CYCLE = (
+    378, 2365, 6354, 16438, 27003, 690, 260, 23790, 2767, 284, 965, 357, 7313, 1699, 260, 2654, 1955,
+    288, 1042, 253, 1165, 4626, 837, 260, 913, 314, 4011, 284, 2437, 588, 260, 2355, 1690, 1535, 897,
+    1194, 288, 5968,
+)
+OUTPUT_NAMES = ("output_ids", "sequence_length", "output_log_probs", "cum_log_probs")
+
+
+class RequestError(ValueError):
+    """Invalid request; the message goes back to the client verbatim."""
+
+
+def _error(message: str, code_name: str = "INVALID_ARG") -> Any:
+    code = getattr(pb_utils.TritonError, code_name, None)
+    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
+
+
+def _tensor(request: Any, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def _scalar(request: Any, name: str, default: Any) -> Any:
+    arr = _tensor(request, name)
+    if arr is None or arr.size == 0:
+        return default
+    if arr.shape[0] != 1:
+        raise RequestError(f"{name}: batch size {arr.shape[0]} not supported, send one sequence per request")
+    return arr.reshape(-1)[0].item()
+
+
+def _word_list(request: Any, name: str) -> list[list[int]]:
+    """Decode a TensorRT-LLM words list ([1, 2, N]: ids, cumulative end offsets) into id sequences."""
+    arr = _tensor(request, name)
+    if arr is None or arr.size == 0:
+        return []
+    if arr.ndim == 2:  # tolerate a client that dropped the batch dim
+        arr = arr[None]
+    if arr.ndim != 3 or arr.shape[0] != 1 or arr.shape[1] != 2:
+        raise RequestError(f"{name}: expected shape [1, 2, N], got {list(arr.shape)}")
+    ids, offsets = arr[0, 0].tolist(), arr[0, 1].tolist()
+    words: list[list[int]] = []
+    start = 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end <= start or end > len(ids):
+            if end == start:
+                continue
+            raise RequestError(f"{name}: bad offset {end}")
+        words.append([int(t) for t in ids[start:end]])
+        start = end
+    return words
+
+
+@dataclass(eq=False)
+class Job:
+    """One generation request and its progress (owned by the worker thread)."""
+
+    sender: Any
+    prompt: list[int]
+    max_new: int
+    end_id: int
+    min_tokens: int
+    streaming: bool
+    exclude_input: bool
+    stop_words: list[list[int]]
+    outputs: frozenset[str]
+    delay_s: float
+    generated: list[int] = field(default_factory=list)
+    next_check: float = 0.0
+
+
+class TritonPythonModel:
+    """Decoupled synthetic generator; see the module docstring for the wire contract."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        self.model_name = args.get("model_name", "synthetic-llm")
+        self.logger = pb_utils.Logger
+        params = json.loads(args.get("model_config", "{}")).get("parameters", {})
+
+        def param(key: str, default: str) -> str:
+            return str(params.get(key, {}).get("string_value", default) or default)
+
+        self.delay_s = max(0.0, float(param("delay_ms", "0")) / 1000.0)
+        self.max_sequence = int(param("max_sequence", str(DEFAULT_MAX_SEQUENCE)))
+        # One-token output arrays, built once: the hot path only wraps them in pb_utils.Tensor.
+        self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32) for t in TOKEN_CYCLE}
+        self.zero_lp1 = np.zeros((1, 1, 1), dtype=np.float32)
+        self.zero_cum = np.zeros((1, 1), dtype=np.float32)
+
+        stats_dir = os.environ.get("OPENAI_API_REF_STATS_DIR")
+        self.stats_path = Path(stats_dir) / f"{self.model_name}.json" if stats_dir else None
+        self.stats = dict.fromkeys(("started", "completed", "cancelled", "errors", "tokens_generated", "active"), 0)
+        self.stats_lock = threading.Lock()
+        self._write_stats()
+
+        self.incoming: deque[Job] = deque()
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.worker = threading.Thread(target=self._worker, name=f"{self.model_name}-emit", daemon=True)
+        self.worker.start()
+        self.logger.log_info(f"{self.model_name}: synthetic LLM ready (delay {self.delay_s * 1000:.0f} ms/token)")
+
+    # ------------------------------------------------------------------ request intake
+    def execute(self, requests: list[Any]) -> None:
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                job = self._parse(request, sender)
+            except RequestError as exc:
+                self._bump("errors")
+                self._send_error(sender, str(exc))
+                continue
+            except Exception as exc:  # noqa: BLE001 - any parse failure is the client's error
+                self._bump("errors")
+                self._send_error(sender, f"invalid request: {type(exc).__name__}: {exc}")
+                continue
+            self._bump("started", active=1)
+            self.incoming.append(job)
+        self.wake.set()
+
+    def _parse(self, request: Any, sender: Any) -> Job:
+        ids = _tensor(request, "input_ids")
+        if ids is None:
+            raise RequestError("input_ids is required")
+        if ids.ndim == 1:  # tolerate a client that dropped the batch dim
+            ids = ids[None]
+        if ids.ndim != 2:
+            raise RequestError(f"input_ids: expected shape [1, L], got {list(ids.shape)}")
+        if ids.shape[0] != 1:
+            raise RequestError(
+                f"input_ids: batch size {ids.shape[0]} not supported, send one sequence per request "
+                f"(shape [1, L]), got {list(ids.shape)}"
+            )
+        if _tensor(request, "request_output_len") is None:
+            raise RequestError("request_output_len is required")
+        prompt = ids[0].tolist()
+        length = int(_scalar(request, "input_lengths", len(prompt)))
+        if length < 1 or length > len(prompt):
+            raise RequestError(f"input_lengths {length} does not fit input_ids of length {len(prompt)}")
+        prompt = prompt[:length]
+        if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
+            raise RequestError(f"input_ids: token ids must be in [0, {VOCAB_SIZE})")
+        max_new = int(_scalar(request, "request_output_len", 16))
+        if max_new < 0:
+            raise RequestError("request_output_len must be >= 0")
+        if len(prompt) + max_new > self.max_sequence:
+            raise RequestError(
+                f"prompt ({len(prompt)} tokens) + request_output_len ({max_new}) exceeds the maximum "
+                f"sequence length {self.max_sequence}"
+            )
+        temperature = float(_scalar(request, "temperature", 1.0))
+        if temperature < 0:
+            raise RequestError("temperature must be >= 0")
+        delay_s = self.delay_s
+        raw_params = request.parameters()
+        if raw_params and raw_params != "{}":
+            delay = json.loads(raw_params).get("delay_ms")
+            if delay is not None:
+                delay_s = max(0.0, float(delay) / 1000.0)
+        try:
+            requested = frozenset(request.requested_output_names()) or frozenset(OUTPUT_NAMES)
+        except AttributeError:  # older stubs: send everything
+            requested = frozenset(OUTPUT_NAMES)
+        return Job(
+            sender=sender,
+            prompt=prompt,
+            max_new=max_new,
+            end_id=int(_scalar(request, "end_id", -1)),
+            min_tokens=int(_scalar(request, "min_tokens", 0)),
+            streaming=bool(_scalar(request, "streaming", False)),
+            exclude_input=bool(_scalar(request, "exclude_input_in_output", False)),
+            stop_words=_word_list(request, "stop_words_list"),
+            outputs=requested,
+            delay_s=delay_s,
+        )
+
+    # ------------------------------------------------------------------ emission loop
+    def _worker(self) -> None:
+        ready: deque[Job] = deque()  # unpaced jobs (and paced ones now due), served round-robin
+        paced: list[tuple[float, int, Job]] = []  # heap of (due time, tie-breaker, job)
+        tie = itertools.count()
+        while not self.stopping.is_set():
+            self.wake.clear()
+            now = time.monotonic()
+            while self.incoming:
+                job = self.incoming.popleft()
+                job.next_check = now + CANCEL_POLL_S
+                ready.append(job)
+            while paced and paced[0][0] <= now:
+                ready.append(heapq.heappop(paced)[2])
+            if not ready:
+                self.wake.wait(min(paced[0][0] - now, 0.5) if paced else 0.5)
+                continue
+            # One round: every ready job advances by one token (paced ones then go back to the heap).
+            for _ in range(len(ready)):
+                job = ready.popleft()
+                try:
+                    done = self._step(job)
+                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                    self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
+                    self._send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
+                    self._finish("errors")
+                    continue
+                if done:
+                    continue
+                if job.delay_s:
+                    heapq.heappush(paced, (time.monotonic() + job.delay_s, next(tie), job))
+                else:
+                    ready.append(job)
+        # Shutting down: release whatever is still queued or in flight.
+        leftovers = list(ready) + [j for _, _, j in paced] + list(self.incoming)
+        for job in leftovers:
+            self._send_error(job.sender, "model is shutting down", "UNAVAILABLE")
+            self._finish("errors")
+
+    def _cancelled(self, job: Job) -> bool:
+        if job.delay_s == 0.0:
+            now = time.monotonic()
+            if now < job.next_check:
+                return False
+            job.next_check = now + CANCEL_POLL_S
+        return bool(job.sender.is_cancelled())
+
+    def _step(self, job: Job) -> bool:
+        """Emit the next token (or, non-streaming and unpaced, all of them); True when finished."""
+        if self._cancelled(job):
+            self._send_error(job.sender, "request cancelled", "CANCELLED")
+            self._finish("cancelled")
+            return True
+        if not job.streaming and job.delay_s == 0.0:
+            while not self._advance(job):
+                pass
+            return True
+        return self._advance(job)
+
+    def _advance(self, job: Job) -> bool:
+        n = len(job.generated)
+        if n >= job.max_new:  # request_output_len == 0
+            self._respond(job, None, final=True)
+            self._finish("completed")
+            return True
+        token = TOKEN_CYCLE[n % len(TOKEN_CYCLE)]
+        if token == job.end_id and n >= job.min_tokens:
+            self._respond(job, None, final=True)
+            self._finish("completed")
+            return True
+        job.generated.append(token)
+        self.stats["tokens_generated"] += 1  # only this thread writes it; read under the lock
+        done = n + 1 >= job.max_new or (
+            bool(job.stop_words) and any(job.generated[-len(w):] == w for w in job.stop_words if len(w) <= n + 1)
+        )
+        if job.streaming or done:
+            self._respond(job, token, final=done)
+        if done:
+            self._finish("completed")
+        return done
+
+    # ------------------------------------------------------------------ responses and stats
+    def _respond(self, job: Job, token: int | None, final: bool) -> None:
+        """Streaming: ``token`` alone (None = empty); otherwise the whole output."""
+        if job.streaming:
+            ids = self.token_arrays[token] if token is not None else np.zeros((1, 1, 0), dtype=np.int32)
+            seq_len = len(job.generated) + (0 if job.exclude_input else len(job.prompt))
+        else:
+            out = job.generated if job.exclude_input else job.prompt + job.generated
+            ids = np.asarray(out, dtype=np.int32).reshape(1, 1, -1)
+            seq_len = len(out)
+        wanted = job.outputs
+        tensors = [pb_utils.Tensor("output_ids", ids)]
+        if "sequence_length" in wanted:
+            tensors.append(pb_utils.Tensor("sequence_length", np.asarray([[seq_len]], dtype=np.int32)))
+        if "output_log_probs" in wanted:
+            lp = self.zero_lp1 if ids.shape[2] == 1 else np.zeros(ids.shape, dtype=np.float32)
+            tensors.append(pb_utils.Tensor("output_log_probs", lp))
+        if "cum_log_probs" in wanted:
+            tensors.append(pb_utils.Tensor("cum_log_probs", self.zero_cum))
+        job.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
+
+    def _send_error(self, sender: Any, message: str, code_name: str = "INVALID_ARG") -> None:
+        try:
+            sender.send(
+                pb_utils.InferenceResponse(output_tensors=[], error=_error(message, code_name)), flags=FINAL
+            )
+        except Exception as exc:  # noqa: BLE001 - the client may already be gone
+            self.logger.log_warn(f"{self.model_name}: could not send error response: {exc}")
+
+    def _finish(self, outcome: str) -> None:
+        self._bump(outcome, active=-1)
+
+    def _bump(self, key: str, active: int = 0) -> None:
+        with self.stats_lock:
+            self.stats[key] += 1
+            self.stats["active"] += active
+        if key != "started":
+            self._write_stats()
+
+    def _write_stats(self) -> None:
+        if self.stats_path is None:
+            return
+        with self.stats_lock:
+            data = json.dumps(self.stats)
+        try:
+            self.stats_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.stats_path.with_name(f".{self.stats_path.name}.{threading.get_ident()}.tmp")
+            tmp.write_text(data)
+            os.replace(tmp, self.stats_path)
+        except OSError as exc:
+            self.logger.log_warn(f"{self.model_name}: cannot write stats to {self.stats_path}: {exc}")
+
+    def finalize(self) -> None:
+        self.stopping.set()
+        self.wake.set()
+        self.worker.join(timeout=10)
