@@ -223,6 +223,14 @@ class EmbeddedTriton:
         if env.get("PYTHONPATH"):
             paths.append(env["PYTHONPATH"])
         env["PYTHONPATH"] = ":".join(dict.fromkeys(paths))
+        # The stub's embedded interpreter ignores PYTHONPATH for its prefix: it takes sys.prefix from the
+        # first `python3` on PATH. Without this, a gateway started as `.venv/bin/python ...` from a shell
+        # with no activated environment gives the models the system interpreter (no torch).
+        bindir = str(Path(sys.executable).parent)
+        rest = [p for p in env.get("PATH", "").split(os.pathsep) if p and p != bindir]
+        env["PATH"] = os.pathsep.join([bindir, *rest])
+        if sys.prefix != sys.base_prefix:
+            env["VIRTUAL_ENV"] = sys.prefix
         env["OPENAI_API_MODELS_DIR"] = str(self.models_dir)
         return env
 
