@@ -117,6 +117,9 @@ class ChatService:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return self._stream(rt, greqs, stops, plan, completion_id, created, req.model, include_usage)
+        if not stops and not rt.stop_strings:
+            for g in greqs:
+                g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
         results = await asyncio.gather(*(self._collect(rt, g, stops) for g in greqs))
         choices = []
         completion_tokens = 0

@@ -31,6 +31,9 @@ class GenerationRequest:
     bad_words: list[list[int]] = field(default_factory=list)
     return_logprobs: bool = False
     timeout_s: float | None = None
+    # False when nobody needs tokens as they come (a non-streamed answer with no stop strings to cut
+    # at): the backend may then answer with one response instead of one per token.
+    stream_tokens: bool = True
 
 
 @dataclass(slots=True)

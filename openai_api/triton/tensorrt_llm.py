@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from array import array
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -174,9 +175,9 @@ class TensorRTLLMAdapter:
                 inputs.append(self._input(spec, name, [value]))
         return inputs
 
-    def _outputs(self, spec: _ModelSpec, req: GenerationRequest) -> list[InferRequestedOutput]:
+    def _outputs(self, spec: _ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferRequestedOutput]:
         outs = [InferRequestedOutput("output_ids")]
-        if "sequence_length" in spec.outputs:
+        if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
             outs.append(InferRequestedOutput("sequence_length"))
         if req.return_logprobs and "output_log_probs" in spec.outputs:
             outs.append(InferRequestedOutput("output_log_probs"))
@@ -191,13 +192,18 @@ class TensorRTLLMAdapter:
             yield await self._generate_unary(spec, request)
 
     async def _generate_stream(self, spec: _ModelSpec, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        # A decoupled model can still answer with one response (streaming=false): per-token responses
+        # cost a gRPC message, a tensor parse and an event-loop wake-up each, for nobody when the
+        # client did not ask for a stream.
+        streaming = req.stream_tokens or "streaming" not in spec.inputs
         payload = {
             "model_name": self.triton_model,
             "model_version": self.version,
-            "inputs": self._build_inputs(spec, req, streaming=True),
-            "outputs": self._outputs(spec, req),
+            "inputs": self._build_inputs(spec, req, streaming=streaming),
+            "outputs": self._outputs(spec, req, streaming),
             "request_id": req.request_id,
         }
+        ids_dtype = "I" if spec.inputs.get("input_ids", ("INT32", 1))[0] == "UINT32" else "i"
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             # One request per stream: ending the generator half-closes the stream, so the stream
@@ -213,14 +219,17 @@ class TensorRTLLMAdapter:
                     guard.hold()
                     if error is not None:
                         raise map_triton_error(error, self.model)
-                    ids = result.as_numpy("output_ids")
-                    if ids is not None:
-                        tokens = ids.reshape(-1).tolist()
-                        logprobs = None
-                        if req.return_logprobs:
-                            lp = result.as_numpy("output_log_probs")
-                            logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens else None
-                        yield GenerationChunk(tokens, logprobs)
+                    if not streaming:
+                        yield self._final_chunk(spec, req, result)
+                    else:
+                        tokens = _raw_ids(result, ids_dtype)
+                        if tokens is not None:
+                            logprobs = None
+                            if req.return_logprobs:
+                                lp = result.as_numpy("output_log_probs")
+                                logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens \
+                                    else None
+                            yield GenerationChunk(tokens, logprobs)
                     guard.touch()
         except GatewayError:
             raise
@@ -234,9 +243,15 @@ class TensorRTLLMAdapter:
         try:
             result = await self._client.infer(
                 self.triton_model, self._build_inputs(spec, req, streaming=False), model_version=self.version,
-                outputs=self._outputs(spec, req), request_id=req.request_id, client_timeout=req.timeout_s)
+                outputs=self._outputs(spec, req, False), request_id=req.request_id, client_timeout=req.timeout_s)
         except Exception as e:  # noqa: BLE001
             raise map_triton_error(e, self.model) from None
+        return self._final_chunk(spec, req, result)
+
+    @staticmethod
+    def _final_chunk(spec: _ModelSpec, req: GenerationRequest, result: Any) -> GenerationChunk:
+        """The whole generation from a single (non-streaming) response: prompt stripped when the model
+        echoes it, `sequence_length` and end/pad padding trimmed."""
         ids = result.as_numpy("output_ids")
         tokens = ids.reshape(-1).tolist() if ids is not None else []
         seq = result.as_numpy("sequence_length")
@@ -244,9 +259,21 @@ class TensorRTLLMAdapter:
             tokens = tokens[: int(seq.reshape(-1)[0])]
         if "exclude_input_in_output" not in spec.inputs and tokens[: len(req.prompt_ids)] == req.prompt_ids:
             tokens = tokens[len(req.prompt_ids):]
+        if req.end_id is not None and req.end_id in tokens:
+            tokens = tokens[: tokens.index(req.end_id)]  # TensorRT-LLM pads the tail with end_id
         tokens = [t for t in tokens if t >= 0]
         logprobs = None
         if req.return_logprobs:
             lp = result.as_numpy("output_log_probs")
-            logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens else None
+            logprobs = lp.reshape(-1)[: len(tokens)].tolist() if lp is not None and tokens else None
         return GenerationChunk(tokens, logprobs)
+
+
+def _raw_ids(result: Any, dtype: str) -> list[int] | None:
+    """`output_ids` straight from the response's raw bytes: per streamed token this is several times
+    cheaper than `as_numpy(...).reshape(-1).tolist()`."""
+    resp = result.get_response()
+    for i, out in enumerate(resp.outputs):
+        if out.name == "output_ids":
+            return array(dtype, resp.raw_output_contents[i]).tolist()
+    return None
