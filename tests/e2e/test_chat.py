@@ -155,9 +155,23 @@ def test_seed_makes_sampling_reproducible(client: openai.OpenAI) -> None:
 
 
 def test_n_gives_independent_choices(client: openai.OpenAI) -> None:
-    r = client.chat.completions.create(model=LLM, messages=QUESTION, n=2, max_tokens=8, seed=7, temperature=1.0)
-    assert [c.index for c in r.choices] == [0, 1]
+    r = client.chat.completions.create(model=LLM, messages=QUESTION, n=3, max_tokens=8, seed=7, temperature=1.0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
     assert all(c.message.content for c in r.choices)
+    streamed: dict[int, str] = {}
+    for chunk in client.chat.completions.create(model=LLM, messages=QUESTION, n=3, max_tokens=8, seed=7,
+                                                temperature=1.0, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + (c.delta.content or "")
+    assert sorted(streamed) == [0, 1, 2] and all(streamed.values())
+    assert [streamed[i] for i in range(3)] == [c.message.content for c in r.choices]
+
+
+def test_temperature_zero_is_deterministic(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {"model": LLM, "messages": [{"role": "user", "content": "Name three colours."}],
+                              "temperature": 0, "max_tokens": 20}
+    answers = {client.chat.completions.create(**kwargs).choices[0].message.content for _ in range(3)}
+    assert len(answers) == 1
 
 
 def test_missing_api_key_is_401(gateway: GatewayServer, openai_schema: Callable[..., None]) -> None:
