@@ -308,9 +308,12 @@ class Bench:
                 await asyncio.sleep(0.3)
             for conn in conns:
                 conn.close()
-            cell["added_p50_ms"] = round(cell["gateway"]["p50_ms"] - cell["direct_stream"]["p50_ms"], 3)
-            cell["added_p99_ms"] = round(cell["gateway"]["p99_ms"] - cell["direct_stream"]["p99_ms"], 3)
-            cell["added_p50_ms_vs_unary"] = round(cell["gateway"]["p50_ms"] - cell["direct_unary"]["p50_ms"], 3)
+            # The gateway sends a non-streamed chat with no stop strings as one streaming=false request,
+            # so the like-for-like baseline is the direct unary request; the per-token stream is kept
+            # for information (it is what the gateway sent before that change).
+            cell["added_p50_ms"] = round(cell["gateway"]["p50_ms"] - cell["direct_unary"]["p50_ms"], 3)
+            cell["added_p99_ms"] = round(cell["gateway"]["p99_ms"] - cell["direct_unary"]["p99_ms"], 3)
+            cell["added_p50_ms_vs_stream"] = round(cell["gateway"]["p50_ms"] - cell["direct_stream"]["p50_ms"], 3)
             out[f"c{c}"] = cell
         self.results["latency"] = out
 
@@ -606,8 +609,8 @@ def summary_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "check": f"added latency {key.replace('c', 'c=')} p50 (ms)",
                 "gateway": round(cell["gateway"]["p50_ms"], 2),
-                "baseline": round(cell["direct_stream"]["p50_ms"], 2),
-                "baseline_name": "direct gRPC",
+                "baseline": round(cell["direct_unary"]["p50_ms"], 2),
+                "baseline_name": "direct gRPC, same request",
                 "value": cell["added_p50_ms"],
                 "unit": "ms",
                 "target": f"<= {TARGETS['added_p50_ms_max']}",
@@ -618,8 +621,8 @@ def summary_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
             {
                 "check": f"added latency {key.replace('c', 'c=')} p99 (ms)",
                 "gateway": round(cell["gateway"]["p99_ms"], 2),
-                "baseline": round(cell["direct_stream"]["p99_ms"], 2),
-                "baseline_name": "direct gRPC",
+                "baseline": round(cell["direct_unary"]["p99_ms"], 2),
+                "baseline_name": "direct gRPC, same request",
                 "value": cell["added_p99_ms"],
                 "unit": "ms",
                 "target": "report",
