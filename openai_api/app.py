@@ -84,22 +84,16 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         # Check each model against Triton's own config now, so a mismatch is reported at start-up
         # rather than on the first request. Triton being down is not fatal: /health/ready says so.
         # Bounded: a hung (not dead) Triton must not keep the gateway from starting.
-        for rt in svc.registry.llms.values():
+        checks = [(rt.name, rt.config.triton_name, rt.backend) for rt in svc.registry.llms.values()]
+        checks += [(e.name, e.config.triton_name, e.adapter) for e in svc.registry.encoders.values()]
+        for name, triton_name, backend in checks:
             try:
-                await asyncio.wait_for(rt.backend.check(), STARTUP_CHECK_TIMEOUT_S)
-                logger.info("model %s: Triton model %s checked", rt.name, rt.config.triton_name)
+                await asyncio.wait_for(backend.check(), STARTUP_CHECK_TIMEOUT_S)
+                logger.info("model %s: Triton model %s checked", name, triton_name)
             except GatewayError as e:
-                logger.warning("model %s: %s", rt.name, e.message)
+                logger.warning("model %s: %s", name, e.message)
             except TimeoutError:
-                logger.warning("model %s: Triton did not answer the config check in time", rt.name)
-        for enc in svc.registry.encoders.values():
-            try:
-                await asyncio.wait_for(enc.adapter.check(), STARTUP_CHECK_TIMEOUT_S)
-                logger.info("model %s: Triton model %s checked", enc.name, enc.config.triton_name)
-            except GatewayError as e:
-                logger.warning("model %s: %s", enc.name, e.message)
-            except TimeoutError:
-                logger.warning("model %s: Triton did not answer the config check in time", enc.name)
+                logger.warning("model %s: Triton did not answer the config check in time", name)
         prober = ReplicaProber(pool, list(svc.registry.replica_sets().values()))
         prober.start()
         yield

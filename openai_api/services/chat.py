@@ -14,6 +14,7 @@ from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
+    collect_text,
     generate_text,
     merge_streams,
     resolve_max_tokens,
@@ -120,7 +121,7 @@ class ChatService:
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
-        results = await asyncio.gather(*(self._collect(rt, g, stops) for g in greqs))
+        results = await asyncio.gather(*(collect_text(rt, g, stops) for g in greqs))
         choices = []
         completion_tokens = 0
         for i, (text, finish, produced, ids, lps) in enumerate(results):
@@ -145,20 +146,6 @@ class ChatService:
             tok = rt.tokenizer.decode([t], skip_special_tokens=False)
             out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
         return out
-
-    @staticmethod
-    async def _collect(rt: LLMRuntime, greq: Any, stops: list[str]) -> tuple[str, str, int, list[int], list[float]]:
-        parts: list[str] = []
-        ids: list[int] = []
-        lps: list[float] = []
-        finish, produced = "stop", 0
-        async for ev in generate_text(rt, greq, stops):
-            parts.append(ev.text)
-            ids += ev.token_ids
-            lps += ev.logprobs or []
-            if ev.finish_reason:
-                finish, produced = ev.finish_reason, ev.completion_tokens
-        return "".join(parts), finish, produced, ids, lps
 
     async def _stream(self, rt: LLMRuntime, greqs: list[Any], stops: list[str], plan: ToolPlan, completion_id: str,
                       created: int, model: str, include_usage: bool) -> AsyncIterator[bytes]:

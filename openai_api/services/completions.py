@@ -14,6 +14,7 @@ from openai_api.schemas.openai import CompletionRequest
 from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
+    collect_text,
     generate_text,
     merge_streams,
     resolve_max_tokens,
@@ -104,7 +105,7 @@ class CompletionsService:
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
-        results = await asyncio.gather(*(self._collect(rt, g, stops) for g in greqs))
+        results = await asyncio.gather(*(collect_text(rt, g, stops) for g in greqs))
         choices = []
         completion_tokens = 0
         for k, (text, finish, produced, ids, lps) in enumerate(results):
@@ -113,21 +114,6 @@ class CompletionsService:
             choices.append({"index": k, "text": echoes[k] + text, "logprobs": logprobs, "finish_reason": finish})
         return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage_dict(prompt_tokens, completion_tokens)}
-
-    @staticmethod
-    async def _collect(rt: LLMRuntime, greq: GenerationRequest,
-                       stops: list[str]) -> tuple[str, str, int, list[int], list[float]]:
-        parts: list[str] = []
-        ids: list[int] = []
-        lps: list[float] = []
-        finish, produced = "stop", 0
-        async for ev in generate_text(rt, greq, stops):
-            parts.append(ev.text)
-            ids += ev.token_ids
-            lps += ev.logprobs or []
-            if ev.finish_reason:
-                finish, produced = ev.finish_reason, ev.completion_tokens
-        return "".join(parts), finish, produced, ids, lps
 
     async def _stream(self, rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], echoes: list[str],
                       completion_id: str, created: int, model: str, include_usage: bool,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from openai_api.errors import ContextLengthExceededError, InvalidRequestError
 from openai_api.schemas.openai import _Sampling
@@ -65,6 +65,30 @@ async def generate_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str
                         pending_lp if want_lp else None)
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
+
+
+class Collected(NamedTuple):
+    """A whole (non-streamed) sequence: its text, finish reason, token count and sampled-token log-probs."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    token_ids: list[int]
+    logprobs: list[float]
+
+
+async def collect_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> Collected:
+    parts: list[str] = []
+    ids: list[int] = []
+    lps: list[float] = []
+    finish, produced = "stop", 0
+    async for ev in generate_text(rt, greq, stops):
+        parts.append(ev.text)
+        ids += ev.token_ids
+        lps += ev.logprobs or []
+        if ev.finish_reason:
+            finish, produced = ev.finish_reason, ev.completion_tokens
+    return Collected("".join(parts), finish, produced, ids, lps)
 
 
 def resolve_max_tokens(rt: LLMRuntime, requested: int | None, prompt_len: int, param: str) -> int:
