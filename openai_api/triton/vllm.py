@@ -20,21 +20,19 @@ cannot be expressed in SamplingParams, so a model with bad words configured refu
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
 
 from openai_api.errors import InvalidRequestError
-from openai_api.triton.client import TritonClientPool, map_triton_error
-from openai_api.triton.detect import require_protocol
+from openai_api.triton.base import SpecAdapter
+from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.wire import ModelSpec, fetch_model_spec, make_input, stream_one_request
+from openai_api.triton.wire import ModelSpec, make_input, stream_one_request
 
 logger = logging.getLogger(__name__)
 
@@ -104,37 +102,10 @@ def _count(result: InferResult, name: str) -> int | None:
     return int(arr.reshape(-1)[0]) if arr is not None and arr.size else None
 
 
-class VLLMAdapter:
+class VLLMAdapter(SpecAdapter):
     """`LLMBackend` over the Triton vLLM backend; see the module docstring for the wire contract."""
 
     protocol = "vllm"
-    # Seconds without a response before a stream is ended with a 504 (None: never).
-    stream_idle_timeout_s: float | None = None
-
-    def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
-                 spec: ModelSpec | None = None) -> None:
-        self.pool = pool
-        self.url = url
-        self.model = model
-        self.triton_model = triton_model
-        self.version = version
-        self._spec = spec
-        self._lock = asyncio.Lock()
-
-    @property
-    def _client(self) -> grpc_aio.InferenceServerClient:
-        return self.pool.grpc(self.url)
-
-    async def check(self) -> None:
-        require_protocol("vllm", await self._load_spec(), self.triton_model)
-
-    async def _load_spec(self) -> ModelSpec:
-        if self._spec is None:
-            async with self._lock:
-                if self._spec is None:
-                    self._spec = await fetch_model_spec(self.pool, self.url, self.triton_model, self.version,
-                                                        self.model)
-        return self._spec
 
     def supports(self, param: str) -> bool:
         spec = self._spec
