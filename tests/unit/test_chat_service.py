@@ -5,14 +5,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
-import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from openai_api.config import BUNDLED_CONFIG, GatewayConfig, ModelInfo, load_config
+from openai_api.config import GatewayConfig, ModelInfo
 from openai_api.errors import (
     BackendError,
     BackendUnavailableError,
@@ -25,7 +24,8 @@ from openai_api.services.chat import ChatService
 from openai_api.services.registry import LLMRuntime, ModelRegistry, build_llm
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.triton.client import TritonClientPool
-from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
+from openai_api.triton.llm import LLMBackend
+from tests.unit.fakes import FakeBackend, llm_only_config
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
@@ -38,46 +38,6 @@ if not (SMOLLM2_DIR / "tokenizer.json").is_file():
                 allow_module_level=True)
 
 
-class FakeBackend:
-    """An `LLMBackend` that plays a script of chunks, records every request and how each stream ended.
-
-    `fail_at=k` raises `error` instead of yielding chunk k (k == len(script): after the last chunk).
-    """
-
-    model = MODEL
-
-    def __init__(self, script: list[list[int]], *, fail_at: int | None = None,
-                 error: GatewayError | None = None) -> None:
-        self.script = script
-        self.fail_at = fail_at
-        self.error = error or BackendError("Triton failed the request.")
-        self.requests: list[GenerationRequest] = []
-        self.closed_early = 0
-        self.completed = 0
-        self.yielded = 0
-
-    def supports(self, param: str) -> bool:
-        return True
-
-    async def check(self) -> None:
-        return None
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        self.requests.append(request)
-        try:
-            for k, ids in enumerate(self.script):
-                if k == self.fail_at:
-                    raise self.error
-                self.yielded += 1
-                yield GenerationChunk(token_ids=list(ids))
-            if self.fail_at == len(self.script):
-                raise self.error
-            self.completed += 1
-        except GeneratorExit:
-            self.closed_early += 1  # the consumer closed us: the Triton request would be cancelled
-            raise
-
-
 def _conforms(backend: FakeBackend) -> LLMBackend:
     return backend  # type-checks FakeBackend against the LLMBackend protocol
 
@@ -85,23 +45,6 @@ def _conforms(backend: FakeBackend) -> LLMBackend:
 @pytest.fixture(scope="module")
 def pool() -> TritonClientPool:
     return TritonClientPool()  # never connects: every runtime's backend is replaced by a fake
-
-
-def llm_only_config(folder: Path) -> GatewayConfig:
-    """The bundled config's entry for MODEL alone (its paths made absolute), so the other bundled models'
-    folders need not exist here."""
-    data = json.loads(BUNDLED_CONFIG.read_text(encoding="utf-8"))
-    entry = next((dict(e) for e in data.get("llm", []) if e.get("name") == MODEL), None)
-    if entry is None:
-        pytest.skip(f"{BUNDLED_CONFIG} has no llm entry named {MODEL!r}")
-    entry["path"] = str((BUNDLED_CONFIG.parent / entry["path"]).resolve())
-    template = entry.get("chat_template")
-    if template and (BUNDLED_CONFIG.parent / template).is_file():
-        entry["chat_template"] = str((BUNDLED_CONFIG.parent / template).resolve())
-    infos = [i for i in data.get("model_infos", []) if i.get("name") == MODEL]
-    path = folder / "model_config.json"
-    path.write_text(json.dumps({"model_infos": infos, "llm": [entry]}), encoding="utf-8")
-    return load_config(path)
 
 
 @pytest.fixture(scope="module")
@@ -149,18 +92,6 @@ def make_service(bundled: GatewayConfig, pool: TritonClientPool, registry: Model
         return ChatService(reg), rt, fake
 
     return make
-
-
-@pytest.fixture(scope="module")
-def validate() -> Callable[[str, Any], None]:
-    if not (SPEC_DIR / "validate.py").is_file():
-        pytest.skip(f"OpenAI spec validator not found at {SPEC_DIR}")
-    sys.path.insert(0, str(SPEC_DIR))
-    try:
-        from validate import validate as spec_validate
-    finally:
-        sys.path.remove(str(SPEC_DIR))
-    return spec_validate  # type: ignore[no-any-return]
 
 
 def chat(**kw: Any) -> ChatCompletionRequest:

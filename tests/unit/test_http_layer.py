@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,10 +14,11 @@ from fastapi import FastAPI
 from starlette.routing import BaseRoute
 
 from openai_api.app import create_app
-from openai_api.config import BUNDLED_CONFIG, GatewayConfig, load_config
-from openai_api.errors import BackendUnavailableError, GatewayError
+from openai_api.config import BUNDLED_CONFIG, GatewayConfig
+from openai_api.errors import BackendUnavailableError
 from openai_api.settings import Settings
-from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
+from openai_api.triton.llm import LLMBackend
+from tests.unit.fakes import FakeBackend, llm_only_config
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
@@ -33,51 +33,9 @@ if not (SMOLLM2_DIR / "tokenizer.json").is_file():
                 allow_module_level=True)
 
 
-class FakeBackend:
-    """An `LLMBackend` that answers every request with the same scripted chunks (or an error first)."""
-
-    model = MODEL
-
-    def __init__(self, script: list[list[int]], error: GatewayError | None = None) -> None:
-        self.script = script
-        self.error = error
-        self.requests: list[GenerationRequest] = []
-
-    def supports(self, param: str) -> bool:
-        return True
-
-    async def check(self) -> None:
-        return None
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        self.requests.append(request)
-        if self.error is not None:
-            raise self.error
-        for ids in self.script:
-            yield GenerationChunk(token_ids=list(ids))
-
-
-def llm_only_config(folder: Path) -> GatewayConfig:
-    """The bundled config's entry for MODEL alone, paths made absolute, pointed at a port where no Triton
-    listens (so readiness is deterministically "not ready")."""
-    data = json.loads(BUNDLED_CONFIG.read_text(encoding="utf-8"))
-    entry = next((dict(e) for e in data.get("llm", []) if e.get("name") == MODEL), None)
-    if entry is None:
-        pytest.skip(f"{BUNDLED_CONFIG} has no llm entry named {MODEL!r}")
-    entry["path"] = str((BUNDLED_CONFIG.parent / entry["path"]).resolve())
-    template = entry.get("chat_template")
-    if template and (BUNDLED_CONFIG.parent / template).is_file():
-        entry["chat_template"] = str((BUNDLED_CONFIG.parent / template).resolve())
-    entry["url"] = "127.0.0.1:1"
-    infos = [i for i in data.get("model_infos", []) if i.get("name") == MODEL]
-    path = folder / "model_config.json"
-    path.write_text(json.dumps({"model_infos": infos, "llm": [entry]}), encoding="utf-8")
-    return load_config(path)
-
-
 @pytest.fixture(scope="module")
 def config(tmp_path_factory: pytest.TempPathFactory) -> GatewayConfig:
-    return llm_only_config(tmp_path_factory.mktemp("config"))
+    return llm_only_config(tmp_path_factory.mktemp("config"), url="127.0.0.1:1")
 
 
 @pytest.fixture(scope="module")
@@ -100,18 +58,6 @@ def app(shared_app: FastAPI) -> FastAPI:
 async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def validate() -> Callable[[str, Any], None]:
-    if not (SPEC_DIR / "validate.py").is_file():
-        pytest.skip(f"OpenAI spec validator not found at {SPEC_DIR}")
-    sys.path.insert(0, str(SPEC_DIR))
-    try:
-        from validate import validate as spec_validate
-    finally:
-        sys.path.remove(str(SPEC_DIR))
-    return spec_validate  # type: ignore[no-any-return]
 
 
 def body(**kw: Any) -> dict[str, Any]:
@@ -371,7 +317,7 @@ async def test_streaming_over_http_is_sse_ending_in_done(client: httpx.AsyncClie
 async def test_backend_failure_before_any_token_gets_its_status_code(app: FastAPI, client: httpx.AsyncClient,
                                                                      stream: bool) -> None:
     rt = app.state.services.registry.llm(MODEL)
-    rt.backend = FakeBackend([], error=BackendUnavailableError("The Triton server is unreachable."))
+    rt.backend = FakeBackend([], fail_at=0, error=BackendUnavailableError("The Triton server is unreachable."))
     r = await client.post(CHAT, json=body(stream=stream), headers=AUTH)
     err = error_of(r, 503)
     assert err["code"] == "backend_unavailable"
