@@ -67,7 +67,7 @@ class AutoLLMBackend:
         elif protocol == "fastertransformer":
             backend = FasterTransformerAdapter(*args, spec=spec)
         else:
-            backend = TensorRTLLMAdapter(*args)
+            backend = TensorRTLLMAdapter(*args, spec=spec)
         if self._idle_s is not None:
             backend.stream_idle_timeout_s = self._idle_s  # type: ignore[attr-defined]
         return backend

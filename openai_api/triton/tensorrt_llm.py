@@ -11,25 +11,21 @@ that use UINT32 scalars or `random_seed`/`min_length` work unchanged.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from array import array
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
-from openai_api.errors import BackendUnavailableError, GatewayError, InvalidRequestError
-from openai_api.triton.client import StallGuard, TritonClientPool, map_triton_error
+from openai_api.errors import GatewayError, InvalidRequestError
+from openai_api.triton.base import SpecAdapter
+from openai_api.triton.client import StallGuard, map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.wire import NP_DTYPES, ModelSpec, make_input
 
 logger = logging.getLogger(__name__)
-
-_NP = {"INT32": np.int32, "UINT32": np.uint32, "INT64": np.int64, "UINT64": np.uint64, "FP32": np.float32,
-       "FP16": np.float16, "BOOL": np.bool_}
 
 # OpenAI-side parameter -> candidate Triton input names, newest release first.
 _PARAM_INPUTS = {
@@ -63,64 +59,8 @@ def words_tensor(words: list[list[int]]) -> np.ndarray:
     return out
 
 
-@dataclass(slots=True)
-class _ModelSpec:
-    inputs: dict[str, tuple[str, int]]  # name -> (dtype, rank without batch dim)
-    decoupled: bool
-    batched: bool
-    outputs: set[str]
-
-
-class TensorRTLLMAdapter:
+class TensorRTLLMAdapter(SpecAdapter):
     protocol = "tensorrt_llm"
-    # Seconds without a token before a stream is ended with a 504 (None: never); the app sets it from
-    # `Settings.stream_idle_timeout_s`.
-    stream_idle_timeout_s: float | None = None
-
-    def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "") -> None:
-        self.pool = pool
-        self.url = url
-        self.model = model
-        self.triton_model = triton_model
-        self.version = version
-        self._spec: _ModelSpec | None = None
-        self._lock = asyncio.Lock()
-
-    @property
-    def _client(self) -> grpc_aio.InferenceServerClient:
-        return self.pool.grpc(self.url)
-
-    async def check(self) -> None:
-        """Read and validate the model's config; raise a GatewayError naming what does not match."""
-        await self._load_spec()
-
-    async def _load_spec(self) -> _ModelSpec:
-        if self._spec is not None:
-            return self._spec
-        async with self._lock:
-            if self._spec is not None:
-                return self._spec
-            try:
-                raw = await self._client.get_model_config(self.triton_model, self.version, as_json=True)
-            except Exception as e:  # noqa: BLE001 - every transport failure maps to one taxonomy
-                raise map_triton_error(e, self.model) from None
-            self._spec = self._parse_spec(raw.get("config", raw))
-            return self._spec
-
-    def _parse_spec(self, cfg: dict[str, Any]) -> _ModelSpec:
-        batched = int(cfg.get("max_batch_size", 0) or 0) > 0
-        inputs = {}
-        for i in cfg.get("input", []):
-            dtype = str(i.get("data_type", "")).removeprefix("TYPE_")
-            inputs[i["name"]] = (dtype, len(i.get("dims", [])))
-        outputs = {o["name"] for o in cfg.get("output", [])}
-        decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
-        missing = [n for n in ("input_ids", "request_output_len") if n not in inputs]
-        if missing or "output_ids" not in outputs:
-            raise BackendUnavailableError(
-                f"Triton model {self.triton_model!r} does not speak the tensorrt_llm protocol: "
-                f"missing {', '.join(missing + ([] if 'output_ids' in outputs else ['output_ids']))}")
-        return _ModelSpec(inputs=inputs, decoupled=decoupled, batched=batched, outputs=outputs)
 
     def supports(self, param: str) -> bool:
         spec = self._spec
@@ -128,33 +68,22 @@ class TensorRTLLMAdapter:
             return True  # unknown until Triton answered; checked again at request time
         return any(n in spec.inputs for n in _PARAM_INPUTS.get(param, (param,)))
 
-    def _input(self, spec: _ModelSpec, name: str, value: Any) -> InferInput:
-        dtype = spec.inputs[name][0]
-        arr = np.asarray(value, dtype=_NP.get(dtype, np.int32))
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
-        if spec.batched:
-            arr = arr[np.newaxis, ...]
-        inp = InferInput(name, list(arr.shape), dtype)
-        inp.set_data_from_numpy(arr)
-        return inp
-
-    def _build_inputs(self, spec: _ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferInput]:
+    def _build_inputs(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferInput]:
         names = spec.inputs
         inputs = [
-            self._input(spec, "input_ids", req.prompt_ids),
-            self._input(spec, "request_output_len", [req.max_tokens]),
+            make_input(spec, "input_ids", req.prompt_ids),
+            make_input(spec, "request_output_len", [req.max_tokens]),
         ]
         if "input_lengths" in names:
-            inputs.append(self._input(spec, "input_lengths", [len(req.prompt_ids)]))
+            inputs.append(make_input(spec, "input_lengths", [len(req.prompt_ids)]))
         if req.end_id is not None and "end_id" in names:
-            inputs.append(self._input(spec, "end_id", [req.end_id]))
+            inputs.append(make_input(spec, "end_id", [req.end_id]))
         if req.pad_id is not None and "pad_id" in names:
-            inputs.append(self._input(spec, "pad_id", [req.pad_id]))
+            inputs.append(make_input(spec, "pad_id", [req.pad_id]))
         if "streaming" in names:
-            inputs.append(self._input(spec, "streaming", [streaming]))
+            inputs.append(make_input(spec, "streaming", [streaming]))
         if not streaming and "exclude_input_in_output" in names:
-            inputs.append(self._input(spec, "exclude_input_in_output", [True]))
+            inputs.append(make_input(spec, "exclude_input_in_output", [True]))
         for param, candidates in _PARAM_INPUTS.items():
             value = getattr(req, param)
             if value is None or value is False or value == []:
@@ -168,14 +97,14 @@ class TensorRTLLMAdapter:
                 arr = words_tensor(value)
                 if spec.batched:
                     arr = arr[np.newaxis, ...]
-                inp = InferInput(name, list(arr.shape), names[name][0])
-                inp.set_data_from_numpy(arr.astype(_NP.get(names[name][0], np.int32)))
+                inp = InferInput(name, list(arr.shape), names[name].dtype)
+                inp.set_data_from_numpy(arr.astype(NP_DTYPES.get(names[name].dtype, np.int32)))
                 inputs.append(inp)
             else:
-                inputs.append(self._input(spec, name, [value]))
+                inputs.append(make_input(spec, name, [value]))
         return inputs
 
-    def _outputs(self, spec: _ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferRequestedOutput]:
+    def _outputs(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferRequestedOutput]:
         outs = [InferRequestedOutput("output_ids")]
         if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
             outs.append(InferRequestedOutput("sequence_length"))
@@ -191,7 +120,7 @@ class TensorRTLLMAdapter:
         else:
             yield await self._generate_unary(spec, request)
 
-    async def _generate_stream(self, spec: _ModelSpec, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def _generate_stream(self, spec: ModelSpec, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         # A decoupled model can still answer with one response (streaming=false): per-token responses
         # cost a gRPC message, a tensor parse and an event-loop wake-up each, for nobody when the
         # client did not ask for a stream.
@@ -203,7 +132,7 @@ class TensorRTLLMAdapter:
             "outputs": self._outputs(spec, req, streaming),
             "request_id": req.request_id,
         }
-        ids_dtype = "I" if spec.inputs.get("input_ids", ("INT32", 1))[0] == "UINT32" else "i"
+        ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
 
         async def one_request() -> AsyncIterator[dict[str, Any]]:
             # One request per stream: ending the generator half-closes the stream, so the stream
@@ -239,7 +168,7 @@ class TensorRTLLMAdapter:
             # Cancelling a finished stream is a no-op; cancelling a live one stops the model's work.
             stream.cancel()
 
-    async def _generate_unary(self, spec: _ModelSpec, req: GenerationRequest) -> GenerationChunk:
+    async def _generate_unary(self, spec: ModelSpec, req: GenerationRequest) -> GenerationChunk:
         try:
             result = await self._client.infer(
                 self.triton_model, self._build_inputs(spec, req, streaming=False), model_version=self.version,
@@ -249,7 +178,7 @@ class TensorRTLLMAdapter:
         return self._final_chunk(spec, req, result)
 
     @staticmethod
-    def _final_chunk(spec: _ModelSpec, req: GenerationRequest, result: Any) -> GenerationChunk:
+    def _final_chunk(spec: ModelSpec, req: GenerationRequest, result: Any) -> GenerationChunk:
         """The whole generation from a single (non-streaming) response: prompt stripped when the model
         echoes it, `sequence_length` and end/pad padding trimmed."""
         ids = result.as_numpy("output_ids")
