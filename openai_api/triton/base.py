@@ -9,6 +9,7 @@ import tritonclient.grpc.aio as grpc_aio
 
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.detect import require_protocol
+from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.wire import ModelSpec, fetch_model_spec
 
 
@@ -33,6 +34,10 @@ class SpecAdapter:
     @property
     def _client(self) -> grpc_aio.InferenceServerClient:
         return self.pool.grpc(self.url)
+
+    @property
+    def _rpc(self) -> TritonRPC:
+        return self.pool.rpc(self.url)
 
     async def check(self) -> None:
         require_protocol(self.protocol, await self._load_spec(), self.triton_model)

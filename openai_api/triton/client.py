@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import grpc
 import tritonclient.grpc.aio as grpc_aio
 import tritonclient.http.aio as http_aio
 from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import BackendError, BackendTimeoutError, BackendUnavailableError, GatewayError
+
+if TYPE_CHECKING:
+    from openai_api.triton.rpc import TritonRPC
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +45,18 @@ class TritonClientPool:
     def __init__(self) -> None:
         self._grpc: dict[str, grpc_aio.InferenceServerClient] = {}
         self._http: dict[str, http_aio.InferenceServerClient] = {}
+        self._rpc: dict[str, TritonRPC] = {}
+
+    def rpc(self, url: str) -> TritonRPC:
+        """The inference RPCs (the hot path) of the Triton at `url`: a channel of their own, so
+        tritonclient's housekeeping calls (configs, health) never queue in front of tokens."""
+        rpc = self._rpc.get(url)
+        if rpc is None:
+            from openai_api.triton.rpc import TritonRPC
+
+            rpc = TritonRPC(grpc.aio.insecure_channel(url, options=_GRPC_CHANNEL_ARGS))
+            self._rpc[url] = rpc
+        return rpc
 
     def grpc(self, url: str) -> grpc_aio.InferenceServerClient:
         client = self._grpc.get(url)
@@ -57,9 +73,10 @@ class TritonClientPool:
         return client
 
     async def close(self) -> None:
-        clients: list[Any] = [*self._grpc.values(), *self._http.values()]
+        clients: list[Any] = [*self._grpc.values(), *self._http.values(), *self._rpc.values()]
         self._grpc.clear()
         self._http.clear()
+        self._rpc.clear()
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
 

@@ -23,14 +23,15 @@ from contextlib import aclosing
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+from tritonclient.grpc import InferResult
 
 from openai_api.errors import InvalidRequestError
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.rpc import InferRequest, stream_one_request
 from openai_api.triton.tensorrt_llm import words_tensor
-from openai_api.triton.wire import ModelSpec, make_input, stream_one_request
+from openai_api.triton.wire import ModelSpec, add_input
 
 logger = logging.getLogger(__name__)
 
@@ -118,14 +119,15 @@ class FasterTransformerAdapter(SpecAdapter):
                 f"accept '{param}'.", param=param, code="unsupported_parameter")
         return name
 
-    def build_inputs(self, spec: ModelSpec, req: GenerationRequest) -> list[InferInput]:
+    def build_request(self, spec: ModelSpec, req: GenerationRequest) -> InferRequest:
         names = spec.inputs
-        inputs = [make_input(spec, "input_ids", req.prompt_ids),
-                  make_input(spec, "request_output_len", [req.max_tokens])]
+        r = InferRequest(self.triton_model, self.version, req.request_id)
+        add_input(r, spec, "input_ids", req.prompt_ids)
+        add_input(r, spec, "request_output_len", req.max_tokens)
         if "input_lengths" in names:
-            inputs.append(make_input(spec, "input_lengths", [len(req.prompt_ids)]))
+            add_input(r, spec, "input_lengths", len(req.prompt_ids))
         if req.end_id is not None and req.end_id >= 0 and "end_id" in names:
-            inputs.append(make_input(spec, "end_id", [req.end_id]))
+            add_input(r, spec, "end_id", req.end_id)
         values: dict[str, Any] = {p: getattr(req, p) for p in _PARAM_INPUTS}
         if req.temperature == 0:
             # No greedy temperature in FasterTransformer (it divides by it): greedy is top-k 1.
@@ -138,17 +140,12 @@ class FasterTransformerAdapter(SpecAdapter):
             if value is None or value is False or value == []:
                 continue
             name = self._input_name(spec, param)
-            if param in ("stop_words", "bad_words"):
-                inputs.append(make_input(spec, name, words_tensor(value)))
-            else:
-                inputs.append(make_input(spec, name, [value]))
-        return inputs
-
-    def _outputs(self, spec: ModelSpec, req: GenerationRequest) -> list[InferRequestedOutput]:
+            add_input(r, spec, name, words_tensor(value) if param in ("stop_words", "bad_words") else value)
         wanted = ["output_ids", "sequence_length"]
         if req.return_logprobs:
             wanted.append("output_log_probs")
-        return [InferRequestedOutput(n) for n in wanted if n in spec.outputs]
+        r.output(*(n for n in wanted if n in spec.outputs))
+        return r
 
     @staticmethod
     def chunk_from(result: InferResult, diff: CumulativeDiff, want_logprobs: bool) -> GenerationChunk | None:
@@ -169,12 +166,10 @@ class FasterTransformerAdapter(SpecAdapter):
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         spec = await self._load_spec()
-        inputs = self.build_inputs(spec, request)
+        infer_request = self.build_request(spec, request)
         diff = CumulativeDiff(request.prompt_ids, request.end_id)
         if spec.decoupled:
-            payload = {"model_name": self.triton_model, "model_version": self.version, "inputs": inputs,
-                       "outputs": self._outputs(spec, request), "request_id": request.request_id}
-            responses = stream_one_request(self._client, payload, model=self.model, timeout_s=request.timeout_s,
+            responses = stream_one_request(self._rpc, infer_request, model=self.model, timeout_s=request.timeout_s,
                                            idle_s=self.stream_idle_timeout_s)
             # aclosing: closing this generator early must close the stream (and so cancel the request) now.
             async with aclosing(responses):
@@ -184,9 +179,7 @@ class FasterTransformerAdapter(SpecAdapter):
                         yield chunk
             return
         try:
-            result = await self._client.infer(
-                self.triton_model, inputs, model_version=self.version, outputs=self._outputs(spec, request),
-                request_id=request.request_id, client_timeout=request.timeout_s)
+            result = await self._rpc.infer(infer_request, request.timeout_s)
         except Exception as e:  # noqa: BLE001
             raise map_triton_error(e, self.model) from None
         chunk = self.chunk_from(result, diff, request.return_logprobs)

@@ -17,13 +17,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferInput, InferRequestedOutput
+from tritonclient.grpc import InferResult
 
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.client import StallGuard, map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.wire import NP_DTYPES, ModelSpec, make_input
+from openai_api.triton.rpc import InferRequest, ResponseError, raw_output
+from openai_api.triton.wire import ModelSpec, add_input
 
 logger = logging.getLogger(__name__)
 
@@ -68,22 +69,21 @@ class TensorRTLLMAdapter(SpecAdapter):
             return True  # unknown until Triton answered; checked again at request time
         return any(n in spec.inputs for n in _PARAM_INPUTS.get(param, (param,)))
 
-    def _build_inputs(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferInput]:
+    def _request(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> InferRequest:
         names = spec.inputs
-        inputs = [
-            make_input(spec, "input_ids", req.prompt_ids),
-            make_input(spec, "request_output_len", [req.max_tokens]),
-        ]
+        r = InferRequest(self.triton_model, self.version, req.request_id)
+        add_input(r, spec, "input_ids", req.prompt_ids)
+        add_input(r, spec, "request_output_len", req.max_tokens)
         if "input_lengths" in names:
-            inputs.append(make_input(spec, "input_lengths", [len(req.prompt_ids)]))
+            add_input(r, spec, "input_lengths", len(req.prompt_ids))
         if req.end_id is not None and "end_id" in names:
-            inputs.append(make_input(spec, "end_id", [req.end_id]))
+            add_input(r, spec, "end_id", req.end_id)
         if req.pad_id is not None and "pad_id" in names:
-            inputs.append(make_input(spec, "pad_id", [req.pad_id]))
+            add_input(r, spec, "pad_id", req.pad_id)
         if "streaming" in names:
-            inputs.append(make_input(spec, "streaming", [streaming]))
+            add_input(r, spec, "streaming", streaming)
         if not streaming and "exclude_input_in_output" in names:
-            inputs.append(make_input(spec, "exclude_input_in_output", [True]))
+            add_input(r, spec, "exclude_input_in_output", True)
         for param, candidates in _PARAM_INPUTS.items():
             value = getattr(req, param)
             if value is None or value is False or value == []:
@@ -93,24 +93,13 @@ class TensorRTLLMAdapter(SpecAdapter):
                 raise InvalidRequestError(
                     f"The model {self.model!r} (Triton model {self.triton_model!r}) does not accept "
                     f"'{param}'.", param=param, code="unsupported_parameter")
-            if param in ("stop_words", "bad_words"):
-                arr = words_tensor(value)
-                if spec.batched:
-                    arr = arr[np.newaxis, ...]
-                inp = InferInput(name, list(arr.shape), names[name].dtype)
-                inp.set_data_from_numpy(arr.astype(NP_DTYPES.get(names[name].dtype, np.int32)))
-                inputs.append(inp)
-            else:
-                inputs.append(make_input(spec, name, [value]))
-        return inputs
-
-    def _outputs(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferRequestedOutput]:
-        outs = [InferRequestedOutput("output_ids")]
+            add_input(r, spec, name, words_tensor(value) if param in ("stop_words", "bad_words") else value)
+        r.output("output_ids")
         if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
-            outs.append(InferRequestedOutput("sequence_length"))
+            r.output("sequence_length")
         if req.return_logprobs and "output_log_probs" in spec.outputs:
-            outs.append(InferRequestedOutput("output_log_probs"))
-        return outs
+            r.output("output_log_probs")
+        return r
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         spec = await self._load_spec()
@@ -125,39 +114,30 @@ class TensorRTLLMAdapter(SpecAdapter):
         # cost a gRPC message, a tensor parse and an event-loop wake-up each, for nobody when the
         # client did not ask for a stream.
         streaming = req.stream_tokens or "streaming" not in spec.inputs
-        payload = {
-            "model_name": self.triton_model,
-            "model_version": self.version,
-            "inputs": self._build_inputs(spec, req, streaming=streaming),
-            "outputs": self._outputs(spec, req, streaming),
-            "request_id": req.request_id,
-        }
+        request = self._request(spec, req, streaming=streaming)
         ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
-
-        async def one_request() -> AsyncIterator[dict[str, Any]]:
-            # One request per stream: ending the generator half-closes the stream, so the stream
-            # itself ends after the model's FINAL response (the aio client never sees empty finals).
-            yield payload
-
         # The deadline (`timeout_s`) is the gRPC deadline of the whole stream; the stall guard ends a
         # stream that stops producing (Triton hung, GPU wedged) long before that.
-        stream = self._client.stream_infer(one_request(), stream_timeout=req.timeout_s)
+        call = self._rpc.stream(request, req.timeout_s)
         try:
             async with StallGuard(self.stream_idle_timeout_s, self.model) as guard:
-                async for result, error in stream:
+                async for resp in call:
                     guard.hold()
-                    if error is not None:
-                        raise map_triton_error(error, self.model)
+                    if resp.error_message:
+                        raise map_triton_error(ResponseError(resp.error_message), self.model)
+                    result = resp.infer_response
                     if not streaming:
-                        yield self._final_chunk(spec, req, result)
+                        yield self._final_chunk(spec, req, InferResult(result))
                     else:
-                        tokens = _raw_ids(result, ids_dtype)
-                        if tokens is not None:
+                        raw = raw_output(result, "output_ids")
+                        if raw is not None:
+                            # Straight from the raw bytes: per streamed token several times cheaper than
+                            # a numpy round trip.
+                            tokens = array(ids_dtype, raw).tolist()
                             logprobs = None
-                            if req.return_logprobs:
-                                lp = result.as_numpy("output_log_probs")
-                                logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None and tokens \
-                                    else None
+                            if req.return_logprobs and tokens:
+                                lp = InferResult(result).as_numpy("output_log_probs")
+                                logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None else None
                             yield GenerationChunk(tokens, logprobs)
                     guard.touch()
         except GatewayError:
@@ -166,13 +146,12 @@ class TensorRTLLMAdapter(SpecAdapter):
             raise map_triton_error(e, self.model) from None
         finally:
             # Cancelling a finished stream is a no-op; cancelling a live one stops the model's work.
-            stream.cancel()
+            call.cancel()
 
     async def _generate_unary(self, spec: ModelSpec, req: GenerationRequest) -> GenerationChunk:
+        request = self._request(spec, req, streaming=False)
         try:
-            result = await self._client.infer(
-                self.triton_model, self._build_inputs(spec, req, streaming=False), model_version=self.version,
-                outputs=self._outputs(spec, req, False), request_id=req.request_id, client_timeout=req.timeout_s)
+            result = await self._rpc.infer(request, req.timeout_s)
         except Exception as e:  # noqa: BLE001
             raise map_triton_error(e, self.model) from None
         return self._final_chunk(spec, req, result)
@@ -197,12 +176,3 @@ class TensorRTLLMAdapter(SpecAdapter):
             logprobs = lp.reshape(-1)[: len(tokens)].tolist() if lp is not None and tokens else None
         return GenerationChunk(tokens, logprobs)
 
-
-def _raw_ids(result: Any, dtype: str) -> list[int] | None:
-    """`output_ids` straight from the response's raw bytes: per streamed token this is several times
-    cheaper than `as_numpy(...).reshape(-1).tolist()`."""
-    resp = result.get_response()
-    for i, out in enumerate(resp.outputs):
-        if out.name == "output_ids":
-            return array(dtype, resp.raw_output_contents[i]).tolist()
-    return None

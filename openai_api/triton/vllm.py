@@ -26,13 +26,14 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from tritonclient.grpc import InferInput, InferRequestedOutput, InferResult
+from tritonclient.grpc import InferResult
 
 from openai_api.errors import InvalidRequestError
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.wire import ModelSpec, make_input, stream_one_request
+from openai_api.triton.rpc import InferRequest, stream_one_request
+from openai_api.triton.wire import ModelSpec, add_input
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class VLLMAdapter(SpecAdapter):
             f"The model {self.model!r} (Triton model {self.triton_model!r}, vLLM backend) does not accept "
             f"'{param}'{why}.", param=param, code="unsupported_parameter")
 
-    def build_inputs(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> list[InferInput]:
+    def build_request(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> InferRequest:
         names = spec.inputs
         if req.bad_words:
             raise self._refuse("bad_words", ": vLLM takes bad words as text, not token ids")
@@ -137,26 +138,25 @@ class VLLMAdapter(SpecAdapter):
                 raise self._refuse(extra[0], " (its Triton config has no sampling_parameters input)")
             logger.warning("model %s: Triton model %s has no sampling_parameters input; vLLM's default "
                            "max_tokens (16) applies", self.model, self.triton_model)
-        inputs = [make_input(spec, "text_input", req.prompt_text)]
+        r = InferRequest(self.triton_model, self.version, req.request_id)
+        add_input(r, spec, "text_input", req.prompt_text)
         if "stream" in names:
-            inputs.append(make_input(spec, "stream", [streaming]))
+            add_input(r, spec, "stream", streaming)
         if "sampling_parameters" in names:
-            inputs.append(make_input(spec, "sampling_parameters", json.dumps(params, separators=(",", ":"))))
+            add_input(r, spec, "sampling_parameters", json.dumps(params, separators=(",", ":")))
         if "exclude_input_in_output" in names:
-            inputs.append(make_input(spec, "exclude_input_in_output", [True]))
+            add_input(r, spec, "exclude_input_in_output", True)
         for flag, output in (("return_finish_reason", "finish_reason"),
                              ("return_num_output_tokens", "num_output_tokens")):
             if flag in names and output in spec.outputs:
-                inputs.append(make_input(spec, flag, [True]))
+                add_input(r, spec, flag, True)
         if req.return_logprobs:
-            inputs.append(make_input(spec, "return_logprobs", [True]))
-        return inputs
-
-    def _outputs(self, spec: ModelSpec, req: GenerationRequest) -> list[InferRequestedOutput]:
+            add_input(r, spec, "return_logprobs", True)
         wanted = ["text_output", "finish_reason", "num_output_tokens"]
         if req.return_logprobs:
             wanted.append("logprobs")
-        return [InferRequestedOutput(n) for n in wanted if n in spec.outputs]
+        r.output(*(n for n in wanted if n in spec.outputs))
+        return r
 
     def _chunk(self, result: InferResult, req: GenerationRequest) -> GenerationChunk:
         chunk = GenerationChunk(token_ids=[], text=_text(result), num_tokens=_count(result, "num_output_tokens"))
@@ -173,10 +173,8 @@ class VLLMAdapter(SpecAdapter):
             raise InvalidRequestError(f"The model {self.model!r} takes text prompts (vLLM backend); this "
                                       "request has token ids only.", param="prompt", code="unsupported_parameter")
         if spec.decoupled:
-            payload = {"model_name": self.triton_model, "model_version": self.version,
-                       "inputs": self.build_inputs(spec, request, streaming=True),
-                       "outputs": self._outputs(spec, request), "request_id": request.request_id}
-            responses = stream_one_request(self._client, payload, model=self.model, timeout_s=request.timeout_s,
+            responses = stream_one_request(self._rpc, self.build_request(spec, request, streaming=True),
+                                           model=self.model, timeout_s=request.timeout_s,
                                            idle_s=self.stream_idle_timeout_s)
             # aclosing: closing this generator early must close the stream (and so cancel the request) now.
             async with aclosing(responses):
@@ -186,10 +184,7 @@ class VLLMAdapter(SpecAdapter):
                         yield chunk
             return
         try:
-            result = await self._client.infer(
-                self.triton_model, self.build_inputs(spec, request, streaming=False), model_version=self.version,
-                outputs=self._outputs(spec, request), request_id=request.request_id,
-                client_timeout=request.timeout_s)
+            result = await self._rpc.infer(self.build_request(spec, request, streaming=False), request.timeout_s)
         except Exception as e:  # noqa: BLE001
             raise map_triton_error(e, self.model) from None
         chunk = self._chunk(result, request)

@@ -1,5 +1,5 @@
-"""What the LLM adapters share on the wire: the model's config as a spec, tensor building, and the
-one-request gRPC stream.
+"""What the LLM adapters share on the wire: the model's config as a spec, and input tensors built
+to it.
 
 `parse_model_config` takes the model-config JSON as Triton serves it (HTTP `/v2/models/{m}/config`,
 or gRPC `get_model_config(as_json=True)`, which wraps it in `{"config": ...}` and renders int64 as
@@ -11,22 +11,15 @@ leading batch dim of 1) and whether it is decoupled (streams over gRPC).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import tritonclient.grpc.aio as grpc_aio
-from tritonclient.grpc import InferInput, InferResult
 
-from openai_api.errors import GatewayError
-from openai_api.triton.client import StallGuard, TritonClientPool, map_triton_error
+from openai_api.triton.client import TritonClientPool, map_triton_error
+from openai_api.triton.rpc import InferRequest
 
-NP_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-    "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
-}
 INTEGER_DTYPES = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
 
 
@@ -92,49 +85,14 @@ async def fetch_model_spec(pool: TritonClientPool, url: str, triton_model: str, 
     return parse_model_config(raw)
 
 
-def make_input(spec: ModelSpec, name: str, value: Any) -> InferInput:
+def add_input(request: InferRequest, spec: ModelSpec, name: str, value: Any) -> None:
     """One input tensor in the dtype the config declares, with the batch dim when the model is batched.
-    A scalar becomes [1] ([1, 1] batched); strings are sent UTF-8 encoded."""
+    A scalar or a flat list becomes [n] ([1, n] batched); a numpy array keeps its shape (plus the batch
+    dim); strings are sent UTF-8 encoded."""
     dtype = spec.inputs[name].dtype
-    if dtype == "BYTES":
-        values = value if isinstance(value, list | tuple) else [value]
-        arr = np.asarray([v.encode("utf-8") if isinstance(v, str) else v for v in values], dtype=np.object_)
-    else:
-        arr = np.asarray(value, dtype=NP_DTYPES.get(dtype, np.int32))
-        if arr.ndim == 0:
-            arr = arr.reshape(1)
-    if spec.batched:
-        arr = arr[np.newaxis, ...]
-    inp = InferInput(name, list(arr.shape), dtype)
-    inp.set_data_from_numpy(arr)
-    return inp
-
-
-async def stream_one_request(client: grpc_aio.InferenceServerClient, payload: dict[str, Any], *, model: str,
-                             timeout_s: float | None, idle_s: float | None) -> AsyncIterator[InferResult]:
-    """Send one request on its own gRPC stream and yield each response as Triton sends it.
-
-    Ending the request generator half-closes the stream, so the stream itself ends after the model's
-    FINAL response (the aio client never sees empty finals). A response carrying an error, a transport
-    failure, a deadline (`timeout_s`, the whole stream) or a stall (no response for `idle_s`) is raised
-    as a GatewayError. Closing this iterator early cancels the stream, which stops the model's work.
-    """
-
-    async def one_request() -> AsyncIterator[dict[str, Any]]:
-        yield payload
-
-    stream = client.stream_infer(one_request(), stream_timeout=timeout_s)
-    try:
-        async with StallGuard(idle_s, model) as guard:
-            async for result, error in stream:
-                guard.touch()
-                if error is not None:
-                    raise map_triton_error(error, model)
-                yield result
-    except GatewayError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise map_triton_error(e, model) from None
-    finally:
-        # Cancelling a finished stream is a no-op; cancelling a live one stops the model's work.
-        stream.cancel()
+    if isinstance(value, np.ndarray):
+        request.numpy(name, dtype, value[np.newaxis, ...] if spec.batched else value)
+        return
+    values = value if isinstance(value, list | tuple) else [value]
+    shape = [1, len(values)] if spec.batched else [len(values)]
+    request.tensor(name, dtype, shape, values)

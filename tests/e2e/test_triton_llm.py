@@ -1,8 +1,8 @@
 """End-to-end checks of the SmolLM2 reference LLM (TensorRT-LLM tensor interface) on a real tritonserver.
 
 Starts ``EmbeddedTriton(models=["smollm2-135m-instruct"])`` once for the module and talks to it with
-``tritonclient.grpc.aio`` the way the gateway does: one request per ``stream_infer`` stream, the request
-generator ends after yielding it, and the end of iteration means the request is done.
+``tritonclient.grpc.aio`` the way any client would, and the gateway's own RPCs do: one request per
+``ModelStreamInfer`` stream, half-closed after it, and the end of the stream means the request is done.
 """
 
 from __future__ import annotations

@@ -9,13 +9,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from tritonclient.utils import deserialize_bytes_tensor, triton_to_np_dtype
+from tritonclient.grpc import InferResult, service_pb2
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from openai_api.errors import BackendUnavailableError, InvalidRequestError
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.detect import detect_protocol, protocol_mismatches, require_protocol
 from openai_api.triton.fastertransformer import CumulativeDiff, FasterTransformerAdapter
 from openai_api.triton.llm import GenerationRequest
+from openai_api.triton.rpc import InferRequest
 from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter
 from openai_api.triton.vllm import VLLMAdapter, parse_logprobs, sampling_parameters
 from openai_api.triton.wire import parse_model_config
@@ -85,35 +87,44 @@ ENSEMBLE_CONFIG = {"name": "ensemble", "platform": "ensemble", "max_batch_size":
 
 
 # ------------------------------------------------------------------ fakes
-class FakeResult:
-    def __init__(self, **arrays: Any) -> None:
-        self.arrays = arrays
-
-    def as_numpy(self, name: str) -> Any:
-        return self.arrays.get(name)
+def pb_result(**arrays: Any) -> InferResult:
+    """A real `ModelInferResponse` carrying `arrays` as raw outputs, as Triton would send it."""
+    resp = service_pb2.ModelInferResponse()
+    for name, arr in arrays.items():
+        out = resp.outputs.add()
+        out.name = name
+        out.datatype = np_to_triton_dtype(arr.dtype)
+        out.shape.extend(arr.shape)
+        raw = serialize_byte_tensor(arr).item() if arr.dtype == np.object_ else arr.tobytes()
+        resp.raw_output_contents.append(raw)
+    return InferResult(resp)
 
 
 class FakeStream:
-    def __init__(self, items: list[tuple[Any, Any]]) -> None:
-        self.items = items
+    """A `ModelStreamInfer` call: async iterable of `ModelStreamInferResponse`s, cancellable."""
+
+    def __init__(self, results: list[InferResult]) -> None:
+        self.results = results
         self.cancelled = False
 
-    def __aiter__(self) -> AsyncIterator[tuple[Any, Any]]:
+    def __aiter__(self) -> AsyncIterator[Any]:
         return self._gen()
 
-    async def _gen(self) -> AsyncIterator[tuple[Any, Any]]:
-        for item in self.items:
-            yield item
+    async def _gen(self) -> AsyncIterator[Any]:
+        for r in self.results:
+            yield service_pb2.ModelStreamInferResponse(infer_response=r.get_response())
 
     def cancel(self) -> None:
         self.cancelled = True
 
 
 class FakeClient:
-    def __init__(self, config: dict[str, Any], responses: list[FakeResult] | None = None) -> None:
+    """Both faces of one Triton: tritonclient's (model config) and the inference RPCs (`TritonRPC`)."""
+
+    def __init__(self, config: dict[str, Any], responses: list[InferResult] | None = None) -> None:
         self.config = config
         self.responses = responses or []
-        self.requests: list[dict[str, Any]] = []
+        self.requests: list[InferRequest] = []
         self.streams: list[FakeStream] = []
         self.config_reads = 0
 
@@ -121,23 +132,14 @@ class FakeClient:
         self.config_reads += 1
         return self.config
 
-    def stream_infer(self, gen: AsyncIterator[dict[str, Any]], stream_timeout: float | None = None) -> FakeStream:
-        stream = FakeStream([(r, None) for r in self.responses])
-        outer = self
+    def stream(self, request: InferRequest, timeout_s: float | None) -> FakeStream:
+        self.requests.append(request)
+        stream = FakeStream(self.responses)
+        self.streams.append(stream)
+        return stream
 
-        class Recording(FakeStream):
-            async def _gen(self) -> AsyncIterator[tuple[Any, Any]]:
-                async for payload in gen:
-                    outer.requests.append(payload)
-                async for item in stream._gen():
-                    yield item
-
-        rec = Recording(stream.items)
-        self.streams.append(rec)
-        return rec
-
-    async def infer(self, model: str, inputs: list[Any], **kwargs: Any) -> FakeResult:
-        self.requests.append({"model_name": model, "inputs": inputs, **kwargs})
+    async def infer(self, request: InferRequest, timeout_s: float | None) -> InferResult:
+        self.requests.append(request)
         return self.responses[-1]
 
 
@@ -148,18 +150,18 @@ class FakePool:
     def grpc(self, url: str) -> FakeClient:
         return self.client
 
+    def rpc(self, url: str) -> FakeClient:
+        return self.client
 
-def sent(payload: dict[str, Any]) -> dict[str, np.ndarray]:
-    """name -> the numpy array an InferInput carries (decoded back from its raw bytes)."""
+
+def sent(request: InferRequest) -> dict[str, np.ndarray]:
+    """name -> the array an input carries (decoded back from its raw bytes)."""
     out = {}
-    for inp in payload["inputs"]:
-        dtype = inp.datatype()
-        shape = inp.shape()
-        raw = inp._get_content()
+    for name, (dtype, shape, raw) in request.inputs().items():
         if dtype == "BYTES":
-            out[inp.name()] = deserialize_bytes_tensor(raw).reshape(shape)
+            out[name] = deserialize_bytes_tensor(raw).reshape(shape)
         else:
-            out[inp.name()] = np.frombuffer(raw, dtype=triton_to_np_dtype(dtype)).reshape(shape)
+            out[name] = np.frombuffer(raw, dtype=triton_to_np_dtype(dtype)).reshape(shape)
     return out
 
 
@@ -168,20 +170,22 @@ def request(**kw: Any) -> GenerationRequest:
     return GenerationRequest(**{**base, **kw})
 
 
-def ft_result(ids: list[int], seq_len: int | None = None, log_probs: list[float] | None = None) -> FakeResult:
+def ft_result(ids: list[int], seq_len: int | None = None, log_probs: list[float] | None = None) -> InferResult:
     arrays: dict[str, Any] = {"output_ids": np.asarray(ids, dtype=np.uint32).reshape(1, 1, -1)}
     arrays["sequence_length"] = np.asarray([[len(ids) if seq_len is None else seq_len]], dtype=np.uint32)
     if log_probs is not None:
         arrays["output_log_probs"] = np.asarray(log_probs, dtype=np.float32).reshape(1, 1, -1)
-    return FakeResult(**arrays)
+    return pb_result(**arrays)
 
 
-def vllm_result(text: str, n: int | None = None, finish: str = "None") -> FakeResult:
+def vllm_result(text: str, n: int | None = None, finish: str = "None", logprobs: str | None = None) -> InferResult:
     arrays: dict[str, Any] = {"text_output": np.asarray([text.encode()], dtype=np.object_),
                               "finish_reason": np.asarray([finish.encode()], dtype=np.object_)}
     if n is not None:
         arrays["num_output_tokens"] = np.asarray([n], dtype=np.uint32)
-    return FakeResult(**arrays)
+    if logprobs is not None:
+        arrays["logprobs"] = np.asarray([logprobs.encode()], dtype=np.object_)
+    return pb_result(**arrays)
 
 
 async def collect(it: AsyncIterator[Any]) -> list[Any]:
@@ -291,9 +295,7 @@ async def test_vllm_sends_only_the_inputs_its_config_declares() -> None:
 
 
 async def test_vllm_logprobs_give_token_ids_and_log_probs() -> None:
-    result = vllm_result(" Paris", 1)
-    result.arrays["logprobs"] = np.asarray([json.dumps([{"7": {"logprob": -0.25, "rank": 1}}]).encode()],
-                                           dtype=np.object_)
+    result = vllm_result(" Paris", 1, logprobs=json.dumps([{"7": {"logprob": -0.25, "rank": 1}}]))
     client = FakeClient(VLLM_CONFIG, [result])
     adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
     [chunk] = await collect(adapter.generate(request(return_logprobs=True)))

@@ -1,0 +1,86 @@
+"""Requests built straight into protobufs carry the same bytes tritonclient's InferInput would."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from tritonclient.grpc import InferInput
+
+from openai_api.errors import InvalidRequestError
+from openai_api.triton.rpc import InferRequest, raw_output
+from openai_api.triton.tensorrt_llm import words_tensor
+from openai_api.triton.wire import ModelSpec, TensorSpec, add_input
+
+
+def tritonclient_bytes(dtype: str, arr: np.ndarray) -> bytes:
+    inp = InferInput("x", list(arr.shape), dtype)
+    inp.set_data_from_numpy(arr)
+    return inp._get_content()  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("dtype", "values", "np_dtype"), [
+    ("INT32", [5, -6, 2**31 - 1], np.int32),
+    ("UINT32", [0, 7, 2**32 - 1], np.uint32),
+    ("INT64", [-(2**63), 3], np.int64),
+    ("UINT64", [2**64 - 1, 0], np.uint64),
+    ("FP32", [0.7, -1.5], np.float32),
+    ("FP16", [0.5, 2.0], np.float16),
+    ("BOOL", [True, False], np.bool_),
+    ("BYTES", ["héllo", "", "x"], np.object_),
+])
+def test_raw_bytes_match_tritonclient(dtype: str, values: list[Any], np_dtype: Any) -> None:
+    r = InferRequest("m", "", "rid")
+    r.tensor("x", dtype, [1, len(values)], values)
+    name, (sent_dtype, shape, raw) = next(iter(r.inputs().items()))
+    if dtype == "BYTES":
+        arr = np.asarray([v.encode() for v in values], dtype=np.object_).reshape(1, -1)
+    else:
+        arr = np.asarray(values, dtype=np_dtype).reshape(1, -1)
+    assert (name, sent_dtype, shape) == ("x", dtype, [1, len(values)])
+    assert raw == tritonclient_bytes(dtype, arr)
+    assert r.pb.model_name == "m" and r.pb.id == "rid"
+
+
+@pytest.mark.parametrize(("dtype", "value"), [("UINT64", -1), ("INT32", 2**31), ("INT32", 0.5)])
+def test_a_value_the_dtype_cannot_hold_is_a_client_error(dtype: str, value: Any) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        InferRequest("m").tensor("seed", dtype, [1], [value])
+    assert "'seed'" in e.value.message and e.value.status == 400
+
+
+def test_add_input_follows_the_spec_dtype_and_batch_dim() -> None:
+    batched = ModelSpec("m", inputs={"input_ids": TensorSpec("INT32", (-1,)), "streaming": TensorSpec("BOOL", (1,)),
+                                     "stop_words_list": TensorSpec("INT32", (2, -1)),
+                                     "text_input": TensorSpec("BYTES", (1,))}, max_batch_size=8)
+    r = InferRequest("m")
+    add_input(r, batched, "input_ids", [5, 6, 7])
+    add_input(r, batched, "streaming", True)
+    add_input(r, batched, "stop_words_list", words_tensor([[5, 6], [7]]))
+    add_input(r, batched, "text_input", "Hi")
+    sent = r.inputs()
+    assert sent["input_ids"][:2] == ("INT32", [1, 3])
+    assert sent["streaming"] == ("BOOL", [1, 1], b"\x01")
+    words = sent["stop_words_list"]
+    assert words[:2] == ("INT32", [1, 2, 3])
+    assert np.frombuffer(words[2], dtype=np.int32).tolist() == [5, 6, 7, 2, 3, -1]
+    assert sent["text_input"] == ("BYTES", [1, 1], b"\x02\x00\x00\x00Hi")
+
+    unbatched = ModelSpec("m", inputs={"input_ids": TensorSpec("UINT32", (-1,))})
+    r = InferRequest("m")
+    add_input(r, unbatched, "input_ids", [1, 2])
+    assert r.inputs()["input_ids"][:2] == ("UINT32", [2])
+
+
+def test_outputs_are_requested_by_name_and_read_raw() -> None:
+    r = InferRequest("m")
+    r.output("output_ids", "sequence_length")
+    assert [o.name for o in r.pb.outputs] == ["output_ids", "sequence_length"]
+    from tritonclient.grpc import service_pb2
+
+    resp = service_pb2.ModelInferResponse()
+    resp.outputs.add().name = "output_ids"
+    resp.raw_output_contents.append(b"\x01\x00\x00\x00")
+    assert raw_output(resp, "output_ids") == b"\x01\x00\x00\x00"
+    assert raw_output(resp, "sequence_length") is None
