@@ -30,6 +30,12 @@ class IncrementalDetokenizer:
         return piece or ""
 
     def steps(self, token_ids: list[int]) -> str:
-        step = self._stream.step
-        tok = self._tokenizer
-        return "".join(p for t in token_ids if (p := step(tok, t)))
+        if len(token_ids) == 1:
+            piece = self._stream.step(self._tokenizer, token_ids[0])
+        elif token_ids:
+            # One call for many ids (a non-streamed answer, a multi-token chunk): same text and the
+            # same held-back partial character as stepping one by one, at a fraction of the calls.
+            piece = self._stream.step(self._tokenizer, token_ids)
+        else:
+            return ""
+        return piece or ""

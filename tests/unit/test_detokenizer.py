@@ -98,6 +98,18 @@ def test_steps_batch_equals_single_steps(tok: TextTokenizer) -> None:
     assert batched == "".join(stream(tok, ids))
 
 
+@pytest.mark.parametrize("text", ["and then 🦊🦊 runs 東京 quickly", "family: 👨\u200d👩\u200d👧 ok"])
+def test_multi_token_steps_hold_back_a_split_character_like_single_steps(tok: TextTokenizer, text: str) -> None:
+    ids = tok.encode(text)
+    want = "".join(stream(tok, ids))
+    for cut1 in range(len(ids) + 1):
+        for cut2 in range(cut1, len(ids) + 1):
+            d = IncrementalDetokenizer(tok.tokenizer)
+            parts = [d.steps(ids[:cut1]), d.steps(ids[cut1:cut2]), d.steps(ids[cut2:])]
+            assert "".join(parts) == want, (cut1, cut2)
+            assert all(REPLACEMENT not in p for p in parts)
+
+
 def test_special_tokens_are_skipped(tok: TextTokenizer) -> None:
     im_end = tok.tokenizer.token_to_id("<|im_end|>")
     im_start = tok.tokenizer.token_to_id("<|im_start|>")
