@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -14,7 +13,7 @@ from openai_api.schemas.openai import CompletionRequest
 from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
-    collect_text,
+    collect_choices,
     generate_text,
     merge_streams,
     resolve_max_tokens,
@@ -105,7 +104,7 @@ class CompletionsService:
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
-        results = await asyncio.gather(*(collect_text(rt, g, stops) for g in greqs))
+        results = await collect_choices(rt, greqs, stops)
         choices = []
         completion_tokens = 0
         for k, (text, finish, produced, ids, lps) in enumerate(results):

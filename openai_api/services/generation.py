@@ -91,6 +91,14 @@ async def collect_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]
     return Collected("".join(parts), finish, produced, ids, lps)
 
 
+async def collect_choices(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:
+    """Every choice of a non-streamed request, concurrently; the usual single choice runs inline
+    (gather would wrap it in a task: one more event-loop hop per request for nothing)."""
+    if len(greqs) == 1:
+        return [await collect_text(rt, greqs[0], stops)]
+    return list(await asyncio.gather(*(collect_text(rt, g, stops) for g in greqs)))
+
+
 def resolve_max_tokens(rt: LLMRuntime, requested: int | None, prompt_len: int, param: str) -> int:
     """An unset budget means "up to the context limit", never a small default."""
     room = rt.context_length - prompt_len
