@@ -5,10 +5,11 @@ the tests do). The per-token hot path costs O(1): the instrumented backend reads
 chunk and makes one histogram observation; token counts are accumulated locally and added to the
 counters once per sequence.
 
-`ObservabilityMiddleware` (pure ASGI) opens a `RequestStats` per request, reachable anywhere below it
-through `current_stats()` (a context variable: it follows the request into the tasks Starlette and
-`asyncio.gather` create), and when the response is done records the request metrics and writes one
-access-log line: `method path status duration_ms request_id [model] [prompt_tokens completion_tokens]`.
+The outermost middleware (`RequestContextMiddleware` in `openai_api.http.middleware`) opens a
+`RequestStats` per request, reachable anywhere below it through `current_stats()` (a context variable:
+it follows the request into the tasks Starlette and `asyncio.gather` create), and when the response is
+done hands it to `RequestRecorder`, which records the request metrics and writes one access-log line:
+`method path status duration_ms request_id [model] [prompt_tokens completion_tokens]`.
 Neither prompt text nor API keys are ever part of it.
 """
 
@@ -18,14 +19,14 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 import numpy as np
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
 from openai_api.errors import GatewayError
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
@@ -75,16 +76,25 @@ class Metrics:
 
 
 class RequestStats:
-    """What one request learnt about itself on the way (filled in by the layers below the middleware)."""
+    """What one request learnt about itself on the way: filled in by the layers below the outermost
+    middleware, which owns it (one per HTTP request, never shared between requests).
 
-    __slots__ = ("completion_tokens", "disconnected", "model", "prompt_tokens", "start")
+    `status` is the status of the response start as sent (0 until then); `complete` turns true when
+    the last body message (`more_body` false) is handed to the server, so the guard can tell a client
+    that left mid-response (499) from one that closed after reading everything."""
 
-    def __init__(self, start: float) -> None:
+    __slots__ = ("complete", "completion_tokens", "disconnected", "model", "prompt_tokens", "request_id",
+                 "start", "status")
+
+    def __init__(self, start: float, request_id: str = "") -> None:
         self.start = start
+        self.request_id = request_id
         self.model = ""
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.disconnected = False
+        self.status = 0
+        self.complete = False
 
 
 _CURRENT: ContextVar[RequestStats | None] = ContextVar("openai_api_request_stats", default=None)
@@ -92,6 +102,15 @@ _CURRENT: ContextVar[RequestStats | None] = ContextVar("openai_api_request_stats
 
 def current_stats() -> RequestStats | None:
     return _CURRENT.get()
+
+
+def bind_stats(stats: RequestStats) -> Token[RequestStats | None]:
+    """Make `stats` what `current_stats()` returns in this context (and the tasks it creates)."""
+    return _CURRENT.set(stats)
+
+
+def unbind_stats(token: Token[RequestStats | None]) -> None:
+    _CURRENT.reset(token)
 
 
 _SAFE_VALUE = re.compile(r"^[\w./:@+\-]*$")
@@ -108,52 +127,38 @@ def _route_of(scope: Scope) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
-class ObservabilityMiddleware:
-    """Request metrics and one access-log line per request (pure ASGI; nothing per body chunk)."""
+class RequestRecorder:
+    """Records each finished request: the request counter and latency histogram, then the access log.
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, access_log: bool = True) -> None:
-        self.app = app
+    Label children are cached per label set: `.labels()` validates and locks on every call, and the
+    sets are as few as Prometheus's own (route templates x configured models x statuses).
+    """
+
+    def __init__(self, metrics: Metrics, access_log: bool = True) -> None:
         self.metrics = metrics
         self.access_log = access_log
+        self._requests: dict[tuple[str, str, str], Any] = {}
+        self._latency: dict[tuple[str, str], Any] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        stats = RequestStats(time.perf_counter())
-        token = _CURRENT.set(stats)
-        status = 0
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        self.metrics.in_flight.inc()
-        try:
-            await self.app(scope, receive, send_status)
-        except BaseException:
-            if not status:
-                status = 500
-            raise
-        finally:
-            _CURRENT.reset(token)
-            self.metrics.in_flight.dec()
-            self._record(scope, stats, status)
-
-    def _record(self, scope: Scope, stats: RequestStats, status: int) -> None:
+    def record(self, scope: Scope, stats: RequestStats) -> None:
         duration = time.perf_counter() - stats.start
         # 499 (nginx's "client closed request") when the client left before the response was complete.
-        label = "499" if stats.disconnected else str(status or 500)
+        label = "499" if stats.disconnected else str(stats.status or 500)
         route = _route_of(scope)
-        self.metrics.requests.labels(route, stats.model, label).inc()
-        self.metrics.latency.labels(route, stats.model).observe(duration)
+        key = (route, stats.model, label)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.metrics.requests.labels(*key)
+        counter.inc()
+        lkey = (route, stats.model)
+        latency = self._latency.get(lkey)
+        if latency is None:
+            latency = self._latency[lkey] = self.metrics.latency.labels(*lkey)
+        latency.observe(duration)
         if not self.access_log or not access_logger.isEnabledFor(logging.INFO):
             return
-        rid = scope.get("state", {}).get("request_id", "")
         parts = [f"method={scope['method']}", f"path={_kv(scope['path'])}", f"status={label}",
-                 f"duration_ms={duration * 1000:.1f}", f"request_id={_kv(rid)}"]
+                 f"duration_ms={duration * 1000:.1f}", f"request_id={_kv(stats.request_id)}"]
         if stats.model:
             parts.append(f"model={_kv(stats.model)}")
         if stats.prompt_tokens or stats.completion_tokens:

@@ -31,7 +31,7 @@ from openai_api.errors import (
     ShuttingDownError,
 )
 from openai_api.http.middleware import send_error
-from openai_api.observability import Metrics, current_stats
+from openai_api.observability import Metrics, RequestStats, current_stats
 
 prompt_logger = logging.getLogger("openai_api.prompts")
 TICKET_KEY = "admission_ticket"
@@ -59,6 +59,16 @@ class InFlightLimiter:
         self.metrics = metrics
         self.total = 0
         self.per_model: dict[str, int] = {}
+        # Gauge children cached per model (`.labels()` validates and locks on every call); made on first
+        # use, as `.labels()` would, so /metrics lists a model once it has served a request.
+        self._model_gauges: dict[str, Any] = {}
+
+    def model_gauge(self, model: str) -> Any:
+        """`model`'s in-flight gauge child, or None without metrics."""
+        gauge = self._model_gauges.get(model)
+        if gauge is None and self.metrics is not None:
+            gauge = self._model_gauges[model] = self.metrics.model_in_flight.labels(model)
+        return gauge
 
     def overloaded(self, message: str, reason: str) -> OverloadedError:
         if self.metrics is not None:
@@ -88,15 +98,17 @@ class Ticket:
                                  "retry shortly.", "model_limit")
         lim.per_model[model] = n + 1
         self.model = model
-        if lim.metrics is not None:
-            lim.metrics.model_in_flight.labels(model).inc()
+        gauge = lim.model_gauge(model)
+        if gauge is not None:
+            gauge.inc()
 
     def release(self) -> None:
         if self.model is not None:
             lim = self.limiter
             lim.per_model[self.model] -= 1
-            if lim.metrics is not None:
-                lim.metrics.model_in_flight.labels(self.model).dec()
+            gauge = lim.model_gauge(self.model)
+            if gauge is not None:
+                gauge.dec()
             self.model = None
 
 
@@ -197,8 +209,14 @@ class GuardMiddleware:
         assert task is not None
         gone = asyncio.Event()
         body_sent = False
-        complete = False
         disconnected = False
+        # Whether the response is complete comes from the outer request-context middleware, whose `send`
+        # wrapper sees every message anyway; only without one (this middleware used alone) do we wrap
+        # `send` ourselves, so an SSE chunk passes one wrapper fewer.
+        stats = current_stats()
+        if stats is None:
+            stats = RequestStats(0.0)
+            send = _completion_tracking(send, stats)
 
         async def app_receive() -> Message:
             nonlocal body_sent
@@ -208,21 +226,13 @@ class GuardMiddleware:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        async def app_send(message: Message) -> None:
-            nonlocal complete
-            if message["type"] == "http.response.body" and not message.get("more_body", False):
-                complete = True
-            await send(message)
-
         async def watch() -> None:
             nonlocal disconnected
             while (await receive())["type"] != "http.disconnect":
                 pass
-            if not complete:
+            if not stats.complete:
                 disconnected = True
-                stats = current_stats()
-                if stats is not None:
-                    stats.disconnected = True
+                stats.disconnected = True
                 gone.set()
                 task.cancel()
             else:
@@ -230,13 +240,24 @@ class GuardMiddleware:
 
         watcher = asyncio.create_task(watch(), name="disconnect-watcher")
         try:
-            await self.app(scope, app_receive, app_send)
+            await self.app(scope, app_receive, send)
         except asyncio.CancelledError:
             # Our own cancellation (client gone) ends here; anyone else's goes on up.
             if not disconnected or task.uncancel() > 0:
                 raise
         finally:
             watcher.cancel()
+
+
+def _completion_tracking(send: Send, stats: RequestStats) -> Send:
+    """`send`, recording in `stats.complete` when the last body message goes out."""
+
+    async def tracking_send(message: Message) -> None:
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            stats.complete = True
+        await send(message)
+
+    return tracking_send
 
 
 def _ticket(request: Request) -> Ticket | None:

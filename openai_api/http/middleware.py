@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hmac
+import time
 import uuid
 from collections.abc import Iterable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import AuthenticationError, GatewayError, error_response_bytes
+from openai_api.observability import Metrics, RequestRecorder, RequestStats, bind_stats, unbind_stats
 
 
 async def send_error(send: Send, err: GatewayError, extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
@@ -54,27 +56,57 @@ class APIKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-class RequestIdMiddleware:
-    """Take `X-Request-Id` from the request or make one; echo it on the response and expose it to
-    handlers (scope["state"]["request_id"]) so it is also Triton's request id."""
+class RequestContextMiddleware:
+    """Outermost: per request, its id, its `RequestStats`, its metrics and its access-log line.
 
-    def __init__(self, app: ASGIApp) -> None:
+    The id is the request's `X-Request-Id` when that is printable (cut to 128 characters), else 32 new
+    hex digits; it is echoed as `X-Request-Id` on every response (a 401 included) and exposed to
+    handlers as scope["state"]["request_id"], so it is also Triton's request id.
+
+    This is the stack's one `send` wrapper that looks at messages: it records the status and, in
+    `RequestStats.complete`, when the last body message went out, which `GuardMiddleware` reads to tell
+    a disconnect mid-response from a normal close. Every wrapper costs a call per SSE chunk, so the
+    middleware below it should not add their own.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, access_log: bool = True) -> None:
         self.app = app
+        self.metrics = metrics
+        self.recorder = RequestRecorder(metrics, access_log)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        start = time.perf_counter()
         rid = next((v for k, v in scope["headers"] if k == b"x-request-id"), b"")
         rid_s = rid.decode("latin-1")[:128] if rid else ""
         if not rid_s or not rid_s.isprintable():
             rid_s = uuid.uuid4().hex
         scope.setdefault("state", {})["request_id"] = rid_s
         header = (b"x-request-id", rid_s.encode("latin-1"))
+        stats = RequestStats(start, rid_s)
+        token = bind_stats(stats)
 
-        async def send_with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
+        async def send_wrapper(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.body":
+                if not message.get("more_body", False):
+                    stats.complete = True
+            elif kind == "http.response.start":
+                stats.status = message["status"]
                 message["headers"] = [*message.get("headers", []), header]
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        in_flight = self.metrics.in_flight
+        in_flight.inc()
+        try:
+            await self.app(scope, receive, send_wrapper)
+        except BaseException:
+            if not stats.status:
+                stats.status = 500
+            raise
+        finally:
+            unbind_stats(token)
+            in_flight.dec()
+            self.recorder.record(scope, stats)

@@ -1,0 +1,157 @@
+"""A direct dispatch for the hot JSON POST routes (chat, completions, embeddings, rerank), pure ASGI.
+
+FastAPI's per-request machinery (router match, exit stacks, dependency solving, `json.loads` then
+`validate_python`, two `send` wrappers per SSE chunk) costs about as much CPU as the gateway's own
+work on a short request. `JSONRouteMiddleware` sits innermost, right inside `GuardMiddleware` (which has
+already buffered the body), and for `POST <one of its paths>` with an `application/json` body:
+
+1. validates the body with the route's pydantic model straight from bytes (`model_validate_json`,
+   Rust parser);
+2. calls the route's own endpoint function, `endpoint(body=..., request=...)`, and sends the
+   `Response` it returns;
+3. maps exceptions with the app's own handlers, as Starlette's route wrapper does (a handled
+   exception after the response started is a RuntimeError; `Exception` itself goes up to the
+   server-error middleware, which answers 500). Whether the response started is read from the
+   request's `RequestStats`, so no `send` wrapper of ours runs per SSE chunk.
+
+Everything else goes down the FastAPI stack untouched, and so does every request whose body fails
+fast validation, so that every error (invalid JSON, a missing field, a wrong content type) keeps
+exactly the message FastAPI's validation gives it. The FastAPI routes stay registered for that, for
+405s, and for the OpenAPI document. The request's `scope["route"]` is set to the route's `APIRoute`,
+as the router would, so metrics label it by its template.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openai_api.observability import RequestStats, current_stats
+
+Endpoint = Callable[..., Awaitable[Response]]
+ExceptionHandler = Callable[[Request, Exception], Any]
+
+
+class _Route:
+    __slots__ = ("api_route", "endpoint", "model")
+
+    def __init__(self, api_route: APIRoute, model: type[BaseModel], endpoint: Endpoint) -> None:
+        self.api_route = api_route
+        self.model = model
+        self.endpoint = endpoint
+
+
+def _body_model(endpoint: Endpoint) -> type[BaseModel]:
+    model = typing.get_type_hints(endpoint).get("body")
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        raise TypeError(f"{endpoint.__qualname__} takes no pydantic `body` parameter")
+    return model
+
+
+def _is_json(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Content-Type is `application/json` (any parameters): the only type taken here. FastAPI also
+    parses `+json` types and has its own rule for a missing header, so those requests go its way."""
+    for k, v in headers:
+        if k == b"content-type":
+            return v.split(b";", 1)[0].strip().lower() == b"application/json"
+    return False
+
+
+class JSONRouteMiddleware:
+    """Serves `POST` on `paths` directly (see the module docstring).
+
+    `routes` are the `APIRoute`s as the app serves them (included without a prefix, so each one's
+    `path` is its URL path): for each of `paths`, a `POST` route whose endpoint takes
+    `(body: <pydantic model>, request: Request)`. `handlers` are the app's exception handlers
+    (`FastAPI.exception_handlers`), read when the first request builds the middleware stack."""
+
+    def __init__(self, app: ASGIApp, *, paths: Iterable[str], routes: Iterable[Any],
+                 handlers: Mapping[Any, ExceptionHandler]) -> None:
+        self.app = app
+        wanted = set(paths)
+        self.routes: dict[str, _Route] = {}
+        for r in routes:
+            if isinstance(r, APIRoute) and r.path in wanted and "POST" in r.methods:
+                self.routes[r.path] = _Route(r, _body_model(r.endpoint), r.endpoint)
+        missing = wanted - self.routes.keys()
+        if missing:
+            raise ValueError(f"no POST route for {sorted(missing)}")
+        # As Starlette's route wrapper: `Exception` (and 500) belong to the server-error middleware.
+        self.handlers = {k: v for k, v in handlers.items() if k is not Exception and not isinstance(k, int)}
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        if route is None or scope["method"] != "POST" or scope.get("root_path") or not _is_json(scope["headers"]):
+            await self.app(scope, receive, send)
+            return
+        message = await receive()
+        if message["type"] != "http.request" or message.get("more_body", False):
+            # Not a body buffered by the guard: leave it all to the FastAPI stack.
+            await self.app(scope, _replay(message, receive), send)
+            return
+        try:
+            body = route.model.model_validate_json(message.get("body", b""))
+        except ValidationError:
+            await self.app(scope, _replay(message, receive), send)
+            return
+        scope["route"] = route.api_route
+        scope["endpoint"] = route.endpoint
+        scope["path_params"] = {}
+        # Whether the response started (a handled exception after that is an error, not a response):
+        # the request context's `send` wrapper records it, so SSE chunks need no wrapper of ours.
+        stats = current_stats()
+        if stats is None:
+            stats = RequestStats(0.0)
+            send = _status_tracking(send, stats)
+        # The request can still give its body (`await request.body()`), as under FastAPI.
+        request = Request(scope, _replay(message, receive), send)
+        try:
+            response = await route.endpoint(body=body, request=request)
+            await response(scope, receive, send)
+        except Exception as exc:
+            handler = self._handler(exc)
+            if handler is None:
+                raise
+            if stats.status:
+                raise RuntimeError("Caught handled exception, but response already started.") from exc
+            response = await handler(request, exc)
+            await response(scope, receive, send)
+
+    def _handler(self, exc: Exception) -> ExceptionHandler | None:
+        for cls in type(exc).__mro__:
+            handler = self.handlers.get(cls)
+            if handler is not None:
+                return handler
+        return None
+
+
+def _status_tracking(send: Send, stats: RequestStats) -> Send:
+    """`send`, recording the response's status in `stats` (only where no request context does)."""
+
+    async def tracking_send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            stats.status = message["status"]
+        await send(message)
+
+    return tracking_send
+
+
+def _replay(message: Message, receive: Receive) -> Receive:
+    """`receive` that first gives `message` back, for the FastAPI stack to read the body again."""
+    pending: Message | None = message
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending is not None:
+            msg, pending = pending, None
+            return msg
+        return await receive()
+
+    return replay
