@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lim.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s, metavar="SECONDS",
                      help="on SIGTERM, how long requests in flight may take to finish while new ones get 503 "
                           f"(default: {d.shutdown_grace_s:g})")
+    p.add_argument("--stream-flush-interval", type=float, default=d.stream_flush_interval_s * 1000, metavar="MS",
+                   help="SSE events that arrive within this many milliseconds of the previous write are sent "
+                        "together; never delays the first event or a slower stream (0: one write per event; "
+                        f"default: {d.stream_flush_interval_s * 1000:g})")
     p.add_argument("--log-prompts", action="store_true",
                    help="with --verbose, log request bodies (prompts) at debug level; never otherwise")
     p.add_argument("--no-access-log", action="store_true", help="no access-log line per request")
@@ -88,6 +92,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     max_rerank_documents=args.max_rerank_documents, max_in_flight=args.max_in_flight,
                     max_in_flight_per_model=args.max_in_flight_per_model, retry_after_s=args.retry_after,
                     stream_idle_timeout_s=args.stream_idle_timeout or None, shutdown_grace_s=args.shutdown_grace,
+                    stream_flush_interval_s=max(args.stream_flush_interval, 0.0) / 1000,
                     log_prompts=args.log_prompts and args.verbose, access_log=not args.no_access_log)
 
 

@@ -43,6 +43,13 @@ class Settings:
     # A stream with no token from Triton for this long is ended (504 before the first byte, an SSE
     # error event after). Well above a long prefill on a busy GPU; None or 0 turns it off.
     stream_idle_timeout_s: float | None = 60.0
+
+    # --- streaming -----------------------------------------------------------------------------------
+    # SSE events arriving within this long of the previous socket write go out together in the next
+    # one (each still its own event). A write costs more CPU than all the gateway's per-token work, so
+    # an engine streaming faster than this saves most of them; slower streams and the first token are
+    # never held back. At most this much delay on a fast stream; 0 writes every event at once.
+    stream_flush_interval_s: float = 0.002
     # On SIGTERM: new requests get 503 while requests in flight get this long to finish.
     shutdown_grace_s: float = 30.0
 

@@ -18,3 +18,8 @@ def services(request: Request) -> Services:
 def request_id(request: Request) -> str:
     rid = request.scope.get("state", {}).get("request_id")
     return rid if isinstance(rid, str) else uuid.uuid4().hex
+
+
+def flush_interval(request: Request) -> float:
+    """The SSE write-coalescing interval (`Settings.stream_flush_interval_s`); 0 without settings."""
+    return float(getattr(getattr(request.app.state, "settings", None), "stream_flush_interval_s", 0.0))

@@ -21,6 +21,7 @@ from openai_api.errors import (
     NotFoundError,
     error_response_bytes,
 )
+from openai_api.http.sse import coalesced
 
 logger = logging.getLogger(__name__)
 
@@ -36,26 +37,18 @@ def error_response(err: GatewayError) -> Response:
                     headers=err.headers or None)
 
 
-async def service_response(result: dict[str, Any] | AsyncIterator[bytes]) -> Response:
+async def service_response(result: dict[str, Any] | AsyncIterator[bytes], flush_interval_s: float = 0.0) -> Response:
     """A dict becomes JSON; a stream is primed with its first event first, so that errors raised before
-    anything was sent still become a proper status code instead of a broken 200 stream."""
+    anything was sent still become a proper status code instead of a broken 200 stream. Stream events
+    arriving within `flush_interval_s` of the previous write share the next write (`http.sse`)."""
     if isinstance(result, dict):
         return json_response(result)
     try:
         first = await anext(result)
     except StopAsyncIteration:
         first = b""
-
-    async def body() -> AsyncIterator[bytes]:
-        try:
-            if first:
-                yield first
-            async for chunk in result:
-                yield chunk
-        finally:
-            await result.aclose()  # type: ignore[attr-defined]
-
-    return StreamingResponse(body(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return StreamingResponse(coalesced(first, result, flush_interval_s), media_type="text/event-stream",
+                             headers=SSE_HEADERS)
 
 
 # Pydantic puts union-branch and validator tags into error locations ("str", "list[int]",
