@@ -17,6 +17,7 @@ from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import RerankRequest
 from openai_api.services.encoding import infer_chunked, maybe_offload
 from openai_api.services.registry import EncoderRuntime, ModelRegistry
+from openai_api.text.tokenizer import invalid_text
 
 
 def _scores(raw: np.ndarray, process: str) -> np.ndarray:
@@ -53,6 +54,8 @@ class RerankService:
         tok = self._pair_tokenizer(rt)
         try:
             encs = tok.encode_batch([(query, d) for d in docs], add_special_tokens=True)
+        except TypeError:
+            raise invalid_text() from None
         except Exception as e:  # noqa: BLE001 - the tokenizer refuses a query longer than max_tokens
             raise InvalidRequestError(f"The query is too long for this model: {e}", param="query") from None
         return [e.ids for e in encs], [e.type_ids for e in encs]

@@ -14,6 +14,8 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from openai_api.errors import InvalidRequestError
+
 logger = logging.getLogger(__name__)
 
 
@@ -30,6 +32,13 @@ def _token_text(value: Any) -> str:
     if isinstance(value, dict):
         return str(value.get("content", ""))
     return value if isinstance(value, str) else ""
+
+
+def invalid_text() -> InvalidRequestError:
+    """What a `str` the tokenizer refuses (TypeError) means: JSON may escape a lone UTF-16 surrogate
+    ("\\ud800"), which Python keeps in a str but no tokenizer can encode."""
+    return InvalidRequestError("The input is not valid Unicode text: it contains a lone surrogate "
+                               "(such as \\ud800).", code="invalid_unicode")
 
 
 @dataclass
@@ -75,10 +84,17 @@ class TextTokenizer:
                    generation_defaults=defaults)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:
+            raise invalid_text() from None
 
     def encode_batch(self, texts: list[str], *, add_special_tokens: bool = False) -> list[list[int]]:
-        return [e.ids for e in self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)]
+        try:
+            encs = self.tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
+        except TypeError:
+            raise invalid_text() from None
+        return [e.ids for e in encs]
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

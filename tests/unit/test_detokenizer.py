@@ -141,3 +141,12 @@ def test_prefix_priming_does_not_change_output_for_byte_level_bpe(tok: TextToken
     primed = "".join(stream(tok, ids, prefix_ids=prompt_ids))
     unprimed = "".join(stream(tok, ids))
     assert primed == unprimed == completion
+
+
+def test_text_with_a_lone_surrogate_is_refused_as_a_client_error(tok: TextTokenizer) -> None:
+    from openai_api.errors import InvalidRequestError
+
+    for call in (lambda: tok.encode("a\ud800b"), lambda: tok.encode_batch(["ok", "a\udfffb"])):
+        with pytest.raises(InvalidRequestError) as e:
+            call()
+        assert e.value.status == 400 and e.value.code == "invalid_unicode"

@@ -321,3 +321,14 @@ async def test_backend_failure_before_any_token_gets_its_status_code(app: FastAP
     r = await client.post(CHAT, json=body(stream=stream), headers=AUTH)
     err = error_of(r, 503)
     assert err["code"] == "backend_unavailable"
+
+
+# --- text the tokenizer cannot take ---------------------------------------------------------------------------
+
+
+async def test_a_lone_surrogate_in_a_message_is_a_400_not_a_crash(client: httpx.AsyncClient) -> None:
+    raw = b'{"model": "%s", "messages": [{"role": "user", "content": "a\\ud800b"}], "max_tokens": 5}' % MODEL.encode()
+    r = await client.post(CHAT, content=raw, headers={**AUTH, "Content-Type": "application/json"})
+    err = error_of(r, 400)
+    assert err["code"] == "invalid_unicode"
+    assert "surrogate" in err["message"]
