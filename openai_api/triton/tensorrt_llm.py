@@ -116,12 +116,12 @@ class TensorRTLLMAdapter(SpecAdapter):
         streaming = req.stream_tokens or "streaming" not in spec.inputs
         request = self._request(spec, req, streaming=streaming)
         ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
-        # The deadline (`timeout_s`) is the gRPC deadline of the whole stream; the stall guard ends a
+        # The deadline (`timeout_s`) covers the whole request, first token to last; the stall guard ends a
         # stream that stops producing (Triton hung, GPU wedged) long before that.
-        call = self._rpc.stream(request, req.timeout_s)
+        responses = self._rpc.stream(request, req.timeout_s)
         try:
             async with StallGuard(self.stream_idle_timeout_s, self.model) as guard:
-                async for resp in call:
+                async for resp in responses:
                     guard.hold()
                     if resp.error_message:
                         raise map_triton_error(ResponseError(resp.error_message), self.model)
@@ -145,8 +145,8 @@ class TensorRTLLMAdapter(SpecAdapter):
         except Exception as e:  # noqa: BLE001
             raise map_triton_error(e, self.model) from None
         finally:
-            # Cancelling a finished stream is a no-op; cancelling a live one stops the model's work.
-            call.cancel()
+            # Closing before the final response cancels the stream, and with it the model's work.
+            await responses.aclose()  # type: ignore[attr-defined]
 
     async def _generate_unary(self, spec: ModelSpec, req: GenerationRequest) -> GenerationChunk:
         request = self._request(spec, req, streaming=False)

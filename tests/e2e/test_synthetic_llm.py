@@ -120,3 +120,81 @@ async def test_cancel_stops_generation(synthetic: tuple[EmbeddedTriton, Any]) ->
         assert stats["active"] == 0
     finally:
         await client.close()
+
+
+# --- the gateway's own RPCs (openai_api.triton.rpc): pooled streams against the real server ---------------
+
+
+def _rpc_request(prompt: list[int], output_len: int, delay_ms: int = 0) -> Any:
+    from openai_api.triton.rpc import InferRequest
+
+    r = InferRequest(MODEL)
+    r.tensor("input_ids", "INT32", [1, len(prompt)], prompt)
+    r.tensor("input_lengths", "INT32", [1, 1], [len(prompt)])
+    r.tensor("request_output_len", "INT32", [1, 1], [output_len])
+    r.tensor("streaming", "BOOL", [1, 1], [True])
+    r.output("output_ids")
+    if delay_ms:
+        r.pb.parameters["delay_ms"].int64_param = delay_ms
+    return r
+
+
+async def _cancelled_count_rises(stats_path: Any, before: int) -> None:
+    deadline = time.monotonic() + 5
+    while json.loads(stats_path.read_text())["cancelled"] <= before:
+        assert time.monotonic() < deadline, "the model did not see the request cancelled"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stream_is_reused_only_after_its_final_response(synthetic: tuple[EmbeddedTriton, Any]) -> None:
+    import grpc
+
+    from openai_api.triton.rpc import TritonRPC
+
+    server, stats_path = synthetic
+    rpc = TritonRPC(grpc.aio.insecure_channel(server.grpc_url))
+    try:
+        first = [r async for r in rpc.stream(_rpc_request([1, 2, 3], 7), 30)]
+        assert len(first) == 7 and all(not r.error_message for r in first)
+        assert first[-1].infer_response.parameters["triton_final_response"].bool_param
+        assert len(rpc._idle) == 1
+        pooled = rpc._idle[0]
+        second = [r async for r in rpc.stream(_rpc_request([4, 5], 3), 30)]
+        assert len(second) == 3 and rpc._idle == [pooled]  # the same stream carried the second request
+
+        # Closed early (the client left): the stream is cancelled, so the model stops, and not reused.
+        before = json.loads(stats_path.read_text())["cancelled"]
+        stream = rpc.stream(_rpc_request([1], 100_000, delay_ms=10), 30)
+        for _ in range(3):
+            await anext(stream)
+        await stream.aclose()
+        await _cancelled_count_rises(stats_path, before)
+        assert rpc._idle == []
+
+        # An error response ends the request; its stream is not reused either.
+        [bad] = [r async for r in rpc.stream(_rpc_request([1], 10**7), 30)]
+        assert "exceeds the maximum sequence length" in bad.error_message and rpc._idle == []
+    finally:
+        await rpc.close()
+
+
+async def test_a_request_past_its_deadline_is_cancelled_in_triton(synthetic: tuple[EmbeddedTriton, Any]) -> None:
+    import grpc
+
+    from openai_api.triton.rpc import StreamDeadlineError, TritonRPC
+
+    server, stats_path = synthetic
+    rpc = TritonRPC(grpc.aio.insecure_channel(server.grpc_url))
+    try:
+        [r async for r in rpc.stream(_rpc_request([1], 2), 30)]  # leaves a pooled stream to borrow
+        before = json.loads(stats_path.read_text())["cancelled"]
+        got = 0
+        t0 = time.monotonic()
+        with pytest.raises(StreamDeadlineError):
+            async for _ in rpc.stream(_rpc_request([1], 1000, delay_ms=50), 0.4):
+                got += 1
+        assert 0.3 < time.monotonic() - t0 < 3 and 0 < got < 20
+        await _cancelled_count_rises(stats_path, before)
+        assert rpc._idle == []
+    finally:
+        await rpc.close()

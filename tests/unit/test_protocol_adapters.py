@@ -101,20 +101,22 @@ def pb_result(**arrays: Any) -> InferResult:
 
 
 class FakeStream:
-    """A `ModelStreamInfer` call: async iterable of `ModelStreamInferResponse`s, cancellable."""
+    """What `TritonRPC.stream` returns: an async iterator of `ModelStreamInferResponse`s; `cancelled`
+    records that it was closed (which cancels the request on a real stream)."""
 
     def __init__(self, results: list[InferResult]) -> None:
-        self.results = results
+        self.pending = [service_pb2.ModelStreamInferResponse(infer_response=r.get_response()) for r in results]
         self.cancelled = False
 
-    def __aiter__(self) -> AsyncIterator[Any]:
-        return self._gen()
+    def __aiter__(self) -> FakeStream:
+        return self
 
-    async def _gen(self) -> AsyncIterator[Any]:
-        for r in self.results:
-            yield service_pb2.ModelStreamInferResponse(infer_response=r.get_response())
+    async def __anext__(self) -> Any:
+        if not self.pending:
+            raise StopAsyncIteration
+        return self.pending.pop(0)
 
-    def cancel(self) -> None:
+    async def aclose(self) -> None:
         self.cancelled = True
 
 
