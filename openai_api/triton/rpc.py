@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 import numpy as np
 from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException
+from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.triton.client import StallGuard, map_triton_error
@@ -44,12 +44,6 @@ _INFER = "/inference.GRPCInferenceService/ModelInfer"
 # Triton dtype -> array typecode, for the fixed-width types that need no numpy on the way out.
 _TYPECODES = {"INT8": "b", "UINT8": "B", "INT16": "h", "UINT16": "H", "INT32": "i", "UINT32": "I",
               "INT64": "q", "UINT64": "Q", "FP32": "f", "FP64": "d"}
-# numpy dtypes for what `array` cannot hold (FP16) and for tensors that arrive as numpy arrays.
-_NP_DTYPES: dict[str, Any] = {
-    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
-    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "FP16": np.float16,
-    "FP32": np.float32, "FP64": np.float64,
-}
 _LITTLE = sys.byteorder == "little"
 
 
@@ -65,10 +59,14 @@ def _raw(dtype: str, values: Sequence[Any]) -> bytes:
             parts.append(b)
         return b"".join(parts)
     code = _TYPECODES.get(dtype)
-    if code is None or not _LITTLE:
-        return np.asarray(values, dtype=_NP_DTYPES[dtype]).astype(np.dtype(_NP_DTYPES[dtype]).newbyteorder("<"),
-                                                                   copy=False).tobytes()
+    if code is None or not _LITTLE:  # FP16, or a big-endian host: numpy does the conversion
+        return np.asarray(values, dtype=_little(dtype)).tobytes()
     return array(code, values).tobytes()
+
+
+def _little(dtype: str) -> np.dtype[Any]:
+    """The little-endian numpy dtype of a fixed-width Triton dtype."""
+    return np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")
 
 
 class InferRequest:
@@ -87,23 +85,21 @@ class InferRequest:
         except (OverflowError, TypeError, ValueError) as e:
             raise InvalidRequestError(f"A value for the model input {name!r} does not fit its type {dtype}: {e}",
                                       code="invalid_value") from None
-        t = self.pb.inputs.add()
-        t.name = name
-        t.datatype = dtype
-        t.shape.extend(shape)
-        self.pb.raw_input_contents.append(raw)
+        self._add(name, dtype, shape, raw)
 
     def numpy(self, name: str, dtype: str, arr: np.ndarray) -> None:
         """Add an input from a numpy array, converted to `dtype`."""
         if dtype == "BYTES" or dtype == "BOOL":
             self.tensor(name, dtype, arr.shape, arr.reshape(-1).tolist())
             return
-        data = np.ascontiguousarray(arr, dtype=np.dtype(_NP_DTYPES[dtype]).newbyteorder("<"))
+        self._add(name, dtype, arr.shape, np.ascontiguousarray(arr, dtype=_little(dtype)).tobytes())
+
+    def _add(self, name: str, dtype: str, shape: Iterable[int], raw: bytes) -> None:
         t = self.pb.inputs.add()
         t.name = name
         t.datatype = dtype
-        t.shape.extend(arr.shape)
-        self.pb.raw_input_contents.append(data.tobytes())
+        t.shape.extend(shape)
+        self.pb.raw_input_contents.append(raw)
 
     def output(self, *names: str) -> None:
         for name in names:
@@ -215,11 +211,8 @@ class TritonRPC:
                 resp = await call.read()
                 if resp is grpc.aio.EOF:
                     raise grpc.aio.UsageError("Triton closed the stream before the final response")
-        except asyncio.CancelledError:
-            if expired:
-                raise StreamDeadlineError(f"no final response within {timeout_s:g} s") from None
-            raise
-        except grpc.aio.AioRpcError:
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            # Cancelling the call at the deadline surfaces as either, depending on where the read was.
             if expired:
                 raise StreamDeadlineError(f"no final response within {timeout_s:g} s") from None
             raise
