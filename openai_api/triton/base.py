@@ -4,6 +4,7 @@ and the protocol check against it."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 
 import tritonclient.grpc.aio as grpc_aio
 
@@ -18,6 +19,9 @@ class SpecAdapter:
     `check()` verifies the Triton model against; the spec is fetched once, lazily, under a lock."""
 
     protocol = ""
+    # OpenAI-side parameter -> the Triton input names that carry it, newest release first (an
+    # adapter whose protocol takes parameters as tensors sets this; `supports` reads it).
+    param_inputs: Mapping[str, tuple[str, ...]] = {}
     # Seconds without a response before a stream is ended with a 504 (None: never).
     stream_idle_timeout_s: float | None = None
 
@@ -38,6 +42,14 @@ class SpecAdapter:
     @property
     def _rpc(self) -> TritonRPC:
         return self.pool.rpc(self.url)
+
+    def supports(self, param: str) -> bool:
+        """Whether the model's Triton config has an input for `param` (True until the config is read:
+        requests check again against the spec they were built from)."""
+        spec = self._spec
+        if spec is None:
+            return True
+        return any(n in spec.inputs for n in self.param_inputs.get(param, (param,)))
 
     async def check(self) -> None:
         require_protocol(self.protocol, await self._load_spec(), self.triton_model)

@@ -104,12 +104,7 @@ class FasterTransformerAdapter(SpecAdapter):
     """`LLMBackend` over a FasterTransformer-style model; see the module docstring for the wire contract."""
 
     protocol = "fastertransformer"
-
-    def supports(self, param: str) -> bool:
-        spec = self._spec
-        if spec is None:
-            return True  # unknown until Triton answered; checked again at request time
-        return any(n in spec.inputs for n in _PARAM_INPUTS.get(param, (param,)))
+    param_inputs = _PARAM_INPUTS
 
     def _input_name(self, spec: ModelSpec, param: str) -> str:
         name = next((n for n in _PARAM_INPUTS[param] if n in spec.inputs), None)

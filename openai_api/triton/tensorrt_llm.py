@@ -14,16 +14,16 @@ from __future__ import annotations
 import logging
 from array import array
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import numpy as np
-from tritonclient.grpc import InferResult
 
-from openai_api.errors import GatewayError, InvalidRequestError
+from openai_api.errors import InvalidRequestError
 from openai_api.triton.base import SpecAdapter
-from openai_api.triton.client import StallGuard, map_triton_error
+from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.rpc import InferRequest, ResponseError, raw_output
+from openai_api.triton.rpc import InferRequest, raw_output, stream_one_request
 from openai_api.triton.wire import ModelSpec, add_input
 
 logger = logging.getLogger(__name__)
@@ -63,11 +63,7 @@ def words_tensor(words: list[list[int]]) -> np.ndarray:
 class TensorRTLLMAdapter(SpecAdapter):
     protocol = "tensorrt_llm"
 
-    def supports(self, param: str) -> bool:
-        spec = self._spec
-        if spec is None:
-            return True  # unknown until Triton answered; checked again at request time
-        return any(n in spec.inputs for n in _PARAM_INPUTS.get(param, (param,)))
+    param_inputs = _PARAM_INPUTS
 
     def _request(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> InferRequest:
         names = spec.inputs
@@ -118,35 +114,25 @@ class TensorRTLLMAdapter(SpecAdapter):
         ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
         # The deadline (`timeout_s`) covers the whole request, first token to last; the stall guard ends a
         # stream that stops producing (Triton hung, GPU wedged) long before that.
-        responses = self._rpc.stream(request, req.timeout_s)
-        try:
-            async with StallGuard(self.stream_idle_timeout_s, self.model) as guard:
-                async for resp in responses:
-                    guard.hold()
-                    if resp.error_message:
-                        raise map_triton_error(ResponseError(resp.error_message), self.model)
-                    result = resp.infer_response
-                    if not streaming:
-                        yield self._final_chunk(spec, req, InferResult(result))
-                    else:
-                        raw = raw_output(result, "output_ids")
-                        if raw is not None:
-                            # Straight from the raw bytes: per streamed token several times cheaper than
-                            # a numpy round trip.
-                            tokens = array(ids_dtype, raw).tolist()
-                            logprobs = None
-                            if req.return_logprobs and tokens:
-                                lp = InferResult(result).as_numpy("output_log_probs")
-                                logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None else None
-                            yield GenerationChunk(tokens, logprobs)
-                    guard.touch()
-        except GatewayError:
-            raise
-        except Exception as e:  # noqa: BLE001
-            raise map_triton_error(e, self.model) from None
-        finally:
-            # Closing before the final response cancels the stream, and with it the model's work.
-            await responses.aclose()  # type: ignore[attr-defined]
+        responses = stream_one_request(self._rpc, request, model=self.model, timeout_s=req.timeout_s,
+                                       idle_s=self.stream_idle_timeout_s)
+        # aclosing: closing this generator early must close the stream (and so cancel the request) now.
+        async with aclosing(responses):
+            async for result in responses:
+                if not streaming:
+                    yield self._final_chunk(spec, req, result)
+                    continue
+                raw = raw_output(result.get_response(), "output_ids")
+                if raw is None:
+                    continue
+                # Straight from the raw bytes: per streamed token several times cheaper than a numpy
+                # round trip.
+                tokens = array(ids_dtype, raw).tolist()
+                logprobs = None
+                if req.return_logprobs and tokens:
+                    lp = result.as_numpy("output_log_probs")
+                    logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None else None
+                yield GenerationChunk(tokens, logprobs)
 
     async def _generate_unary(self, spec: ModelSpec, req: GenerationRequest) -> GenerationChunk:
         request = self._request(spec, req, streaming=False)
