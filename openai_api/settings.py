@@ -40,8 +40,9 @@ class Settings:
     retry_after_s: int = 1
 
     # --- timeouts ----------------------------------------------------------------------------------
-    # A stream with no token from Triton for this long is ended (504 before the first byte, an SSE
-    # error event after). Well above a long prefill on a busy GPU; None or 0 turns it off.
+    # A generation that had a response from Triton and then none for this long is ended (504 before the
+    # first byte, an SSE error event after). Before the first response only a Triton that also fails a
+    # liveness probe is (see `StallGuard`): queueing and one-piece answers may take minutes. None or 0: off.
     stream_idle_timeout_s: float | None = 60.0
 
     # --- streaming -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -80,6 +81,9 @@ class TritonClientPool:
         await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
 
 
+# How long a stall probe waits for Triton's `ServerLive` (at most the idle timeout itself).
+_PROBE_TIMEOUT_S = 10.0
+
 # gRPC status codes (by name, so no grpc import is needed here) -> what they mean for the client.
 _GRPC_UNAVAILABLE = {"UNAVAILABLE", "UNKNOWN_CONNECTION", "ABORTED"}
 _CONNECTION_WORDS = ("failed to connect", "connect call failed", "cannot connect", "connection refused",
@@ -148,23 +152,39 @@ def _is_connection_error(err: BaseException) -> bool:
 class StallGuard:
     """Ends an iteration that stops making progress while waiting on Triton.
 
-    `async with StallGuard(idle_s, model) as g:` around a loop over a Triton stream that calls
+    `async with StallGuard(idle_s, model, probe=...) as g:` around a loop over a Triton stream that calls
     `g.hold()` as soon as an item arrived and `g.touch()` just before waiting for the next one, so
-    time spent while the consumer holds a yielded chunk (a slow HTTP client) never counts. If the
-    wait lasts `idle_s` seconds, the waiting task is cancelled at its await (closing the Triton stream
-    in the adapter's `finally`) and the block raises `BackendTimeoutError` instead. Per item it costs
-    a clock read and a task lookup; the one timer is re-armed lazily when it fires, never per item.
+    time spent while the consumer holds a yielded chunk (a slow HTTP client) never counts.
+
+    Only what can show progress is judged:
+
+    * once the first item arrived, a wait of `idle_s` seconds is a stall: the waiting task is cancelled
+      at its await (closing the Triton stream in the adapter's `finally`) and the block raises
+      `BackendTimeoutError` (`stream_stalled`) instead;
+    * before the first item (a request queued in Triton, a long prefill, or a request answered with one
+      response at the very end) silence is normal, so after `idle_s` the guard asks `probe(timeout)`
+      whether Triton is responsive at all: a live server means the request is still being worked on and
+      the wait goes on (the request's own deadline bounds it); no answer (a frozen or wedged Triton) is
+      a stall as above. Without a probe, the first wait is judged like the others.
+
+    Per item it costs a clock read and a task lookup; the one timer is re-armed lazily when it fires,
+    never per item.
     """
 
-    __slots__ = ("_fired", "_handle", "_last", "_loop", "_task", "_waiting", "idle_s", "model")
+    __slots__ = ("_fired", "_handle", "_last", "_loop", "_probe", "_probing", "_seen", "_task", "_waiting", "idle_s",
+                 "model")
 
-    def __init__(self, idle_s: float | None, model: str) -> None:
+    def __init__(self, idle_s: float | None, model: str,
+                 probe: Callable[[float], Awaitable[bool]] | None = None) -> None:
         self.idle_s = idle_s if idle_s and idle_s > 0 else None
         self.model = model
+        self._probe = probe
         self._fired = False
         self._waiting = False
+        self._seen = False
         self._handle: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[Any] | None = None
+        self._probing: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> StallGuard:
         if self.idle_s is not None:
@@ -176,6 +196,7 @@ class StallGuard:
     def hold(self) -> None:
         """An item arrived: the clock stops until `touch`."""
         self._waiting = False
+        self._seen = True
 
     def touch(self) -> None:
         """About to wait for the next item (possibly from another task than before)."""
@@ -185,20 +206,45 @@ class StallGuard:
             self._waiting = True
 
     def _check(self) -> None:
+        idle_s: float = self.idle_s  # type: ignore[assignment]
         now = self._loop.time()
-        due = self._last + self.idle_s  # type: ignore[operator]
+        due = self._last + idle_s
         if self._waiting and now >= due and self._task is not None and not self._task.done():
             self._handle = None
-            self._fired = True
-            self._task.cancel()
+            if not self._seen and self._probe is not None:
+                self._probing = self._loop.create_task(self._ask(idle_s))
+                return
+            self._fire()
         else:
             # Not waiting on Triton right now (the consumer holds a chunk): look again a period later.
-            self._handle = self._loop.call_at(due if self._waiting else now + self.idle_s, self._check)  # type: ignore[operator]
+            self._handle = self._loop.call_at(due if self._waiting else now + idle_s, self._check)
+
+    async def _ask(self, idle_s: float) -> None:
+        """Silence before the first item: a stall only if Triton itself does not answer."""
+        assert self._probe is not None
+        alive = await self._probe(min(idle_s, _PROBE_TIMEOUT_S))
+        self._probing = None
+        if self._task is None or self._task.done():
+            return
+        if alive or not self._waiting or self._seen:
+            if self._waiting and not self._seen:
+                self._last = self._loop.time()  # still working: judge again a period from now
+            self._handle = self._loop.call_at(self._last + idle_s, self._check)
+            return
+        self._fire()
+
+    def _fire(self) -> None:
+        assert self._task is not None
+        self._fired = True
+        self._task.cancel()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+        if self._probing is not None:
+            self._probing.cancel()
+            self._probing = None
         if self._fired and exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
             task = asyncio.current_task()
             if task is not None and task.uncancel() > 0:

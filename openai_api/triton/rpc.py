@@ -40,6 +40,7 @@ from openai_api.triton.client import StallGuard, map_triton_error
 
 _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
+_LIVE = "/inference.GRPCInferenceService/ServerLive"
 
 # Triton dtype -> array typecode, for the fixed-width types that need no numpy on the way out.
 _TYPECODES = {"INT8": "b", "UINT8": "B", "INT16": "h", "UINT16": "H", "INT32": "i", "UINT32": "I",
@@ -152,7 +153,17 @@ class TritonRPC:
                                              response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
         self._infer = channel.unary_unary(_INFER, request_serializer=serialize,
                                           response_deserializer=service_pb2.ModelInferResponse.FromString)
+        self._live = channel.unary_unary(_LIVE, request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
+                                         response_deserializer=service_pb2.ServerLiveResponse.FromString)
         self._idle: list[Any] = []
+
+    async def live(self, timeout_s: float) -> bool:
+        """Whether Triton answers `ServerLive` within `timeout_s` (on the inference channel, so the answer
+        says the server that holds the request is responsive; a frozen or wedged process does not answer)."""
+        try:
+            return bool((await self._live(service_pb2.ServerLiveRequest(), timeout=timeout_s)).live)
+        except Exception:  # noqa: BLE001 - any failure means "not answering"
+            return False
 
     async def infer(self, request: InferRequest, timeout_s: float | None) -> InferResult:
         """One unary `ModelInfer`; transport errors are raised as grpc.aio.AioRpcError."""
@@ -236,12 +247,14 @@ async def stream_one_request(rpc: TritonRPC, request: InferRequest, *, model: st
     """Send one request on its own gRPC stream and yield each response as Triton sends it.
 
     A response carrying an error, a transport failure, a deadline (`timeout_s`, the whole stream) or a
-    stall (no response for `idle_s`) is raised as a GatewayError. Closing this iterator early cancels
-    the stream, which stops the model's work.
+    stall is raised as a GatewayError. A stall is `idle_s` without a response once the request has had
+    one; before its first response (queued, prefilling, or a single-response request still generating)
+    it is `idle_s` of silence while Triton also fails to answer a liveness probe (see `StallGuard`).
+    Closing this iterator early cancels the stream, which stops the model's work.
     """
     responses = rpc.stream(request, timeout_s)
     try:
-        async with StallGuard(idle_s, model) as guard:
+        async with StallGuard(idle_s, model, probe=rpc.live) as guard:
             async for resp in responses:
                 guard.hold()
                 if resp.error_message:

@@ -164,6 +164,41 @@ async def test_stall_guard_ends_a_silent_stream_but_not_a_slow_consumer() -> Non
     assert await consume([0.01], consumer_delay=0) == [0]  # the task is not left cancelled
 
 
+async def test_stall_guard_waits_for_a_first_item_while_triton_answers_its_probe() -> None:
+    """Before the first item (queued, prefilling, or a one-response answer) silence is judged by asking
+    Triton: alive -> keep waiting; no answer -> stalled. After the first item, silence alone is a stall."""
+    probes: list[float] = []
+
+    def prober(alive: bool) -> Any:
+        async def probe(timeout: float) -> bool:
+            probes.append(timeout)
+            if not alive:
+                await asyncio.sleep(timeout)  # a frozen Triton: the probe times out
+            return alive
+
+        return probe
+
+    async def consume(gaps: list[float], alive: bool) -> list[int]:
+        got = []
+        async with StallGuard(0.1, "m", probe=prober(alive)) as g:
+            for i, gap in enumerate(gaps):
+                await asyncio.sleep(gap)
+                g.hold()
+                got.append(i)
+                g.touch()
+        return got
+
+    assert await consume([0.55, 0.01], alive=True) == [0, 1]  # five idle periods before the one response
+    assert len(probes) >= 3 and all(t == 0.1 for t in probes)
+    with pytest.raises(BackendTimeoutError) as e:
+        await consume([0.55], alive=False)
+    assert e.value.code == "stream_stalled"
+    probes.clear()
+    with pytest.raises(BackendTimeoutError):
+        await consume([0.01, 0.5], alive=True)  # progress was shown, then none: a stall, whatever the probe says
+    assert probes == []
+
+
 def test_grpc_and_http_transport_errors_map_to_503_and_504() -> None:
     class RpcError(Exception):
         def __init__(self, code: str, details: str) -> None:
