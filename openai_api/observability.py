@@ -50,7 +50,8 @@ class Metrics:
         self.requests = Counter("openai_api_requests", "HTTP requests by route template, model and status.",
                                 ["route", "model", "status"], registry=r)
         self.in_flight = Gauge("openai_api_requests_in_flight", "HTTP requests being served now.", registry=r)
-        self.model_in_flight = Gauge("openai_api_model_requests_in_flight", "Requests in flight per model.",
+        self.model_in_flight = Gauge("openai_api_model_requests_in_flight",
+                                     "Generations (Triton sequences) in flight per model.",
                                      ["model"], registry=r)
         self.latency = Histogram("openai_api_request_duration_seconds",
                                  "End-to-end request latency (until the last byte), by route and model.",

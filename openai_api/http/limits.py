@@ -77,39 +77,60 @@ class InFlightLimiter:
 
 
 class Ticket:
-    """One request's admission: its global slot (taken by the middleware) and model slot (by the route)."""
+    """One request's admission: its global slot (taken by the middleware) and its model slots (by the
+    route). A model slot is one Triton sequence: a request that fans out (completions with several
+    prompts, `n` > 1) takes one per sequence, from its model's limit and from the global one, because
+    each is a request Triton works on and a stream the gateway holds open."""
 
-    __slots__ = ("limiter", "model")
+    __slots__ = ("limiter", "model", "sequences")
 
     def __init__(self, limiter: InFlightLimiter) -> None:
         self.limiter = limiter
         self.model: str | None = None
+        self.sequences = 0
 
-    def admit(self, model: str) -> None:
+    def admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+        """Take `sequences` slots of `model` (and `sequences - 1` more global ones: the request already
+        holds one). More than a limit could ever grant is the client's error (400 naming `param`); more
+        than is free now is a 429."""
         lim = self.limiter
         if self.model is not None or model not in lim.models:
             return  # unknown models get their 404 from the service; they never become a metric label
         stats = current_stats()
         if stats is not None:
             stats.model = model
+        most = min(lim.max_per_model, lim.max_total)
+        if sequences > most:
+            raise InvalidRequestError(
+                f"This request asks for {sequences} generations at once (prompts x n); this server runs at most "
+                f"{most} per model. Send fewer prompts or a smaller n per request.", param=param,
+                code="too_many_sequences")
         n = lim.per_model.get(model, 0)
-        if n >= lim.max_per_model:
-            raise lim.overloaded(f"The model {model!r} is serving its maximum of {lim.max_per_model} requests; "
+        if n + sequences > lim.max_per_model:
+            raise lim.overloaded(f"The model {model!r} is serving its maximum of {lim.max_per_model} generations; "
                                  "retry shortly.", "model_limit")
-        lim.per_model[model] = n + 1
+        extra = sequences - 1
+        if lim.total + extra > lim.max_total:
+            raise lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
+                                 "global_limit")
+        lim.per_model[model] = n + sequences
+        lim.total += extra
         self.model = model
+        self.sequences = sequences
         gauge = lim.model_gauge(model)
         if gauge is not None:
-            gauge.inc()
+            gauge.inc(sequences)
 
     def release(self) -> None:
         if self.model is not None:
             lim = self.limiter
-            lim.per_model[self.model] -= 1
+            lim.per_model[self.model] -= self.sequences
+            lim.total -= self.sequences - 1
             gauge = lim.model_gauge(self.model)
             if gauge is not None:
-                gauge.dec()
+                gauge.dec(self.sequences)
             self.model = None
+            self.sequences = 0
 
 
 def _content_length(scope: Scope) -> bytes | None:
@@ -275,12 +296,13 @@ def _check_count(count: int, limit: int | None, param: str, what: str) -> None:
                                   param=param, code="too_many_items")
 
 
-def admit(request: Request, model: str) -> None:
-    """Take a slot of `model`'s in-flight limit for this request (429 when full). Every route that
-    reaches a model calls this (or one of the `admit_*` helpers) before calling its service."""
+def admit(request: Request, model: str, sequences: int = 1, param: str = "n") -> None:
+    """Take `sequences` slots of `model`'s in-flight limit for this request (429 when full, 400 when it
+    could never fit). Every route that reaches a model calls this (or one of the `admit_*` helpers)
+    before calling its service."""
     ticket = _ticket(request)
     if ticket is not None:
-        ticket.admit(model)
+        ticket.admit(model, sequences, param)
     else:
         stats = current_stats()
         if stats is not None and not stats.model:
@@ -303,6 +325,22 @@ def _embedding_inputs(body: Any) -> int:
     return len(inp)
 
 
-admit_chat = _limited("max_messages", lambda b: len(b.messages), "messages", "messages")
+def _prompt_count(prompt: Any) -> int:
+    """How many prompts a completions `prompt` holds: a string or one list of token ids is one."""
+    if isinstance(prompt, str) or not prompt or all(isinstance(x, int) for x in prompt):
+        return 1
+    return len(prompt)
+
+
+def admit_chat(request: Request, body: Any) -> None:
+    _check_count(len(body.messages), getattr(_settings(request), "max_messages", None), "messages", "messages")
+    admit(request, body.model, body.n, "n")
+
+
+def admit_completions(request: Request, body: Any) -> None:
+    prompts = _prompt_count(body.prompt)
+    admit(request, body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
+
+
 admit_embeddings = _limited("max_embedding_inputs", _embedding_inputs, "input", "inputs")
 admit_rerank = _limited("max_rerank_documents", lambda b: len(b.documents), "documents", "documents")

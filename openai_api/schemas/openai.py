@@ -55,7 +55,8 @@ class _Sampling(_Request):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(default=1, ge=1, le=16)
+    # OpenAI's own cap; the in-flight limits bound prompts x n further (see http.limits.Ticket).
+    n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
     repetition_penalty: float | None = Field(default=None, gt=0)

@@ -97,6 +97,43 @@ def test_per_model_in_flight_limit_is_an_immediate_429(limited: GatewayServer, c
     assert r.status_code == 200, r.text
 
 
+def test_fan_out_counts_every_triton_sequence(limited: GatewayServer, client: httpx.Client) -> None:
+    """`prompt: [...] x n` starts one Triton request per sequence: each takes a slot of the model's limit
+    (2 here). More than the limit can ever grant is a 400 naming the parameter; more than is free now, 429."""
+    short = {"max_tokens": 1}
+    r = client.post("/v1/completions", json={"model": LLM, "prompt": ["a", "b", "c"], **short})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    assert r.json()["error"]["code"] == "too_many_sequences"
+    r = client.post("/v1/completions", json={"model": LLM, "prompt": "a", "n": 3, **short})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    r = client.post("/v1/chat/completions", json={"model": LLM, "messages": [{"role": "user", "content": "Hi"}],
+                                                  "n": 3, **short})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert client.post("/v1/completions", json={"model": LLM, "prompt": ["a", "b"], **short}).status_code == 200
+
+    # Two sequences streaming take both slots: an ordinary request beside them is refused at once.
+    body = json.dumps({"model": LLM, "prompt": ["Count.", "Count again."], "stream": True, **LONG}).encode()
+    sock = socket.create_connection(("127.0.0.1", limited.port), timeout=120)
+    try:
+        sock.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body)
+        data = b""
+        while b"data: " not in data:
+            chunk = sock.recv(65536)
+            assert chunk, data
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200"), data[:200]
+        assert limited.app.state.limiter.per_model[LLM] == 2
+        assert_429(client.post("/v1/chat/completions", json={
+            "model": LLM, "messages": [{"role": "user", "content": "Hi"}], **short}), "2")
+    finally:
+        sock.close()
+    wait_idle(limited)
+    r = client.post("/v1/chat/completions", json={"model": LLM, "messages": [{"role": "user", "content": "Hi"}],
+                                                  **short})
+    assert r.status_code == 200, r.text
+
+
 def test_global_in_flight_limit_is_an_immediate_429(triton: EmbeddedTriton) -> None:
     server = serve(triton, max_in_flight=2, max_in_flight_per_model=10, retry_after_s=5)
     try:

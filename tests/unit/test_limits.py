@@ -264,3 +264,29 @@ def test_stream_idle_timeout_reaches_every_llm_adapter(tmp_path: Any) -> None:
     for rt in app.state.services.registry.llms.values():
         inner = rt.backend.inner  # under the metrics wrapper
         assert inner.stream_idle_timeout_s == 7.5
+
+
+def test_fan_out_takes_a_slot_per_sequence_from_both_limits() -> None:
+    from openai_api.errors import InvalidRequestError, OverloadedError
+    from openai_api.http.limits import Ticket
+
+    lim = InFlightLimiter(max_total=5, max_per_model=4, retry_after_s=1, models={"m"})
+    lim.total = 1  # the middleware's slot for the request itself
+    t = Ticket(lim)
+    t.admit("m", 3)
+    assert (lim.total, lim.per_model["m"]) == (3, 3)
+    other = Ticket(lim)
+    lim.total += 1
+    with pytest.raises(OverloadedError):
+        other.admit("m", 2)  # 3 + 2 > 4 for the model
+    with pytest.raises(InvalidRequestError) as e:
+        other.admit("m", 5, "prompt")  # more than any limit could grant
+    assert e.value.param == "prompt" and e.value.code == "too_many_sequences"
+    t.release()
+    assert (lim.total, lim.per_model["m"]) == (2, 0)  # what is left: the two requests' own slots
+    lim.per_model["x"] = 0
+    lim.models.add("x")
+    lim.total = 4
+    with pytest.raises(OverloadedError) as o:
+        Ticket(lim).admit("x", 3)  # the model has room, the server does not: 4 + 2 > 5
+    assert "server" in o.value.message and lim.total == 4
