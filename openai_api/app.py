@@ -25,9 +25,12 @@ from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.embeddings import EmbeddingsService
 from openai_api.services.models import HealthService, ModelsService
+from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import ModelRegistry
 from openai_api.services.rerank import RerankService
 from openai_api.settings import Settings
+from openai_api.text.templates import RenderLimits
+from openai_api.text.workers import CPUWorkers
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.replicas import ReplicaProber
 
@@ -48,13 +51,17 @@ class Services:
     embeddings: EmbeddingsService
     rerank: RerankService
     completions: CompletionsService
+    preprocess: Preprocessor
 
 
-def build_services(config: GatewayConfig, pool: TritonClientPool) -> Services:
+def build_services(config: GatewayConfig, pool: TritonClientPool, settings: Settings) -> Services:
     registry = ModelRegistry(config, pool)
-    return Services(registry=registry, chat=ChatService(registry), models=ModelsService(registry),
-                    health=HealthService(registry), embeddings=EmbeddingsService(registry),
-                    rerank=RerankService(registry), completions=CompletionsService(registry))
+    pre = Preprocessor(CPUWorkers(settings.cpu_workers),
+                       RenderLimits(settings.template_timeout_s, settings.template_max_chars))
+    return Services(registry=registry, chat=ChatService(registry, pre), models=ModelsService(registry),
+                    health=HealthService(registry), embeddings=EmbeddingsService(registry, pre),
+                    rerank=RerankService(registry, pre), completions=CompletionsService(registry, pre),
+                    preprocess=pre)
 
 
 def set_stream_idle_timeout(backend: object, idle_s: float | None) -> None:
@@ -76,7 +83,7 @@ def instrument(svc: Services, mx: Metrics, settings: Settings) -> None:
 
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
     pool = TritonClientPool()
-    svc = build_services(config, pool)
+    svc = build_services(config, pool, settings)
     metrics_ = Metrics()
     instrument(svc, metrics_, settings)
     lifecycle = Lifecycle()
@@ -103,6 +110,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         yield
         await prober.stop()
         await pool.close()
+        svc.preprocess.workers.close()
 
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
     app.state.services = svc

@@ -59,6 +59,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     lim.add_argument("--shutdown-grace", type=float, default=d.shutdown_grace_s, metavar="SECONDS",
                      help="on SIGTERM, how long requests in flight may take to finish while new ones get 503 "
                           f"(default: {d.shutdown_grace_s:g})")
+    lim.add_argument("--cpu-workers", type=int, default=d.cpu_workers, metavar="N",
+                     help="threads that render chat templates and tokenize big inputs off the event loop "
+                          f"(default: {d.cpu_workers}, up to 4 by the core count)")
+    lim.add_argument("--template-timeout", type=float, default=d.template_timeout_s, metavar="SECONDS",
+                     help="longest a chat-template render may take; past it the request is a 400 "
+                          f"(default: {d.template_timeout_s:g})")
+    lim.add_argument("--template-max-chars", type=int, default=d.template_max_chars, metavar="N",
+                     help="largest value (the prompt included) a chat-template render may build; past it the "
+                          f"request is a 400 (default: {d.template_max_chars})")
     p.add_argument("--stream-flush-interval", type=float, default=d.stream_flush_interval_s * 1000, metavar="MS",
                    help="SSE events that arrive within this many milliseconds of the previous write are sent "
                         "together; never delays the first event or a slower stream (0: one write per event; "
@@ -93,6 +102,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     max_in_flight_per_model=args.max_in_flight_per_model, retry_after_s=args.retry_after,
                     stream_idle_timeout_s=args.stream_idle_timeout or None, shutdown_grace_s=args.shutdown_grace,
                     stream_flush_interval_s=max(args.stream_flush_interval, 0.0) / 1000,
+                    cpu_workers=args.cpu_workers, template_timeout_s=args.template_timeout,
+                    template_max_chars=args.template_max_chars,
                     log_prompts=args.log_prompts and args.verbose, access_log=not args.no_access_log)
 
 

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from openai_api.text.templates import ChatTemplate, TemplateError
+
 PACKAGE_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_ROOT.parent
 BUNDLED_CONFIG = REPO_ROOT / "model_config.json"
@@ -97,6 +99,9 @@ class LLMModel(_Served):
     protocol: LLMProtocol = "auto"
     tool_parser: Literal["hermes", "llama3_json"] | None = Field(
         default=None, description="how tool calls are read from the output; default hermes (<tool_call> JSON)")
+    # A user who writes `<|im_start|>system` in a message must not open a system turn: special-token text in
+    # message content is tokenized as plain text, so only the template's own markup yields control tokens.
+    escape_special_tokens: bool = True
 
 
 class EmbeddingModel(_Served):
@@ -243,10 +248,18 @@ def load_config(path: Path | str) -> GatewayConfig:
                 raise ConfigError(path, f"{kind}[{i}].path", f"tokenizer folder not found: {m.path}")
             if not (m.path / "tokenizer.json").is_file():
                 raise ConfigError(path, f"{kind}[{i}].path", f"no tokenizer.json in {m.path}")
-            if isinstance(m, LLMModel) and m.chat_template is not None:
-                found = _resolve_template(base, m.chat_template)
-                if found is None:
-                    raise ConfigError(path, f"{kind}[{i}].chat_template",
-                                      f"template file not found: {m.chat_template}")
-                m.chat_template = found
+            if isinstance(m, LLMModel):
+                if m.chat_template is not None:
+                    found = _resolve_template(base, m.chat_template)
+                    if found is None:
+                        raise ConfigError(path, f"{kind}[{i}].chat_template",
+                                          f"template file not found: {m.chat_template}")
+                    m.chat_template = found
+                try:  # compiled here so that a broken template stops start-up with one line
+                    if m.chat_template is not None:
+                        ChatTemplate.from_file(m.chat_template)
+                    else:
+                        ChatTemplate.from_tokenizer_dir(m.path)
+                except TemplateError as e:
+                    raise ConfigError(path, f"{kind}[{i}].chat_template", str(e)) from None
     return config

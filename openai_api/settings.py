@@ -6,6 +6,7 @@ CLI flag (see `openai_api.cli`).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,6 +39,15 @@ class Settings:
     max_in_flight_per_model: int = 256
     # What a 429 tells the client to wait (Retry-After, seconds).
     retry_after_s: int = 1
+
+    # --- CPU work off the event loop ---------------------------------------------------------------
+    # Threads that render templates and tokenize big inputs; bounded so a burst of big requests cannot
+    # take every core from the event loop.
+    cpu_workers: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
+    # One chat-template render may take this long and build values (the prompt included) of at most
+    # this many characters; past either, the request is a 400. Twice the largest body a request may send.
+    template_timeout_s: float = 10.0
+    template_max_chars: int = 32 * 1024 * 1024
 
     # --- timeouts ----------------------------------------------------------------------------------
     # A generation that had a response from Triton and then none for this long is ended (504 before the

@@ -18,10 +18,10 @@ from openai_api.services.generation import (
     merge_streams,
     resolve_max_tokens,
 )
+from openai_api.services.preprocess import Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
-from openai_api.text.templates import TemplateError
 
 logger = logging.getLogger(__name__)
 
@@ -59,9 +59,15 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
+# Template variables the gateway sets from the request itself; `chat_template_kwargs` may not override them.
+RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
+                                      "bos_token", "eos_token", "limits", "self"})
+
+
 class ChatService:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
+        self.preprocess = preprocess
 
     def _refuse_unsupported(self, rt: LLMRuntime, req: ChatCompletionRequest) -> None:
         if req.top_logprobs:
@@ -77,21 +83,21 @@ class ChatService:
                 "response_format other than 'text' needs guided decoding, which this model's Triton backend "
                 "does not offer.", param="response_format", code="unsupported_parameter")
 
-    def render_prompt(self, rt: LLMRuntime, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> str:
+    async def prompt(self, rt: LLMRuntime, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> Prompt:
+        """The rendered and tokenized prompt of `req` (see `services.preprocess`)."""
         plan = plan or ToolPlan()
-        if rt.template is None:
-            raise InvalidRequestError(f"The model {rt.name!r} has no chat template; use /v1/completions.",
-                                      param="model", code="no_chat_template")
+        extra = req.chat_template_kwargs or {}
+        for key in extra:
+            if key in RESERVED_TEMPLATE_KWARGS:
+                raise InvalidRequestError(
+                    f"chat_template_kwargs may not set {key!r}: the gateway sets it from the request itself.",
+                    param=f"chat_template_kwargs.{key}")
         messages = apply_plan_to_messages(plan, template_messages(req.messages), rt)
-        try:
-            prompt = rt.template.render(
-                messages, add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
-                continue_final_message=req.continue_final_message, tools=plan.tools,
-                bos_token=rt.tokenizer.bos_token, eos_token=rt.tokenizer.eos_token, **(req.chat_template_kwargs or {}))
-        except TemplateError as e:
-            raise InvalidRequestError(f"The chat template could not render these messages: {e}",
-                                      param="messages") from None
-        return prompt + plan.prefill
+        return await self.preprocess.chat(
+            rt, messages, plan.prefill,
+            add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
+            continue_final_message=req.continue_final_message, tools=plan.tools, bos_token=rt.tokenizer.bos_token,
+            eos_token=rt.tokenizer.eos_token, **extra)
 
     async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncIterator[bytes]:
         """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
@@ -104,11 +110,12 @@ class ChatService:
             logger.debug("ignoring unknown chat fields: %s", req.unknown_fields())
         self._refuse_unsupported(rt, req)
         plan = plan_tools(rt, req)
-        prompt = self.render_prompt(rt, req, plan)
-        prompt_ids = rt.tokenizer.encode(prompt)
+        prompt = await self.prompt(rt, req, plan)
+        prompt_ids = prompt.ids
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(rt, requested, len(prompt_ids), "messages")
-        greqs = [build_generation_request(rt, req, prompt_ids, max_tokens, request_id, i, prompt) for i in range(req.n)]
+        greqs = [build_generation_request(rt, req, prompt_ids, max_tokens, request_id, i, prompt.text)
+                 for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
         stops = req.stop_list() + plan.stops

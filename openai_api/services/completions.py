@@ -18,6 +18,7 @@ from openai_api.services.generation import (
     merge_streams,
     resolve_max_tokens,
 )
+from openai_api.services.preprocess import Preprocessor, encode_prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, CompletionChunkEncoder, usage_dict
 from openai_api.triton.llm import GenerationRequest
@@ -39,7 +40,7 @@ def _prompts(rt: LLMRuntime, prompt: Any) -> list[tuple[str, list[int]]]:
         if isinstance(p, str):
             if not p:
                 raise InvalidRequestError(f"prompt[{i}] is an empty string.", param="prompt")
-            out.append((p, rt.tokenizer.encode(p)))
+            out.append((p, encode_prompt(rt, p, "prompt")))
         else:
             if not p:
                 raise InvalidRequestError(f"prompt[{i}] is an empty list of tokens.", param="prompt")
@@ -50,9 +51,16 @@ def _prompts(rt: LLMRuntime, prompt: Any) -> list[tuple[str, list[int]]]:
     return out
 
 
+def _text_size(prompt: Any) -> int:
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else 0
+
+
 class CompletionsService:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
+        self.preprocess = preprocess
 
     def _refuse_unsupported(self, rt: LLMRuntime, req: CompletionRequest) -> None:
         if req.suffix:
@@ -83,7 +91,7 @@ class CompletionsService:
         if req.unknown_fields():
             logger.debug("ignoring unknown completion fields: %s", req.unknown_fields())
         self._refuse_unsupported(rt, req)
-        prompts = _prompts(rt, req.prompt)
+        prompts = await self.preprocess.run(_text_size(req.prompt), _prompts, rt, req.prompt)
         greqs: list[GenerationRequest] = []
         for text, ids in prompts:
             max_tokens = resolve_max_tokens(rt, req.max_tokens, len(ids), "prompt")

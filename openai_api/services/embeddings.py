@@ -10,7 +10,8 @@ import orjson
 
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import EmbeddingRequest
-from openai_api.services.encoding import infer_chunked, maybe_offload, special_wrap
+from openai_api.services.encoding import infer_chunked, special_wrap
+from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import EncoderRuntime, ModelRegistry
 
 
@@ -51,13 +52,23 @@ def _normalize(v: np.ndarray) -> np.ndarray:
 
 
 class EmbeddingsService:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
+        self.preprocess = preprocess
 
     def _tokenize(self, rt: EncoderRuntime, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]:
         cfg = rt.config
         prefix, suffix = special_wrap(rt)
         if texts is not None:
+            texts = list(texts)
+            for i, text in enumerate(texts):
+                head, over = rt.tokenizer.bound(text, cfg.max_tokens)
+                if over and not cfg.truncate:
+                    raise InvalidRequestError(
+                        f"input[{i}] is more than {cfg.max_tokens} tokens long, the model's maximum. Shorten it, or "
+                        "enable truncation for this model in the config.", param="input",
+                        code="context_length_exceeded")
+                texts[i] = head  # truncating: the head holds the first max_tokens tokens exactly
             seqs = rt.tokenizer.encode_batch(texts, add_special_tokens=True)
         else:
             vocab = rt.tokenizer.vocab_size
@@ -86,7 +97,7 @@ class EmbeddingsService:
         if req.encoding_format not in ("float", "base64"):
             raise InvalidRequestError("encoding_format must be 'float' or 'base64'.", param="encoding_format")
         chars = sum(len(t) for t in texts) if texts else 0
-        seqs = await maybe_offload(chars, self._tokenize, rt, texts, ids)
+        seqs = await self.preprocess.run(chars, self._tokenize, rt, texts, ids)
         outputs = await infer_chunked(rt, seqs)
         cfg = rt.config
         vectors = []

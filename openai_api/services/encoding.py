@@ -8,10 +8,6 @@ import numpy as np
 
 from openai_api.services.registry import EncoderRuntime
 
-# Tokenizing a big batch takes milliseconds of CPU: above this many characters it runs in a worker
-# thread so the event loop keeps streaming other requests' tokens meanwhile.
-OFFLOAD_CHARS = 8192
-
 
 def special_wrap(rt: EncoderRuntime) -> tuple[list[int], list[int]]:
     """The ids a single sequence is wrapped in ([CLS] ... [SEP] for BERT), read off the tokenizer itself."""
@@ -42,9 +38,3 @@ async def infer_chunked(rt: EncoderRuntime, seqs: list[list[int]],
     size = min(rt.config.max_batch_size, rt.adapter.max_batch_size or rt.config.max_batch_size)
     chunks = [(seqs[i:i + size], type_ids[i:i + size] if type_ids else None) for i in range(0, len(seqs), size)]
     return list(await asyncio.gather(*(rt.adapter.infer(pad_batch(s, t)) for s, t in chunks)))
-
-
-async def maybe_offload(total_chars: int, fn, *args):  # type: ignore[no-untyped-def]
-    if total_chars > OFFLOAD_CHARS:
-        return await asyncio.to_thread(fn, *args)
-    return fn(*args)

@@ -15,7 +15,8 @@ from tokenizers import Tokenizer
 
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import RerankRequest
-from openai_api.services.encoding import infer_chunked, maybe_offload
+from openai_api.services.encoding import infer_chunked
+from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import EncoderRuntime, ModelRegistry
 from openai_api.text.tokenizer import invalid_text
 
@@ -36,8 +37,9 @@ def _scores(raw: np.ndarray, process: str) -> np.ndarray:
 
 
 class RerankService:
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
+        self.preprocess = preprocess
         self._pair_tokenizers: dict[str, Tokenizer] = {}
 
     def _pair_tokenizer(self, rt: EncoderRuntime) -> Tokenizer:
@@ -51,6 +53,12 @@ class RerankService:
         return tok
 
     def _tokenize(self, rt: EncoderRuntime, query: str, docs: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+        limit = rt.config.max_tokens
+        if rt.tokenizer.bound(query, limit)[1]:
+            raise InvalidRequestError(f"The query is more than {limit} tokens long, the model's maximum.",
+                                      param="query", code="context_length_exceeded")
+        # A document is cut to max_tokens anyway: a huge one is cut to a head that holds them first.
+        docs = [rt.tokenizer.bound(d, limit)[0] for d in docs]
         tok = self._pair_tokenizer(rt)
         try:
             encs = tok.encode_batch([(query, d) for d in docs], add_special_tokens=True)
@@ -71,7 +79,7 @@ class RerankService:
         if req.top_n is not None and req.top_n < 1:
             raise InvalidRequestError("'top_n' must be at least 1.", param="top_n")
         chars = len(req.query) * len(docs) + sum(len(d) for d in docs)
-        ids, types = await maybe_offload(chars, self._tokenize, rt, req.query, docs)
+        ids, types = await self.preprocess.run(chars, self._tokenize, rt, req.query, docs)
         outputs = await infer_chunked(rt, ids, types)
         raw = np.concatenate([o.reshape(o.shape[0], -1) for o in outputs], axis=0)
         scores = _scores(raw, rt.config.output_config.process)  # type: ignore[union-attr]

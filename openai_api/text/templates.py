@@ -8,13 +8,30 @@ message is safe to show to an API client.
 The environment mirrors `transformers.utils.chat_template_utils` (trim_blocks, lstrip_blocks,
 loop controls, `raise_exception`, `strftime_now`, an unescaped `tojson`, a dunder-proof
 `namespace`) so a template renders here exactly as `tokenizer.apply_chat_template` renders it.
+
+Every render has a budget (`RenderLimits`: seconds and characters), because a template (or the data a
+client sends through it) can otherwise hang or bloat the process: nested `range` loops, `'a' * N`,
+`tojson(indent=N)`, a string doubled in a loop. The sandbox checks the budget where templates spend:
+each piece of output, each call, attribute and item access, each `range` step, every `* ** % +`
+operator (sizes are checked *before* the operation allocates), every filter result and every value
+stored in a `namespace`. A loop with none of those in its body (an empty nested loop over data) is
+stopped by the caller instead: renders of untrusted size run on `text.workers.CPUWorkers`, which
+interrupts a job past its time budget. `ChatTemplate.bounded` says whether a template's own structure
+keeps its work proportional to its input (no `range`, no repetition operators, no macros, loops nested
+at most twice), which is what lets a small request render inline on the event loop.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import re
+import threading
+import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -22,13 +39,16 @@ from typing import Any, NoReturn
 
 import jinja2
 import jinja2.ext
+import jinja2.filters
 import jinja2.meta
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
+
+from openai_api.text.workers import JobInterrupted
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ChatTemplate", "TemplateError"]
+__all__ = ["ChatTemplate", "RenderLimits", "TemplateBudgetError", "TemplateError"]
 
 
 class TemplateError(Exception):
@@ -38,6 +58,142 @@ class TemplateError(Exception):
     violations and any other render-time failure. The message is safe to return to clients:
     it names the template and the problem but never includes interpreter internals.
     """
+
+
+class TemplateBudgetError(TemplateError):
+    """A render ran past its `RenderLimits` (time or size)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RenderLimits:
+    """What one render may spend: wall seconds, and characters in any value it builds or outputs."""
+
+    max_seconds: float = 10.0
+    max_chars: int = 32 * 1024 * 1024
+
+
+class _OverBudget(jinja2.exceptions.TemplateError):
+    pass
+
+
+class _Budget:
+    __slots__ = ("deadline", "limits")
+
+    def __init__(self, limits: RenderLimits) -> None:
+        self.limits = limits
+        self.deadline = time.monotonic() + limits.max_seconds
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise _OverBudget(f"it took longer than {self.limits.max_seconds:g} s")
+
+    def size(self, n: int) -> None:
+        if n > self.limits.max_chars:
+            raise _OverBudget(f"it built a value of {n} characters, more than the limit of {self.limits.max_chars}")
+
+
+_state = threading.local()
+_DEFAULT_LIMITS = RenderLimits()
+
+
+def _budget() -> _Budget:
+    budget: _Budget | None = getattr(_state, "budget", None)
+    if budget is None:  # a render outside ChatTemplate.render (never in the gateway): default limits
+        budget = _state.budget = _Budget(_DEFAULT_LIMITS)
+    return budget
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, str | list | tuple | dict | bytes) else 0
+
+
+# A width or precision in a %-format or str.format spec ("%99999999d", "{:>99999999}").
+_FORMAT_WIDTH = re.compile(r"(\d{5,})")
+
+
+def _format_width(fmt: Any) -> int:
+    if not isinstance(fmt, str):
+        return 0
+    return max((int(w) for w in _FORMAT_WIDTH.findall(fmt)), default=0)
+
+
+class _BudgetedSandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with the render budget checked at every place a template can spend it."""
+
+    intercepted_binops = frozenset({"*", "**", "%", "+"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        budget = _budget()
+        budget.tick()
+        if operator == "*":
+            seq, times = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(times, int) and not isinstance(times, bool):
+                budget.size(_length(seq) * max(times, 0))
+        elif operator == "**":
+            if isinstance(left, int) and isinstance(right, int) and right > 0:
+                budget.size(max(abs(left).bit_length(), 1) * right // 8)  # the result's size in bytes
+        elif operator == "%":
+            budget.size(_format_width(left))
+        elif operator == "+":
+            budget.size(_length(left) + _length(right))
+        result = super().call_binop(context, operator, left, right)
+        budget.size(_length(result))
+        return result
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        budget = _budget()
+        budget.tick()
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool):
+                budget.size(a)  # center(10**9), ljust, zfill, lipsum(n), expandtabs: sizes asked for
+            else:
+                budget.size(_length(a) + _format_width(a))
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, str) and getattr(__obj, "__name__", "") == "expandtabs" and args:
+            budget.size(owner.count("\t") * int(args[0]) if isinstance(args[0], int) else 0)
+        result = super().call(__context, __obj, *args, **kwargs)
+        budget.size(_length(result))
+        return result
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _budget().tick()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _budget().tick()
+        return super().getitem(obj, argument)
+
+
+def _budgeted_filter(fn: Any) -> Any:
+    """A filter with the budget checked before (size arguments) and after (the result's size)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        budget = _budget()
+        budget.tick()
+        for a in (*args[1:], *kwargs.values()):
+            if isinstance(a, int) and not isinstance(a, bool):
+                budget.size(a)
+        if fn is _jinja_indent and args:  # do_indent(s, width=4, ...): every line gets `width` more
+            width = kwargs.get("width", args[1] if len(args) > 1 else 4)
+            budget.size((str(args[0]).count("\n") + 1) * (width if isinstance(width, int) else _length(width)))
+        result = fn(*args, **kwargs)
+        budget.size(_length(result))
+        return result
+
+    return wrapper
+
+
+def _budgeted_range(*args: int) -> Iterator[int]:
+    """Jinja's sandboxed `range` (at most MAX_RANGE items), checking the budget as it goes."""
+    rng = range(*args)
+    if len(rng) > MAX_RANGE:
+        raise OverflowError(f"Range too big. The sandbox blocks ranges larger than MAX_RANGE ({MAX_RANGE}).")
+    budget = _budget()
+    for i in rng:
+        if not i & 1023:
+            budget.tick()
+        yield i
 
 
 class _RaisedByTemplate(jinja2.exceptions.TemplateError):
@@ -50,10 +206,18 @@ def _raise_exception(message: str) -> NoReturn:
     raise _RaisedByTemplate(str(message))
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+# Deeper than this, `tojson(indent=N)` only pads (N spaces per level and line): a size attack, not a format.
+_MAX_JSON_INDENT = 16
+_jinja_indent = jinja2.filters.do_indent
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None,
             separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's builtin tojson HTML-escapes <, >, & and ', which would corrupt prompts; HF overrides it
     # the same way, and templates rely on its indent/separators options.
+    if indent is not None and (isinstance(indent, bool) or not isinstance(indent, int | str)
+                               or (indent if isinstance(indent, int) else len(indent)) > _MAX_JSON_INDENT):
+        raise _OverBudget(f"tojson indent must be at most {_MAX_JSON_INDENT}")
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                       sort_keys=sort_keys)
 
@@ -83,6 +247,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
     def __setitem__(self, name: str, value: Any) -> None:
         _TemplateNamespace._check_name(name)
+        budget = _budget()
+        budget.tick()
+        budget.size(_length(value))  # a namespace carries values across loop iterations: a string doubled there
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod
@@ -95,9 +262,11 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 @lru_cache(maxsize=1)
 def _environment() -> ImmutableSandboxedEnvironment:
     # One shared environment: rendering is thread-safe and the globals are stateless.
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols])
+    env = _BudgetedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: _budgeted_filter(f) for name, f in env.filters.items()}
+    env.globals["range"] = _budgeted_range
+    env.globals.pop("lipsum", None)  # random filler text of any size; no chat template uses it
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
@@ -136,6 +305,28 @@ def _describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
+# Loops nested deeper than this make a template's work grow as a power of its input.
+_MAX_LOOP_DEPTH = 2
+
+
+def _loop_depth(node: jinja2.nodes.Node) -> int:
+    inner = max((_loop_depth(child) for child in node.iter_child_nodes()), default=0)
+    return inner + 1 if isinstance(node, jinja2.nodes.For) else inner
+
+
+def _structurally_bounded(ast: jinja2.nodes.Template) -> bool:
+    """Whether the template's own structure keeps its work proportional to its input: no `range` (loops
+    of a length the template picks), no repetition or power operators, no macros (recursion), and loops
+    nested at most `_MAX_LOOP_DEPTH` deep. The bundled and usual model templates are; such a template
+    with a small input is cheap enough to render on the event loop."""
+    if any(isinstance(n, jinja2.nodes.Mul | jinja2.nodes.Pow | jinja2.nodes.Macro
+                      | jinja2.nodes.CallBlock) for n in ast.find_all(jinja2.nodes.Node)):
+        return False
+    if any(n.name == "range" for n in ast.find_all(jinja2.nodes.Name)):
+        return False
+    return _loop_depth(ast) <= _MAX_LOOP_DEPTH
+
+
 class ChatTemplate:
     """A compiled chat template.
 
@@ -166,6 +357,7 @@ class ChatTemplate:
         # Only names read before being set count: `{% set tools = none %}` after `{% if tools is
         # defined %}` still reads the caller's `tools`.
         self._undeclared = frozenset(jinja2.meta.find_undeclared_variables(ast))
+        self.bounded = _structurally_bounded(ast)
 
     @classmethod
     def from_file(cls, path: Path) -> ChatTemplate:
@@ -224,7 +416,7 @@ class ChatTemplate:
 
     def render(self, messages: list[dict[str, Any]], *, add_generation_prompt: bool = True,
                tools: list[dict[str, Any]] | None = None, continue_final_message: bool = False,
-               bos_token: str = "", eos_token: str = "", **kwargs: Any) -> str:
+               bos_token: str = "", eos_token: str = "", limits: RenderLimits | None = None, **kwargs: Any) -> str:
         """Render a conversation to the prompt text.
 
         `messages` are OpenAI-style dicts (`role`, `content`, optionally `tool_calls`, `name`,
@@ -233,7 +425,8 @@ class ChatTemplate:
 
         With `continue_final_message=True` the final message must be an assistant message; the
         output is cut right after its content (no end-of-turn marker, no generation prompt) so the
-        model continues that text. Raises TemplateError on any failure.
+        model continues that text. Raises TemplateError on any failure, TemplateBudgetError when the
+        render spends more than `limits` (default `RenderLimits()`) allows.
         """
         chat = _plain(list(messages))
         extra = _plain(kwargs)
@@ -252,18 +445,36 @@ class ChatTemplate:
             final["content"] = final_content + tag
             add_generation_prompt = False
 
+        budget = _Budget(limits or _DEFAULT_LIMITS)
+        previous = getattr(_state, "budget", None)
+        _state.budget = budget
         try:
-            rendered = self._template.render(
-                messages=chat, tools=_plain(tools), add_generation_prompt=add_generation_prompt,
-                bos_token=bos_token, eos_token=eos_token, **extra)
+            pieces = []
+            size = 0
+            for piece in self._template.generate(
+                    messages=chat, tools=_plain(tools), add_generation_prompt=add_generation_prompt,
+                    bos_token=bos_token, eos_token=eos_token, **extra):
+                size += len(piece)
+                budget.size(size)
+                budget.tick()
+                pieces.append(piece)
+            rendered = "".join(pieces)
+        except _OverBudget as exc:
+            raise TemplateBudgetError(f"chat template {self.name} exceeded its render budget: {exc}") from exc
+        except JobInterrupted:
+            raise  # the caller's own time budget (text.workers): not the template's error to phrase
         except _RaisedByTemplate as exc:
             raise TemplateError(_describe(exc)) from exc
         except jinja2.exceptions.SecurityError as exc:
             logger.warning("chat template %s attempted a sandbox violation: %s", self.name, exc)
             raise TemplateError(f"chat template {self.name} attempted a forbidden operation") from exc
         # Any failure inside untrusted template code is the template's fault, never the gateway's.
+        except MemoryError as exc:
+            raise TemplateBudgetError(f"chat template {self.name} ran out of memory") from exc
         except Exception as exc:
             raise TemplateError(f"chat template {self.name} failed to render: {_describe(exc)}") from exc
+        finally:
+            _state.budget = previous
 
         if not continue_final_message:
             return rendered

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,9 @@ from tokenizers import Tokenizer
 from openai_api.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)
+
+# Longer texts are counted window by window before anything tokenizes them whole (`TextTokenizer.bound`).
+BOUND_WINDOW_CHARS = 16384
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -53,6 +58,14 @@ class TextTokenizer:
     pad_token_id: int | None = None
     context_length: int | None = None
     generation_defaults: dict[str, Any] = field(default_factory=dict)
+    # The text of every special (control) token: `<|im_start|>`, `[CLS]`, ...
+    special_tokens: list[str] = field(default_factory=list)
+    _plain: Tokenizer | None = field(default=None, repr=False)
+    _plain_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        specials = sorted({t for t in self.special_tokens if t}, key=len, reverse=True)
+        self.special_pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
 
     @classmethod
     def from_folder(cls, folder: Path) -> TextTokenizer:
@@ -79,13 +92,29 @@ class TextTokenizer:
                 ctx = mcfg[key]
                 break
         defaults = {k: gcfg[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gcfg}
+        specials = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
         return cls(folder=folder, tokenizer=tok, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids,
                    pad_token_id=pad if isinstance(pad, int) else None, context_length=ctx,
-                   generation_defaults=defaults)
+                   generation_defaults=defaults, special_tokens=specials)
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         try:
             return self.tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+        except TypeError:
+            raise invalid_text() from None
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` with special-token text in it read as plain text (`<|im_start|>` becomes
+        `<`, `|`, `im`, ...), never as a control token. A private copy of the tokenizer does this, since
+        the setting is tokenizer state and the shared one must keep reading markup."""
+        if self._plain is None:
+            with self._plain_lock:
+                if self._plain is None:
+                    plain = Tokenizer.from_str(self.tokenizer.to_str())
+                    plain.encode_special_tokens = True
+                    self._plain = plain
+        try:
+            return self._plain.encode(text, add_special_tokens=False).ids
         except TypeError:
             raise invalid_text() from None
 
@@ -95,6 +124,37 @@ class TextTokenizer:
         except TypeError:
             raise invalid_text() from None
         return [e.ids for e in encs]
+
+    def bound(self, text: str, max_tokens: int) -> tuple[str, bool]:
+        """`(text, False)` when `text` is cheap to tokenize whole; else, when it certainly holds more than
+        `max_tokens` tokens, `(prefix, True)`: a prefix of it that also does, so tokenizing the prefix and
+        keeping `max_tokens` tokens gives exactly the text's first `max_tokens` tokens.
+
+        Tokenizing a text allocates per token (ids, offsets, strings): a 12 MB input costs over a GB
+        whole. A text longer than `BOUND_WINDOW_CHARS` is counted window by window instead, cut at
+        whitespace, stopping as soon as the count certainly passes `max_tokens`, so the work is bounded by
+        the limit, not by the input. A cut can add at most two tokens against tokenizing whole (a word or
+        merge split in two), so the count is discounted by two per window: "certainly" holds. A long text
+        that never passes (mostly whitespace, say) is returned whole: it is few tokens by then."""
+        if len(text) <= BOUND_WINDOW_CHARS:
+            return text, False
+        count = windows = pos = 0
+        n = len(text)
+        try:
+            while pos < n:
+                end = min(pos + BOUND_WINDOW_CHARS, n)
+                if end < n:
+                    cut = max(text.rfind(" ", pos, end), text.rfind("\n", pos, end))
+                    if cut > pos:
+                        end = cut
+                count += len(self.tokenizer.encode(text[pos:end], add_special_tokens=False))
+                windows += 1
+                pos = end
+                if count - 2 * windows > max_tokens:
+                    return text[:end], True
+        except TypeError:
+            raise invalid_text() from None
+        return text, False
 
     def decode(self, ids: list[int], *, skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)

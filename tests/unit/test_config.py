@@ -233,6 +233,15 @@ def test_template_file_not_found_is_reported(tmp_path: Path, seed_config: dict[s
     assert_names(err, path, "llm[0].chat_template", "template file not found", "no-such-template.jinja")
 
 
+def test_template_that_does_not_compile_is_reported(tmp_path: Path, seed_config: dict[str, Any]) -> None:
+    bad = tmp_path / "broken.jinja"
+    bad.write_text("{% for m in messages %}{{ m.content }")
+    seed_config["llm"][0]["chat_template"] = str(bad)
+    path = write(tmp_path, seed_config)
+    err = config_error(path)
+    assert_names(err, path, "llm[0].chat_template", "syntax error", "line 1")
+
+
 def test_tokenizer_folder_not_found_is_reported(tmp_path: Path, seed_config: dict[str, Any]) -> None:
     seed_config["embedding"][0]["path"] = "/LocalRun/model_zoo/bge-large-zh-v1.5"
     path = write(tmp_path, seed_config)

@@ -144,6 +144,9 @@ class FakeClient:
         self.requests.append(request)
         return self.responses[-1]
 
+    async def live(self, timeout_s: float) -> bool:
+        return True
+
 
 class FakePool:
     def __init__(self, client: FakeClient) -> None:

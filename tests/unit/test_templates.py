@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from openai_api.text.templates import ChatTemplate, TemplateError
+from openai_api.text.templates import ChatTemplate, RenderLimits, TemplateBudgetError, TemplateError
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "chat_templates"
@@ -471,3 +471,81 @@ def test_sandbox_error_message_is_generic() -> None:
         ChatTemplate.from_string("{{ ''.__class__.__mro__[1].__subclasses__() }}").render([])
     assert "forbidden" in str(info.value)
     assert "subclasses" not in str(info.value)
+
+
+# --- render budget: a template (or what a client sends through it) cannot hang or bloat the gateway ------------
+
+SMALL = RenderLimits(max_seconds=0.5, max_chars=100_000)
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize("source", [
+    "{{ 'a' * 100000000 }}",
+    "{{ messages[0]['content'] * 10000000 }}",
+    "{{ [1, 2] * 100000000 }}",
+    "{{ messages | tojson(indent=50000000) }}",
+    "{{ 'x' | center(1000000000) }}",
+    "{{ 'x'.ljust(1000000000) }}",
+    "{{ '%099999999d' % 1 }}",
+    "{{ '{:>99999999}'.format(1) }}",
+    "{{ ('a\\n' * 1000) | indent(1000000) }}",
+    "{{ 10 ** 100000000 }}",
+    "{% set ns = namespace(s='ab') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    "{% macro grow(s, n) %}{{ grow(s ~ s, n - 1) if n else s|length }}{% endmacro %}{{ grow('ab', 64) }}",
+    "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+])
+def test_render_budget_refuses_oversized_values_before_allocating_them(source: str) -> None:
+    with pytest.raises(TemplateBudgetError, match="render budget"):
+        ChatTemplate(source).render(USER, limits=SMALL)
+
+
+@pytest.mark.parametrize("source", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+    "{% for i in range(100000) %}{% for j in range(100000) %}{{ '' }}{% endfor %}{% endfor %}",
+    "{% macro f(n) %}{% for i in range(100000) %}{{ f(n) if n else '' }}{% endfor %}{% endmacro %}{{ f(1) }}",
+])
+def test_render_budget_ends_a_runaway_loop(source: str) -> None:
+    import time
+
+    t0 = time.monotonic()
+    with pytest.raises(TemplateError):
+        ChatTemplate(source).render(USER, limits=SMALL)
+    assert time.monotonic() - t0 < 2
+
+
+def test_render_budget_leaves_ordinary_templates_alone() -> None:
+    big = [{"role": "user", "content": "x" * 50_000}, {"role": "assistant", "content": "ok"}]
+    for name in ("chatml", "smollm2", "llama3", "mistral", "chatglm3"):
+        out = ChatTemplate.from_file(TEMPLATES / f"{name}.jinja").render(big, limits=SMALL)
+        assert "x" * 50_000 in out
+    assert ChatTemplate("{{ messages | tojson(indent=4) }}").render(USER, limits=SMALL).startswith("[\n    {")
+
+
+def test_bounded_templates_are_the_ones_whose_work_follows_their_input() -> None:
+    assert ChatTemplate.from_file(TEMPLATES / "smollm2.jinja").bounded
+    assert ChatTemplate.from_file(TEMPLATES / "chatml.jinja").bounded
+    assert not ChatTemplate("{% for i in range(3) %}{% endfor %}").bounded
+    assert not ChatTemplate("{{ 'a' * 3 }}").bounded
+    assert not ChatTemplate("{% macro f() %}{% endmacro %}").bounded
+    assert not ChatTemplate("{% for a in messages %}{% for b in messages %}{% for c in messages %}"
+                            "{% endfor %}{% endfor %}{% endfor %}").bounded
+
+
+async def test_cpu_workers_interrupt_a_loop_no_hook_can_see() -> None:
+    """An empty loop over data calls no sandbox hook; the worker's time budget stops it."""
+    import time
+
+    from openai_api.text.workers import CPUWorkers, JobTimeoutError
+
+    tpl = ChatTemplate("{% for a in messages %}{% for b in messages %}{% for c in messages %}"
+                       "{% endfor %}{% endfor %}{% endfor %}")
+    many = [{"role": "user", "content": ""}] * 2000
+    workers = CPUWorkers(1)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(JobTimeoutError):
+            await workers.run(tpl.render, many, budget_s=0.3)
+        assert time.monotonic() - t0 < 2
+        assert await workers.run(ChatTemplate("{{ messages[0].role }}").render, USER, budget_s=1) == "user"
+    finally:
+        workers.close()

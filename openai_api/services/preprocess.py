@@ -1,0 +1,181 @@
+"""From a request's messages or prompts to what Triton is sent: prompt text and token ids.
+
+Per request this renders the chat template (sandboxed, within `RenderLimits`), keeps special-token text
+that clients wrote in message content from becoming control tokens, and tokenizes, refusing an over-long
+prompt without tokenizing all of it (`TextTokenizer.bound`).
+
+Where it runs: a small request (at most `INLINE_CHARS` characters of message text and `INLINE_MESSAGES`
+messages) whose template is structurally bounded (`ChatTemplate.bounded`) runs inline, since handing it
+to a thread costs more than the work (~50 us); everything else runs on the `CPUWorkers`, so the event
+loop keeps streaming other requests' tokens meanwhile, and a render that runs past its time budget is
+interrupted there.
+
+Special tokens in content (`escape_special_tokens`, on by default): when a string in the messages holds
+special-token text (`<|im_start|>system`), that string is wrapped in two private markers before
+rendering; after rendering, the text between markers is tokenized with special tokens read as plain
+text and the rest as usual, so only the template's own markup yields control tokens. Text-in backends
+(the vLLM protocol) tokenize the prompt themselves and cannot be told, so for them such a request is a
+400 instead. Requests without special-token text (nearly all) take the usual path, unchanged.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from openai_api.errors import ContextLengthExceededError, InvalidRequestError
+from openai_api.services.registry import LLMRuntime
+from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
+from openai_api.text.tokenizer import TextTokenizer
+from openai_api.text.workers import CPUWorkers, JobTimeoutError
+
+T = TypeVar("T")
+
+# Requests this small, with a structurally bounded template, are rendered and tokenized inline.
+INLINE_CHARS = 8192
+INLINE_MESSAGES = 64
+# Private-use characters no client text will hold by chance, plus a per-process random tag.
+_TAG = uuid.uuid4().hex[:8]
+OPEN, CLOSE = f"\ue000{_TAG}\ue001", f"\ue002{_TAG}\ue003"
+_MARKED = re.compile(re.escape(OPEN) + "(.*?)" + re.escape(CLOSE), re.DOTALL)
+
+
+@dataclass(slots=True)
+class Prompt:
+    text: str
+    ids: list[int]
+
+
+def _size(value: Any) -> int:
+    """Characters of text in a JSON-like value (what a render and its tokenization scale with)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_size(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_size(v) for v in value)
+    return 0
+
+
+def _mark(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
+    """`value` with every string that holds special-token text wrapped in OPEN ... CLOSE, and the first
+    special token found (None: nothing was wrapped)."""
+    if isinstance(value, str):
+        m = pattern.search(value)
+        return (OPEN + value + CLOSE, m.group(0)) if m else (value, None)
+    found: str | None = None
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            out[k], hit = (v, None) if k == "role" else _mark(v, pattern)
+            found = found or hit
+        return out, found
+    if isinstance(value, list):
+        items = []
+        for v in value:
+            item, hit = _mark(v, pattern)
+            items.append(item)
+            found = found or hit
+        return items, found
+    return value, None
+
+
+def _context_error(rt: LLMRuntime, param: str) -> ContextLengthExceededError:
+    return ContextLengthExceededError(
+        f"This model's maximum context length is {rt.context_length} tokens. However, your {param} resulted in "
+        f"more than {rt.context_length} tokens. Please reduce the length of the {param}.", param=param)
+
+
+def encode_prompt(rt: LLMRuntime, text: str, param: str) -> list[int]:
+    """Token ids of `text`, or a context-length 400 found without tokenizing all of a huge text."""
+    _, over = rt.tokenizer.bound(text, rt.context_length)
+    if over:
+        raise _context_error(rt, param)
+    return rt.tokenizer.encode(text)
+
+
+def _encode_marked(tok: TextTokenizer, rendered: str) -> list[int]:
+    ids: list[int] = []
+    pos = 0
+    for m in _MARKED.finditer(rendered):
+        ids += tok.encode(rendered[pos:m.start()])
+        ids += tok.encode_plain(m.group(1))
+        pos = m.end()
+    return ids + tok.encode(rendered[pos:])
+
+
+def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: str, takes_text: bool,
+                       limits: RenderLimits, render_kwargs: dict[str, Any]) -> Prompt:
+    assert rt.template is not None
+    found: str | None = None
+    pattern = rt.tokenizer.special_pattern
+    if rt.config.escape_special_tokens and pattern is not None:
+        messages, found = _mark(messages, pattern)
+        if found and takes_text:
+            raise InvalidRequestError(
+                f"The messages hold the special-token text {found!r}, which the model {rt.name!r} would read as a "
+                "control token: its Triton backend takes prompt text and tokenizes it itself. Remove that text, "
+                "or turn escape_special_tokens off for this model.", param="messages",
+                code="special_tokens_in_content")
+    try:
+        rendered = rt.template.render(messages, limits=limits, **render_kwargs)
+    except TemplateBudgetError as e:
+        raise InvalidRequestError(f"The chat template could not render these messages within its limits: {e}",
+                                  param="messages", code="template_limit_exceeded") from None
+    except TemplateError as e:
+        raise InvalidRequestError(f"The chat template could not render these messages: {e}",
+                                  param="messages") from None
+    text = rendered + prefill
+    if found:
+        if text.count(OPEN) != text.count(CLOSE) or len(_MARKED.findall(text)) != text.count(OPEN):
+            raise InvalidRequestError(
+                f"The messages hold special-token text that the chat template of {rt.name!r} does not keep intact, "
+                "so it cannot be kept from becoming control tokens. Remove that text.", param="messages",
+                code="special_tokens_in_content")
+        plain = _MARKED.sub(r"\1", text)
+        if not plain:
+            raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
+                                      param="messages", code="empty_prompt")
+        if rt.tokenizer.bound(plain, rt.context_length)[1]:
+            raise _context_error(rt, "messages")
+        return Prompt(plain, _encode_marked(rt.tokenizer, text))
+    if not text:
+        raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
+                                  param="messages", code="empty_prompt")
+    return Prompt(text, encode_prompt(rt, text, "messages"))
+
+
+class Preprocessor:
+    """Renders and tokenizes inline or on the CPU workers (see the module docstring)."""
+
+    def __init__(self, workers: CPUWorkers, limits: RenderLimits | None = None) -> None:
+        self.workers = workers
+        self.limits = limits or RenderLimits()
+
+    async def chat(self, rt: LLMRuntime, messages: list[dict[str, Any]], prefill: str = "",
+                   **render_kwargs: Any) -> Prompt:
+        """The prompt of a chat request: `messages` (OpenAI-style dicts, after the tool plan) through the
+        model's template with `render_kwargs`, then `prefill` appended; 400s for templates that fail or
+        run over budget, an empty prompt, and prompts longer than the model's context."""
+        if rt.template is None:
+            raise InvalidRequestError(f"The model {rt.name!r} has no chat template; use /v1/completions.",
+                                      param="model", code="no_chat_template")
+        takes_text = getattr(rt.backend, "protocol", "") == "vllm"
+        args = (rt, messages, prefill, takes_text, self.limits, render_kwargs)
+        if rt.template.bounded and len(messages) <= INLINE_MESSAGES and _size(messages) <= INLINE_CHARS:
+            return _render_and_encode(*args)
+        try:
+            return await self.workers.run(_render_and_encode, *args, budget_s=self.limits.max_seconds)
+        except JobTimeoutError:
+            raise InvalidRequestError(
+                f"The chat template could not render these messages within its limits: it took longer than "
+                f"{self.limits.max_seconds:g} s.", param="messages", code="template_limit_exceeded") from None
+
+    async def run(self, chars: int, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` inline when its input is small (`chars` <= INLINE_CHARS), else on the CPU workers."""
+        if chars <= INLINE_CHARS:
+            return fn(*args)
+        return await self.workers.run(fn, *args)

@@ -1,0 +1,154 @@
+"""Hostile input against a real gateway and Triton: huge messages, huge embedding inputs, many messages,
+reserved template variables and a template that runs away. Each gets a clear 400, the gateway's memory
+stays bounded, and the event loop keeps answering `/health` meanwhile."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from openai_api.embedded.launcher import EmbeddedTriton
+from openai_api.settings import Settings
+from tests.e2e.conftest import API_KEY, LLM, GatewayServer, gateway_config
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+EMBEDDING = "all-minilm-l6-v2"
+TWELVE_MB = 12 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def hostile_templates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("templates")
+    (folder / "runaway.jinja").write_text(
+        "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}x")
+    (folder / "bloat.jinja").write_text("{{ 'a' * 1000000000 }}")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def gw(triton: EmbeddedTriton, hostile_templates: Path) -> Iterator[GatewayServer]:
+    config = gateway_config(triton)
+    base = next(m for m in config.llm if m.name == LLM)
+    for name in ("runaway", "bloat"):
+        config.llm.append(base.model_copy(update={"name": f"{LLM}-{name}",
+                                                  "chat_template": hostile_templates / f"{name}.jinja"}))
+    server = GatewayServer(config, [API_KEY], Settings(config_file=Path("."), api_keys=[API_KEY],
+                                                       template_timeout_s=1.0)).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gw: GatewayServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=gw.url, headers=AUTH, timeout=120) as c:
+        yield c
+
+
+class Watch:
+    """While a block runs: the slowest `/health` answer, and the process's peak RSS growth."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.worst = 0.0
+        self.peak_growth = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> Watch:
+        proc = psutil.Process()
+        base = proc.memory_info().rss
+
+        def poll() -> None:
+            with httpx.Client(base_url=self.url, timeout=60) as c:
+                while not self._stop.is_set():
+                    t0 = time.monotonic()
+                    assert c.get("/health").status_code == 200
+                    self.worst = max(self.worst, time.monotonic() - t0)
+                    self.peak_growth = max(self.peak_growth, proc.memory_info().rss - base)
+                    time.sleep(0.02)
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def concurrently(n: int, fn: Callable[[], httpx.Response]) -> list[httpx.Response]:
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: fn(), range(n)))
+
+
+def assert_400(r: httpx.Response, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    assert r.status_code == 400, r.text[:500]
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+    if code is not None:
+        assert err["code"] == code, err
+    if param is not None:
+        assert err["param"] == param, err
+    return dict(err)
+
+
+def test_huge_chat_messages_are_refused_without_freezing_or_bloating(gw: GatewayServer, client: httpx.Client) -> None:
+    text = ("All work and no play makes Jack a dull boy. " * (TWELVE_MB // 44 + 1))[:TWELVE_MB]
+    body = json.dumps({"model": LLM, "messages": [{"role": "user", "content": text}]})
+    headers = {"Content-Type": "application/json"}
+    with Watch(gw.url) as w:
+        for r in concurrently(3, lambda: client.post("/v1/chat/completions", content=body, headers=headers)):
+            assert_400(r, "context_length_exceeded", "messages")
+        many = [{"role": "user", "content": "x " * 1024}] * 2048
+        assert_400(client.post("/v1/chat/completions", json={"model": LLM, "messages": many}),
+                   "context_length_exceeded")
+        r = client.post("/v1/completions", content=json.dumps({"model": LLM, "prompt": text}), headers=headers)
+        assert_400(r, "context_length_exceeded", "prompt")
+    assert w.worst < 1.0, f"/health took {w.worst:.2f} s while big requests were prepared"
+    assert w.peak_growth < 600 * 2**20, f"RSS grew {w.peak_growth / 2**20:.0f} MiB"
+
+
+def test_huge_embedding_inputs_are_refused_with_bounded_memory(gw: GatewayServer, client: httpx.Client) -> None:
+    text = ("word " * (TWELVE_MB // 5 + 1))[:TWELVE_MB]
+    body = json.dumps({"model": EMBEDDING, "input": text})
+    headers = {"Content-Type": "application/json"}
+    with Watch(gw.url) as w:
+        for r in concurrently(3, lambda: client.post("/v1/embeddings", content=body, headers=headers)):
+            assert_400(r, "context_length_exceeded", "input")
+        r = client.post("/v1/rerank", content=json.dumps({"model": "minilm-rerank", "query": "word",
+                                                          "documents": [text[:4_000_000], "short"]}), headers=headers)
+        assert r.status_code == 200, r.text[:300]
+    assert w.worst < 1.0, f"/health took {w.worst:.2f} s"
+    assert w.peak_growth < 600 * 2**20, f"RSS grew {w.peak_growth / 2**20:.0f} MiB (was +1.4 GB per input)"
+
+
+def test_reserved_chat_template_kwargs_are_a_400(client: httpx.Client) -> None:
+    for key in ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "continue_final_message",
+                "self"):
+        r = client.post("/v1/chat/completions", json={"model": LLM, "messages": [{"role": "user", "content": "Hi"}],
+                                                      "chat_template_kwargs": {key: 1}})
+        assert_400(r, param=f"chat_template_kwargs.{key}")
+    # The connection is still good (a 500 used to reset it).
+    assert client.get("/health").status_code == 200
+
+
+@pytest.mark.parametrize("variant", ["runaway", "bloat"])
+def test_a_runaway_template_fails_its_request_and_nothing_else(gw: GatewayServer, client: httpx.Client,
+                                                               variant: str) -> None:
+    body = {"model": f"{LLM}-{variant}", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
+    with Watch(gw.url) as w:
+        t0 = time.monotonic()
+        err = assert_400(client.post("/v1/chat/completions", json=body), "template_limit_exceeded", "messages")
+        assert time.monotonic() - t0 < 5
+    assert "limit" in err["message"]
+    assert w.worst < 1.0 and w.peak_growth < 300 * 2**20, (w.worst, w.peak_growth)
+    ok = client.post("/v1/chat/completions", json={**body, "model": LLM})
+    assert ok.status_code == 200, ok.text
