@@ -70,10 +70,14 @@ def _pytriton_root() -> Path:
     return root
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_port(taken: tuple[int | None, ...] = ()) -> int:
+    """A port free now on 127.0.0.1 and not in ``taken`` (the kernel may hand the same one out twice)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in taken:
+            return port
 
 
 def _load_prctl() -> Any:
@@ -156,9 +160,9 @@ class EmbeddedTriton:
     ) -> None:
         self.model_repository = Path(model_repository or DEFAULT_MODEL_REPOSITORY).resolve()
         self.models = list(models) if models is not None else None
-        self.grpc_port = grpc_port or _free_port()
-        self.http_port = http_port or _free_port()
-        self.metrics_port = metrics_port or _free_port()
+        self.grpc_port = grpc_port or _free_port((http_port, metrics_port))
+        self.http_port = http_port or _free_port((self.grpc_port, metrics_port))
+        self.metrics_port = metrics_port or _free_port((self.grpc_port, self.http_port))
         if models_dir is None:
             env_dir = os.environ.get("OPENAI_API_MODELS_DIR")
             models_dir = Path(env_dir) if env_dir else REPO_ROOT / "models"
