@@ -13,9 +13,32 @@ Contract:
   active virtual environment.  ``LD_LIBRARY_PATH`` lists this interpreter's libpython dir before
   the wheel's bundled libs, otherwise the stub binds the system libpython.
 * Triton runs in its own session (process group) with ``PR_SET_PDEATHSIG=SIGTERM``; ``stop()``
-  sends SIGTERM to Triton (graceful unload, models' ``finalize`` run), then SIGKILLs the whole group,
-  so no ``triton_python_backend_stub`` outlives it.  An ``atexit`` hook stops leftovers.
-* Triton's stdout/stderr go to ``log_path`` (a file in a private temp dir, kept after stop).
+  sends SIGTERM to a ready Triton (graceful unload, models' ``finalize`` run), then SIGKILLs the
+  whole group (at once for a Triton still loading), so no ``triton_python_backend_stub`` outlives
+  it.  An ``atexit`` hook stops leftovers.
+* Triton's stdout/stderr go to ``log_path`` (a file in a private temp dir, kept after stop); a
+  restart appends to the same file after a ``==== restart N, attempt M ====`` marker line.
+
+Supervision (``supervise=True``; the gateway's ``--embedded-triton`` turns it on):
+
+* Once ``start()`` has succeeded, a ``triton-supervisor`` thread checks the child every
+  ``_POLL_S`` (0.5 s) without reaping it.  Any exit that ``stop()`` did not ask for (a crash, a
+  signal, even exit code 0) is logged at ERROR with the exit code or signal name and the last lines
+  of Triton's log.  Before the leader is reaped (so its pid, the group id, cannot be reused) the
+  whole process group is SIGKILLed and the supervisor waits until no live member is left: orphaned
+  Python-backend stubs are killed, stubs that were re-parented to this process (the gateway as
+  PID 1 in a container) are reaped, and the stubs' ``/dev/shm/triton_python_backend_shm_region_*``
+  files, which only Triton itself would have unlinked, are removed.
+* Triton is then restarted on the same ports, with the same models, after a delay: ``restart_delay``
+  (1 s) doubling per attempt up to ``max_restart_delay`` (30 s).  A restart that does not become
+  ready (early exit, a port still in use, a model that fails to load, ``startup_timeout``) is
+  killed the same way and retried with the next delay; the supervisor never raises.  The delay goes
+  back to ``restart_delay`` when a crash comes after Triton has stayed up ``stable_after`` (60 s).
+  Every attempt and its outcome is logged; ``restarts`` counts the successful ones.
+* A failure of the *first* ``start()`` is not retried: it raises ``TritonLaunchError``.
+* ``stop()`` turns supervision off before anything else, so a deliberate stop is never restarted.
+  It works at any moment, including during a back-off delay or a restart in progress; when it
+  returns, no process of any Triton this object started is alive and the supervisor has ended.
 """
 
 from __future__ import annotations
@@ -52,6 +75,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "triton_models"
 _PR_SET_PDEATHSIG = 1
 _LOADED_RE = re.compile(r"successfully loaded '([^']+)'")
+_SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
+_POLL_S = 0.5  # how often the supervisor checks the child
+_CRASH_TAIL_LINES = 20
 
 
 class TritonLaunchError(RuntimeError):
@@ -132,6 +158,98 @@ class _Spawner:
                 reply.put(exc)
 
 
+def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
+    """``proc``'s exit status (negative: killed by that signal), or None while it runs.
+
+    Unlike ``Popen.poll`` this leaves an exited child a zombie, so its pid (the id of its process
+    group) stays taken until the group is cleaned up and ``proc.wait()`` reaps it.
+    """
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # someone else reaped it
+        return proc.poll()
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _group_members(pgid: int) -> list[tuple[int, int, str]]:
+    """(pid, ppid, state) of every process in process group ``pgid``, zombies included."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # state, ppid, pgrp follow the parenthesised command name (which may hold spaces).
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[2]) == pgid:
+            members.append((int(entry.name), int(fields[1]), fields[0]))
+    return members
+
+
+def _shm_regions(pids: list[int]) -> set[str]:
+    """The Python backend's shared-memory files mapped by ``pids`` (Triton unlinks them on a clean exit)."""
+    regions = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue
+        for line in maps.splitlines():
+            path = line.rsplit(None, 1)[-1]
+            if path.startswith(_SHM_PREFIX):
+                regions.add(path)
+    return regions
+
+
+def _kill_group(pgid: int, wait_s: float = 10.0) -> list[int]:
+    """SIGKILL process group ``pgid`` and wait until it has no live member; returns the pids that were alive.
+
+    Members that became this process's children (orphans re-parented to a PID 1 or subreaper gateway)
+    are reaped here; the Python backend's shared-memory files they mapped are unlinked.
+    """
+    alive = [pid for pid, _, state in _group_members(pgid) if state != "Z"]
+    regions = _shm_regions(alive)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+    me = os.getpid()
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = []
+        for pid, ppid, state in _group_members(pgid):
+            if state == "Z" and ppid == me and pid != pgid:  # the leader is reaped by its Popen
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+            elif state != "Z":
+                left.append(pid)
+        if not left:
+            break
+        if time.monotonic() > deadline:
+            logger.error("process group %d still has live members %s after SIGKILL", pgid, left)
+            break
+        time.sleep(0.05)
+    for path in regions:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    return alive
+
+
 _live: weakref.WeakSet[EmbeddedTriton] = weakref.WeakSet()
 
 
@@ -143,7 +261,14 @@ def _stop_all() -> None:
 
 
 class EmbeddedTriton:
-    """A tritonserver child process serving ``model_repository`` on 127.0.0.1."""
+    """A tritonserver child process serving ``model_repository`` on 127.0.0.1.
+
+    With ``supervise=True`` a crashed Triton is cleaned up and restarted on the same ports (see the
+    module docstring): ``restart_delay`` is the first back-off delay in seconds, doubled per attempt
+    up to ``max_restart_delay``, and reset once Triton has stayed up ``stable_after`` seconds.
+    ``state`` is ``"stopped"``, ``"starting"``, ``"ready"`` or ``"restarting"`` (down, in back-off or
+    loading again).
+    """
 
     def __init__(
         self,
@@ -157,6 +282,10 @@ class EmbeddedTriton:
         log_verbose: int = 0,
         startup_timeout: float = 300.0,
         extra_args: list[str] | None = None,
+        supervise: bool = False,
+        restart_delay: float = 1.0,
+        max_restart_delay: float = 30.0,
+        stable_after: float = 60.0,
     ) -> None:
         self.model_repository = Path(model_repository or DEFAULT_MODEL_REPOSITORY).resolve()
         self.models = list(models) if models is not None else None
@@ -170,9 +299,23 @@ class EmbeddedTriton:
         self.log_verbose = log_verbose
         self.startup_timeout = startup_timeout
         self.extra_args = list(extra_args or [])
+        self.supervise = supervise
+        self.restart_delay = restart_delay
+        self.max_restart_delay = max(max_restart_delay, restart_delay)
+        self.stable_after = stable_after
         self._proc: subprocess.Popen[bytes] | None = None
         self._workdir: Path | None = None
         self._log_path: Path | None = None
+        self._cmd: list[str] = []
+        self._child_env: dict[str, str] = {}
+        self._state = "stopped"
+        self._ready_at = 0.0
+        self._restarts = 0
+        self._monitor: threading.Thread | None = None
+        # Set first thing by stop(): the supervisor neither restarts nor spawns once it is set.
+        self._stopping = threading.Event()
+        # Guards spawning and swapping _proc, so stop() sees every child the supervisor starts.
+        self._proc_lock = threading.Lock()
         self._stop_lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
@@ -190,15 +333,26 @@ class EmbeddedTriton:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc is not None else None
+        proc = self._proc
+        return proc.pid if proc is not None else None
 
     @property
     def log_path(self) -> Path | None:
         """File holding Triton's stdout+stderr (set once started; survives ``stop``)."""
         return self._log_path
 
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def restarts(self) -> int:
+        """How many times the supervisor brought Triton back (successful restarts only)."""
+        return self._restarts
+
     def is_running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        proc = self._proc
+        return proc is not None and _exit_code(proc) is None
 
     # ------------------------------------------------------------------ lifecycle
     def _assemble_backends(self, root: Path, workdir: Path) -> Path:
@@ -265,17 +419,22 @@ class EmbeddedTriton:
         return cmd + self.extra_args
 
     def start(self) -> EmbeddedTriton:
-        """Launch Triton and block until it and every requested model are ready."""
-        if self.is_running():
+        """Launch Triton and block until it and every requested model are ready; then supervise it if asked.
+
+        A no-op while Triton runs, or while the supervisor is bringing it back (``state == "restarting"``).
+        """
+        if self.is_running() or (self._monitor is not None and self._monitor.is_alive()):
             return self
         if not self.model_repository.is_dir():
             raise TritonLaunchError(f"model repository {self.model_repository} does not exist")
         root = _pytriton_root()
+        self._stopping.clear()
+        self._restarts = 0
         self._workdir = Path(tempfile.mkdtemp(prefix="embedded-triton-"))
         backends = self._assemble_backends(root, self._workdir)
         self._log_path = self._workdir / "tritonserver.log"
-        cmd = self._command(root, backends)
-        env = self._env(root)
+        self._cmd = self._command(root, backends)
+        self._child_env = self._env(root)
         logger.info(
             "starting tritonserver: grpc=%s http=%s models=%s log=%s",
             self.grpc_url,
@@ -283,35 +442,58 @@ class EmbeddedTriton:
             self.models or "*",
             self._log_path,
         )
-        logger.debug("command: %s", " ".join(cmd))
-        log_file = open(self._log_path, "wb")
-
-        def factory() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                cmd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=str(self._workdir),
-                # Only a pre-resolved libc prctl runs after fork, so threads holding locks don't matter.
-                preexec_fn=_set_pdeathsig,
-            )
-
-        try:
-            self._proc = _Spawner.popen(factory)
-        finally:
-            log_file.close()
-        _live.add(self)
+        logger.debug("command: %s", " ".join(self._cmd))
+        self._state = "starting"
         t0 = time.monotonic()
+        proc = self._spawn()
+        _live.add(self)
         try:
-            self._wait_ready(t0 + self.startup_timeout)
+            if proc is None:
+                raise TritonLaunchError("stopped while starting")
+            self._wait_ready(proc, t0 + self.startup_timeout)
         except BaseException:
             self.stop()
             raise
-        logger.info("tritonserver ready in %.1f s (pid %s)", time.monotonic() - t0, self.pid)
+        self._ready_at = time.monotonic()
+        self._state = "ready"
+        logger.info("tritonserver ready in %.1f s (pid %s)", self._ready_at - t0, proc.pid)
+        if self.supervise:
+            self._monitor = threading.Thread(target=self._supervise, args=(proc,), name="triton-supervisor",
+                                             daemon=True)
+            self._monitor.start()
         return self
+
+    def _spawn(self, marker: str | None = None) -> subprocess.Popen[bytes] | None:
+        """Start the tritonserver process (with a ``marker``: appending to the log); None once stop() began."""
+        assert self._log_path is not None and self._workdir is not None
+        cmd, env, workdir = self._cmd, self._child_env, str(self._workdir)
+        with self._proc_lock:
+            if self._stopping.is_set():
+                return None
+            log_file = open(self._log_path, "ab" if marker else "wb")
+            if marker:
+                log_file.write(f"\n==== {marker} ====\n".encode())
+                log_file.flush()
+
+            def factory() -> subprocess.Popen[bytes]:
+                return subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=workdir,
+                    # Only a pre-resolved libc prctl runs after fork, so threads holding locks don't matter.
+                    preexec_fn=_set_pdeathsig,
+                )
+
+            try:
+                # From a non-main thread (the supervisor) this forks on the long-lived spawner thread.
+                self._proc = _Spawner.popen(factory)
+            finally:
+                log_file.close()
+            return self._proc
 
     def _http(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
         req = urllib.request.Request(f"http://{self.http_url}{path}", data=body, method=method)
@@ -323,14 +505,15 @@ class EmbeddedTriton:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def _wait_ready(self, deadline: float) -> None:
+    def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float, log_offset: int = 0) -> None:
         announced: set[str] = set()
-        log_offset = 0
         while True:
             log_offset = self._announce_from_log(log_offset, announced)
-            if self._proc is None or self._proc.poll() is not None:
-                code = self._proc.returncode if self._proc is not None else None
-                raise TritonLaunchError(f"tritonserver exited with code {code}:\n{self.log_tail()}")
+            if self._stopping.is_set():
+                raise TritonLaunchError("stopped while starting")
+            code = _exit_code(proc)
+            if code is not None:
+                raise TritonLaunchError(f"tritonserver {_describe_exit(code)}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise TritonLaunchError(
                     f"tritonserver not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
@@ -394,28 +577,122 @@ class EmbeddedTriton:
         text = self._log_path.read_bytes()[-65536:].decode("utf-8", "replace")
         return "\n".join(text.splitlines()[-lines:])
 
+    # ------------------------------------------------------------------ supervision
+    def _supervise(self, proc: subprocess.Popen[bytes]) -> None:
+        """Supervisor thread: watch ``proc``; on an unexpected exit clean up and restart (module docstring)."""
+        try:
+            delay = self.restart_delay
+            while not self._stopping.wait(_POLL_S):
+                code = _exit_code(proc)
+                if code is None or self._stopping.is_set():
+                    continue  # running, or stop() is ending it
+                self._state = "restarting"
+                up_s = time.monotonic() - self._ready_at
+                tail = self.log_tail(_CRASH_TAIL_LINES)
+                stray = [p for p in self._discard(proc) if p != proc.pid]
+                logger.error(
+                    "tritonserver (pid %d) %s after %.0f s up; killed %d leftover process(es) of its group %s; "
+                    "last lines of its log (%s):\n%s",
+                    proc.pid, _describe_exit(code), up_s, len(stray), stray, self._log_path, tail,
+                )
+                if up_s >= self.stable_after:
+                    delay = self.restart_delay
+                restarted = self._restart(delay)
+                if restarted is None:
+                    return
+                proc, delay = restarted
+        except Exception:
+            logger.exception("tritonserver supervisor failed: Triton is no longer restarted")
+
+    def _restart(self, delay: float) -> tuple[subprocess.Popen[bytes], float] | None:
+        """Relaunch until one comes up ready: (the new process, the delay for the next crash); None if stopped."""
+        attempt = 0
+        while True:
+            attempt += 1
+            logger.warning("restarting tritonserver in %.1f s (attempt %d)", delay, attempt)
+            if self._stopping.wait(delay):
+                return None
+            t0 = time.monotonic()
+            log_offset = self._log_path.stat().st_size if self._log_path and self._log_path.exists() else 0
+            self._state = "restarting"
+            try:
+                proc = self._spawn(f"restart {self._restarts + 1}, attempt {attempt}")
+                if proc is None:
+                    return None
+                logger.info("restart attempt %d: tritonserver pid %d loading %s", attempt, proc.pid,
+                            self.models or "*")
+                self._wait_ready(proc, t0 + self.startup_timeout, log_offset)
+            except Exception as exc:  # noqa: BLE001 - every failure is retried
+                if self._stopping.is_set():
+                    return None
+                lines = str(exc).splitlines()
+                reason = "\n".join(lines[:1] + lines[1:][-_CRASH_TAIL_LINES:])
+                if self._proc is not None:
+                    self._discard(self._proc)
+                delay = min(delay * 2, self.max_restart_delay)
+                logger.error("restart attempt %d failed after %.1f s: %s", attempt, time.monotonic() - t0, reason)
+                continue
+            if self._stopping.is_set():
+                return None  # stop() owns the new process
+            self._ready_at = time.monotonic()
+            self._restarts += 1
+            self._state = "ready"
+            logger.warning(
+                "tritonserver restarted (attempt %d): pid %d ready in %.1f s on gRPC %s, HTTP %s, metrics %s",
+                attempt, proc.pid, self._ready_at - t0, self.grpc_url, self.http_url, self.metrics_url,
+            )
+            return proc, min(delay * 2, self.max_restart_delay)
+
+    def _discard(self, proc: subprocess.Popen[bytes]) -> list[int]:
+        """Kill ``proc``'s whole group, reap ``proc`` and forget it; returns the pids that were alive."""
+        alive = _kill_group(proc.pid)  # before reaping: the zombie leader keeps the group id taken
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
+        with self._proc_lock:
+            if self._proc is proc:
+                self._proc = None
+        return alive
+
+    # ------------------------------------------------------------------ stop
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM Triton, wait up to ``timeout`` s, then SIGKILL its whole process group. Idempotent."""
+        """Stop Triton for good; idempotent, and safe at any moment (also during a restart or back-off).
+
+        Supervision is turned off first, so this exit is never restarted.  A ready Triton gets SIGTERM
+        and up to ``timeout`` s to unload its models; one still loading is not waited for.  Then the
+        whole process group is SIGKILLed and drained, the supervisor thread is joined, and no process
+        this object started is left alive.
+        """
+        self._stopping.set()
         with self._stop_lock:
-            proc = self._proc
-            if proc is None:
-                return
-            pgid = proc.pid  # start_new_session made Triton its group leader
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    logger.warning("tritonserver did not exit in %.0f s; killing it", timeout)
-            # Stubs normally exit with Triton; kill whatever is left of the group.
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
+            with self._proc_lock:  # waits out a spawn in flight; none can begin after this
+                proc = self._proc
+                graceful = self._state == "ready"
+            if proc is not None:
+                pgid = proc.pid  # start_new_session made Triton its group leader
+                if graceful and _exit_code(proc) is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        proc.send_signal(signal.SIGTERM)
+                    deadline = time.monotonic() + timeout
+                    # Wait without reaping: the zombie leader keeps the group id taken for killpg.
+                    while _exit_code(proc) is None and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                    if _exit_code(proc) is None:
+                        logger.warning("tritonserver did not exit in %.0f s; killing it", timeout)
+                # Stubs normally exit with Triton; kill whatever is left of the group.
+                self._discard(proc)
+                logger.info("tritonserver (pid %s) stopped", pgid)
+            monitor, self._monitor = self._monitor, None
+            if monitor is not None and monitor is not threading.current_thread():
+                monitor.join(timeout=timeout + 30)
+                if monitor.is_alive():
+                    logger.error("tritonserver supervisor did not end")
+            # Nothing can be spawned any more; discard whatever child is still recorded (belt and braces).
+            with self._proc_lock:
+                proc, self._proc = self._proc, None
+            if proc is not None:
+                self._discard(proc)
+            self._state = "stopped"
             _live.discard(self)
-            logger.info("tritonserver (pid %s) stopped", pgid)
-            self._proc = None
             if self._workdir is not None:
                 # Keep the log for post-mortems; the backend copies are just bulk.
                 shutil.rmtree(self._workdir / "backends", ignore_errors=True)
