@@ -127,15 +127,18 @@ def main(argv: list[str] | None = None) -> int:
             from openai_api.embedded.launcher import EmbeddedTriton, TritonLaunchError
 
             kwargs = {"model_repository": args.model_repository} if args.model_repository else {}
+            # supervise: a crashed Triton is cleaned up and restarted on the same ports (see the launcher).
             triton = EmbeddedTriton(**kwargs, models=sorted({m.triton_name for m in config.all_models()}),
-                                    grpc_port=args.triton_grpc_port, http_port=args.triton_http_port)
+                                    grpc_port=args.triton_grpc_port, http_port=args.triton_http_port,
+                                    supervise=True)
             try:
                 triton.start()
             except TritonLaunchError as e:
                 print(f"error: the embedded Triton failed to start: {e}", file=sys.stderr)
                 return 3
             config.with_triton_endpoint(triton.grpc_url, triton.http_url)
-            logger.info("embedded Triton ready: gRPC %s, HTTP %s", triton.grpc_url, triton.http_url)
+            logger.info("embedded Triton ready: gRPC %s, HTTP %s, metrics %s", triton.grpc_url, triton.http_url,
+                        triton.metrics_url)
 
         import uvicorn
 
