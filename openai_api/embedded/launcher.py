@@ -218,14 +218,16 @@ def _shm_regions(pids: list[int]) -> set[str]:
     return regions
 
 
-def _kill_group(pgid: int, wait_s: float = 10.0) -> list[int]:
+def _kill_group(pgid: int, regions: set[str], wait_s: float = 10.0) -> list[int]:
     """SIGKILL process group ``pgid`` and wait until it has no live member; returns the pids that were alive.
 
     Members that became this process's children (orphans re-parented to a PID 1 or subreaper gateway)
-    are reaped here; the Python backend's shared-memory files they mapped are unlinked.
+    are reaped here.  Then the Python backend's shared-memory files are unlinked: ``regions`` (seen
+    mapped by the group earlier) and those its members map now.  Triton unlinks them on a clean exit
+    only; after a crash, or its own exit on a start-up error, they would stay in /dev/shm.
     """
     alive = [pid for pid, _, state in _group_members(pgid) if state != "Z"]
-    regions = _shm_regions(alive)
+    regions = regions | _shm_regions(alive)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
     me = os.getpid()
@@ -312,6 +314,7 @@ class EmbeddedTriton:
         self._ready_at = 0.0
         self._restarts = 0
         self._monitor: threading.Thread | None = None
+        self._shm: dict[int, set[str]] = {}  # Triton pid -> Python-backend shm files it was seen to map
         # Set first thing by stop(): the supervisor neither restarts nor spawns once it is set.
         self._stopping = threading.Event()
         # Guards spawning and swapping _proc, so stop() sees every child the supervisor starts.
@@ -509,6 +512,7 @@ class EmbeddedTriton:
         announced: set[str] = set()
         while True:
             log_offset = self._announce_from_log(log_offset, announced)
+            self._track_shm(proc)
             if self._stopping.is_set():
                 raise TritonLaunchError("stopped while starting")
             code = _exit_code(proc)
@@ -584,8 +588,11 @@ class EmbeddedTriton:
             delay = self.restart_delay
             while not self._stopping.wait(_POLL_S):
                 code = _exit_code(proc)
-                if code is None or self._stopping.is_set():
-                    continue  # running, or stop() is ending it
+                if code is None:
+                    self._track_shm(proc)  # a stub Triton restarts gets a new region
+                    continue
+                if self._stopping.is_set():
+                    return  # stop() is ending it
                 self._state = "restarting"
                 up_s = time.monotonic() - self._ready_at
                 tail = self.log_tail(_CRASH_TAIL_LINES)
@@ -643,9 +650,14 @@ class EmbeddedTriton:
             )
             return proc, min(delay * 2, self.max_restart_delay)
 
+    def _track_shm(self, proc: subprocess.Popen[bytes]) -> None:
+        # Triton maps every stub's region; read while it runs, so they can be removed after a crash.
+        self._shm.setdefault(proc.pid, set()).update(_shm_regions([proc.pid]))
+
     def _discard(self, proc: subprocess.Popen[bytes]) -> list[int]:
         """Kill ``proc``'s whole group, reap ``proc`` and forget it; returns the pids that were alive."""
-        alive = _kill_group(proc.pid)  # before reaping: the zombie leader keeps the group id taken
+        # Before reaping: the zombie leader keeps the group id taken.
+        alive = _kill_group(proc.pid, self._shm.pop(proc.pid, set()))
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         with self._proc_lock:
