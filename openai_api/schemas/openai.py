@@ -10,6 +10,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Token counts and top-k travel as INT32 in every Triton LLM protocol (and vLLM turns them into int32 tensors).
+_INT32_MAX = 2**31 - 1
+
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -47,10 +50,10 @@ class ChatMessage(BaseModel):
 
 class _Sampling(_Request):
     model: str = Field(min_length=1)
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: int | None = Field(default=None, ge=-1, le=_INT32_MAX)
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
     stream: bool = False
@@ -59,8 +62,9 @@ class _Sampling(_Request):
     n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(default=None, gt=0)
-    min_tokens: int | None = Field(default=None, ge=0)
+    # Beyond these a penalty only overflows the logits (1e-300 divides them to inf): no model means it.
+    repetition_penalty: float | None = Field(default=None, ge=0.01, le=100)
+    min_tokens: int | None = Field(default=None, ge=0, le=_INT32_MAX)
     user: str | None = None
     logit_bias: dict[str, float] | None = None
 
@@ -78,7 +82,7 @@ class _Sampling(_Request):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[dict[str, Any]] | None = None

@@ -124,6 +124,9 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
     if req.logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this model's Triton backend.",
                                   param="logit_bias", code="unsupported_parameter")
+    if req.min_tokens and req.min_tokens > max_tokens:
+        raise InvalidRequestError(f"min_tokens ({req.min_tokens}) must not be more than the completion's token "
+                                  f"budget ({max_tokens}).", param="min_tokens")
     temperature = _first(req.temperature, info.temperature, gdefaults.get("temperature"))
     top_k = _first(req.top_k, info.top_k, gdefaults.get("top_k"))
     if top_k is not None and top_k < 0:

@@ -106,7 +106,7 @@ def _grpc_code(err: BaseException) -> str:
 def map_triton_error(err: BaseException, model: str) -> GatewayError:
     """Translate a tritonclient / grpc / aiohttp exception into the gateway's taxonomy without leaking
     internals: unreachable Triton and unknown/unready models are 503 (naming the model), deadlines 504,
-    everything else Triton refused is 502 with Triton's own message."""
+    everything else Triton refused is 502 naming the model (Triton's own message is logged, not sent)."""
     if isinstance(err, GatewayError):
         return err
     if isinstance(err, asyncio.TimeoutError | TimeoutError):
@@ -137,8 +137,10 @@ def map_triton_error(err: BaseException, model: str) -> GatewayError:
     if "cancelled" in status_l:
         return BackendUnavailableError(f"The request to model {model!r} was cancelled by Triton.")
     logger.warning("triton error for model %s: %s %s", model, status, message[:500])
-    # Triton's own message names tensors and shapes: useful to the caller, and not gateway internals.
-    return BackendError(f"Triton failed the request for model {model!r}: {message[:500]}")
+    # Triton's message can carry the backend's own exception text (a model's RuntimeError, file paths):
+    # it goes to the log, never to the client. The gateway validates requests before Triton sees them,
+    # so what reaches here is the server side's failure.
+    return BackendError(f"Triton failed the request for model {model!r}; the gateway's log has the details.")
 
 
 def _is_connection_error(err: BaseException) -> bool:

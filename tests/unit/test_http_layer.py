@@ -332,3 +332,24 @@ async def test_a_lone_surrogate_in_a_message_is_a_400_not_a_crash(client: httpx.
     err = error_of(r, 400)
     assert err["code"] == "invalid_unicode"
     assert "surrogate" in err["message"]
+
+
+@pytest.mark.parametrize(("field", "value"), [("repetition_penalty", 1e-300), ("repetition_penalty", 1e300),
+                                              ("top_k", 2**63), ("min_tokens", 10**30), ("max_tokens", 2**40),
+                                              ("min_tokens", 25)])
+async def test_out_of_range_sampling_values_are_a_400_before_triton(app: FastAPI, client: httpx.AsyncClient,
+                                                                    field: str, value: Any) -> None:
+    r = await client.post(CHAT, json=body(**{field: value}), headers=AUTH)  # min_tokens 25 > max_tokens 20
+    err = error_of(r, 400)
+    assert err["param"] == field and err["type"] == "invalid_request_error"
+    assert app.state.services.registry.llm(MODEL).backend.requests == []
+
+
+async def test_a_backend_failure_never_sends_triton_text_to_the_client(app: FastAPI, client: httpx.AsyncClient) -> None:
+    from openai_api.triton.client import map_triton_error
+
+    rt = app.state.services.registry.llm(MODEL)
+    rt.backend = FakeBackend([[1]], fail_at=0, error=map_triton_error(
+        RuntimeError("generation failed: RuntimeError: probability tensor contains inf at /opt/model.py:12"), MODEL))
+    err = error_of(await client.post(CHAT, json=body(), headers=AUTH), 502)
+    assert "probability" not in err["message"] and "/opt" not in err["message"] and MODEL in err["message"]
