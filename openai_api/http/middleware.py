@@ -21,6 +21,10 @@ async def send_error(send: Send, err: GatewayError, extra_headers: Iterable[tupl
     await send({"type": "http.response.body", "body": body})
 
 
+# scope["state"] key: on an open path with keys configured, whether the request presented a valid key.
+AUTHORIZED_KEY = "authorized"
+
+
 class APIKeyMiddleware:
     """Every route except the explicitly open ones needs `Authorization: Bearer <key>` when keys are set.
 
@@ -44,10 +48,15 @@ class APIKeyMiddleware:
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["path"] in self.open_paths or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or not self.keys or scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
         auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if scope["path"] in self.open_paths:
+            # Open, but what it may say depends on the key: readiness names models only to key holders.
+            scope.setdefault("state", {})[AUTHORIZED_KEY] = self._authorized(auth)
+            await self.app(scope, receive, send)
+            return
         if not self._authorized(auth):
             msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY'."
                    if auth is None else "Incorrect API key provided.")

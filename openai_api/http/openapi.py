@@ -39,7 +39,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 
 class ReadinessReport(BaseModel):
     ready: bool
-    models: dict[str, str]
+    # Only for a request with a valid API key (or when the gateway has no keys).
+    models: dict[str, str] | None = None
 
 
 # Readiness answers 503 with the same report as its 200 (which models are not ready), not an error object.

@@ -139,7 +139,11 @@ async def test_readiness_is_open_without_a_key_and_503_without_triton(client: ht
     r = await client.get("/health/ready")
     assert r.status_code == 503
     assert r.headers["content-type"].startswith("application/json")
-    assert r.json() == {"ready": False, "models": {MODEL: "not ready"}}
+    assert r.json() == {"ready": False}  # no key: the status only, never the model names
+    r = await client.get("/health/ready", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 503 and r.json() == {"ready": False}
+    r = await client.get("/health/ready", headers=AUTH)
+    assert r.status_code == 503 and r.json() == {"ready": False, "models": {MODEL: "not ready"}}
 
 
 async def test_every_other_route_requires_the_key(app: FastAPI, client: httpx.AsyncClient) -> None:

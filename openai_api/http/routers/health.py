@@ -4,6 +4,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from openai_api.http.deps import services
+from openai_api.http.middleware import AUTHORIZED_KEY
 from openai_api.http.responses import json_response
 
 router = APIRouter()
@@ -17,6 +18,9 @@ async def health() -> Response:
 
 @router.get("/health/ready", tags=["health"])
 async def ready(request: Request) -> Response:
-    """Triton and every configured model are ready (readiness); 503 with the details otherwise."""
+    """Triton and every configured model are ready (readiness); 503 otherwise. Open to probes without a
+    key, but only a request with a valid key (or a gateway without keys) is told the models by name."""
     report = await services(request).health.readiness()
+    if not request.scope.get("state", {}).get(AUTHORIZED_KEY, True):
+        report = {"ready": report["ready"]}
     return json_response(report, status=200 if report["ready"] else 503)
