@@ -84,8 +84,8 @@ class RequestStats:
     the last body message (`more_body` false) is handed to the server, so the guard can tell a client
     that left mid-response (499) from one that closed after reading everything."""
 
-    __slots__ = ("complete", "completion_tokens", "disconnected", "model", "prompt_tokens", "request_id",
-                 "start", "status")
+    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "model", "prompt_tokens",
+                 "request_id", "start", "status")
 
     def __init__(self, start: float, request_id: str = "") -> None:
         self.start = start
@@ -96,6 +96,7 @@ class RequestStats:
         self.disconnected = False
         self.status = 0
         self.complete = False
+        self.event_stream = False  # the response is text/event-stream (set with `status`)
 
 
 _CURRENT: ContextVar[RequestStats | None] = ContextVar("openai_api_request_stats", default=None)

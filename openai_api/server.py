@@ -47,7 +47,9 @@ class DrainingServer(uvicorn.Server):
             left = self.grace_s - (time.monotonic() - self.drain_started)
             if self.limiter.total == 0 or left <= 0:
                 if self.limiter.total:
-                    logger.warning("grace period over: %d requests still in flight are cut", self.limiter.total)
+                    cut = self.lifecycle.cut()
+                    logger.warning("grace period over: %d requests still in flight are cut (streams get a final "
+                                   "shutting_down error event)", cut)
                 self.config.timeout_graceful_shutdown = 1
                 self.should_exit = True
         return bool(await super().on_tick(counter))

@@ -29,6 +29,7 @@ from openai_api.errors import (
     OverloadedError,
     PayloadTooLargeError,
     ShuttingDownError,
+    error_response_bytes,
 )
 from openai_api.http.middleware import send_error
 from openai_api.observability import Metrics, RequestStats, current_stats
@@ -41,10 +42,24 @@ _CLOSE = [(b"connection", b"close")]
 
 
 class Lifecycle:
-    """Process state shared between the server (signals) and the middleware."""
+    """Process state shared between the server (signals) and the middleware.
+
+    `draining`: new requests get 503 (after SIGTERM). `cut()`: the drain's grace is over, so every request
+    still in flight is ended by the gateway itself, in OpenAI's shape: a 503 if nothing was sent yet,
+    else a final SSE error event and the end of the body. Left to uvicorn, they would be cancelled
+    mid-write and logged as tracebacks, and a streaming client would see the stream just stop."""
 
     def __init__(self) -> None:
         self.draining = False
+        self.cutting = False
+        self.tasks: set[asyncio.Task[Any]] = set()
+
+    def cut(self) -> int:
+        """End every request in flight now; returns how many there were."""
+        self.cutting = True
+        for task in self.tasks:
+            task.cancel()
+        return len(self.tasks)
 
 
 class InFlightLimiter:
@@ -260,14 +275,33 @@ class GuardMiddleware:
                 gone.set()
 
         watcher = asyncio.create_task(watch(), name="disconnect-watcher")
+        tasks = self.lifecycle.tasks
+        tasks.add(task)
         try:
             await self.app(scope, app_receive, send)
         except asyncio.CancelledError:
-            # Our own cancellation (client gone) ends here; anyone else's goes on up.
-            if not disconnected or task.uncancel() > 0:
+            # Our own cancellations (client gone, or the drain's grace over) end here; anyone else's goes on up.
+            if not (disconnected or self.lifecycle.cutting) or task.uncancel() > 0:
                 raise
+            if not disconnected:
+                await _cut_short(stats, send)
         finally:
+            tasks.discard(task)
             watcher.cancel()
+
+
+async def _cut_short(stats: RequestStats, send: Send) -> None:
+    """End a response the shutdown cut: 503 before it started, else a final SSE error event (streams)."""
+    err = ShuttingDownError("The server shut down before this response was complete; retry on another instance.")
+    if not stats.status:
+        await send_error(send, err, _CLOSE)
+        return
+    if stats.complete:
+        return
+    if stats.event_stream:
+        await send({"type": "http.response.body", "body": b"data: " + error_response_bytes(err) + b"\n\n",
+                    "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def _completion_tracking(send: Send, stats: RequestStats) -> Send:

@@ -104,7 +104,10 @@ class RequestContextMiddleware:
                     stats.complete = True
             elif kind == "http.response.start":
                 stats.status = message["status"]
-                message["headers"] = [*message.get("headers", []), header]
+                headers = message.get("headers", [])
+                stats.event_stream = any(k == b"content-type" and v.startswith(b"text/event-stream")
+                                         for k, v in headers)
+                message["headers"] = [*headers, header]
             await send(message)
 
         in_flight = self.metrics.in_flight

@@ -113,6 +113,53 @@ def test_sigterm_drains_streams_refuses_new_requests_and_exits_0(triton: Embedde
         stop(proc)
 
 
+def test_requests_still_running_when_the_grace_ends_get_a_clear_ending(triton: EmbeddedTriton,
+                                                                         tmp_path: Path) -> None:
+    """A stream cut at the end of the drain gets a final `shutting_down` error event (not a silent stop), a
+    non-streamed request a 503 in OpenAI's shape; the process exits 0 and logs no traceback."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "cli.log"
+    proc = start_cli(["--port", str(port), "--config-file", str(write_config(tmp_path, triton, ("llm",))),
+                      "--shutdown-grace", "2"], log)
+    long = {"model": LLM, "messages": [{"role": "user", "content": "Count to a thousand."}], "max_tokens": 500,
+            "min_tokens": 500, "temperature": 0}
+    try:
+        wait_healthy(proc, url, log, timeout=120)
+        events: list[str] = []
+        first = threading.Event()
+        plain: list[httpx.Response] = []
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{url}/v1/chat/completions", headers=AUTH, timeout=120,
+                              json={**long, "stream": True}) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line[6:])
+                        first.set()
+
+        threads = [threading.Thread(target=stream),
+                   threading.Thread(target=lambda: plain.append(
+                       httpx.post(f"{url}/v1/chat/completions", headers=AUTH, timeout=120, json=long)))]
+        for t in threads:
+            t.start()
+        assert first.wait(120), "no first chunk"
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert time.monotonic() - t0 < 15
+        last = json.loads(events[-1])
+        assert last["error"]["code"] == "shutting_down" and last["error"]["type"] == "server_error", events[-3:]
+        assert plain and plain[0].status_code == 503 and plain[0].json()["error"]["code"] == "shutting_down"
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        text = log.read_text()
+        assert "Traceback" not in text and "Exception in ASGI" not in text, text[-3000:]
+        assert "requests still in flight are cut" in text
+    finally:
+        stop(proc)
+
+
 def test_sigterm_with_embedded_triton_stops_tritonserver_and_exits_0(tmp_path: Path) -> None:
     port = free_port()
     log = tmp_path / "cli.log"
