@@ -47,6 +47,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      help=f"most inputs per embeddings request (default: {d.max_embedding_inputs})")
     lim.add_argument("--max-rerank-documents", type=int, default=d.max_rerank_documents,
                      help=f"most documents per rerank request (default: {d.max_rerank_documents})")
+    lim.add_argument("--header-timeout", type=float, default=d.header_timeout_s, metavar="SECONDS",
+                     help="close a connection whose request line and headers are not complete this long after it "
+                          f"opened or began its next request (0: never; default: {d.header_timeout_s:g})")
+    lim.add_argument("--max-connections", type=int, default=d.max_connections, metavar="N",
+                     help="close connections beyond this many open ones at once (0: no cap; kept below the "
+                          f"open-files limit; default: {d.max_connections})")
     lim.add_argument("--max-in-flight", type=int, default=d.max_in_flight,
                      help=f"requests in flight in the gateway; 429 past it (default: {d.max_in_flight})")
     lim.add_argument("--max-in-flight-per-model", type=int, default=d.max_in_flight_per_model,
@@ -102,6 +108,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
                     max_in_flight_per_model=args.max_in_flight_per_model, retry_after_s=args.retry_after,
                     stream_idle_timeout_s=args.stream_idle_timeout or None, shutdown_grace_s=args.shutdown_grace,
                     stream_flush_interval_s=max(args.stream_flush_interval, 0.0) / 1000,
+                    header_timeout_s=args.header_timeout, max_connections=args.max_connections,
                     cpu_workers=args.cpu_workers, template_timeout_s=args.template_timeout,
                     template_max_chars=args.template_max_chars,
                     log_prompts=args.log_prompts and args.verbose, access_log=not args.no_access_log)
@@ -140,18 +147,15 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("embedded Triton ready: gRPC %s, HTTP %s, metrics %s", triton.grpc_url, triton.http_url,
                         triton.metrics_url)
 
-        import uvicorn
-
         from openai_api.app import create_app
-        from openai_api.server import DrainingServer
+        from openai_api.server import DrainingServer, uvicorn_config
 
         settings = settings_from(args)
         app = create_app(config, settings)
         logger.info("gateway listening on http://%s:%d/v1 (%d models, API keys %s)", args.host, args.port,
                     len(config.all_models()), "required" if settings.api_keys else "off")
         # uvicorn's own access log is off: the gateway writes one structured line per request instead.
-        server = DrainingServer(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level,
-                                               access_log=False, timeout_graceful_shutdown=5),
+        server = DrainingServer(uvicorn_config(app, settings, log_level=args.uvicorn_log_level),
                                 lifecycle=app.state.lifecycle, limiter=app.state.limiter,
                                 grace_s=settings.shutdown_grace_s)
         server.run()

@@ -69,8 +69,13 @@ class Metrics:
         self.triton_errors = Counter("openai_api_triton_errors", "Failed Triton calls by model and error code.",
                                      ["model", "code"], registry=r)
         self.rejected = Counter("openai_api_rejected_requests",
-                                "Requests refused before reaching a model (overload, body too large, draining).",
+                                "Requests and connections refused before reaching a model (overload, body too large, "
+                                "draining, header timeout, connection limit).",
                                 ["reason"], registry=r)
+
+    def rejected_connection(self, reason: str) -> None:
+        """A connection closed by the connection guard (`header_timeout`, `connection_limit`)."""
+        self.rejected.labels(reason).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import logging
 import time
 from types import FrameType
+from typing import Any
 
 import uvicorn
+from fastapi import FastAPI
 
+from openai_api.http.connections import guarded_protocol, raise_fd_limit
 from openai_api.http.limits import InFlightLimiter, Lifecycle
+from openai_api.settings import Settings
 
 logger = logging.getLogger("openai_api")
 
@@ -53,3 +57,26 @@ class DrainingServer(uvicorn.Server):
                 self.config.timeout_graceful_shutdown = 1
                 self.should_exit = True
         return bool(await super().on_tick(counter))
+
+
+# Open files the gateway needs beside its client connections (Triton channels, logs, models, the loop).
+_FD_HEADROOM = 512
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
+    """uvicorn's config for the gateway: its own access log off (the gateway writes one), and the
+    connection guard (`http.connections`) with the header timeout and the connection cap, the cap kept
+    below the open-files limit (raised towards what it needs first)."""
+    cap: int | None = settings.max_connections or None
+    if cap is not None:
+        limit = raise_fd_limit(cap + _FD_HEADROOM)
+        if cap > limit - _FD_HEADROOM:
+            cap = max(limit - _FD_HEADROOM, 16)
+            logger.warning("open-files limit %d: at most %d client connections (--max-connections %d)", limit, cap,
+                           settings.max_connections)
+    metrics = getattr(app.state, "metrics", None)
+    on_reject = metrics.rejected_connection if metrics is not None else None
+    http = guarded_protocol(settings.header_timeout_s or None, cap, on_reject)
+    kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "access_log": False,
+                              "timeout_graceful_shutdown": 5, "http": http, **overrides}
+    return uvicorn.Config(app, **kwargs)

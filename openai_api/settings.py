@@ -32,6 +32,13 @@ class Settings:
     # Cohere's documented maximum number of documents per rerank request.
     max_rerank_documents: int = 1000
 
+    # --- connections --------------------------------------------------------------------------------
+    # A connection must send its request line and headers within this long of opening (or of starting
+    # its next request), or it is closed: silent and slow-header connections cannot pile up.
+    header_timeout_s: float = 10.0
+    # Open connections beyond this are closed at once; kept below the process's open-files limit.
+    max_connections: int = 10000
+
     # --- overload ----------------------------------------------------------------------------------
     # Requests (POSTs) in flight in the whole gateway; past it an immediate 429, never a queue.
     max_in_flight: int = 512

@@ -20,6 +20,7 @@ from openai_api.app import create_app
 from openai_api.config import BUNDLED_CONFIG, GatewayConfig, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
+from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
 
 API_KEY = "test-key"
@@ -43,8 +44,8 @@ class GatewayServer:
             settings = Settings(config_file=config.source or Path("."), api_keys=api_keys)
         app = create_app(config, settings)
         self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="on"))
+        self.server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, name="gateway", daemon=True)
 
     @property
