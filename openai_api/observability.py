@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import orjson
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.types import Scope
 
@@ -47,6 +47,9 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
+        # The operator's first questions under load: memory (process_resident_memory_bytes), CPU seconds,
+        # open file descriptors against their limit (process_open_fds, process_max_fds), from /proc.
+        ProcessCollector(registry=r)
         self.requests = Counter("openai_api_requests", "HTTP requests by route template, model and status.",
                                 ["route", "model", "status"], registry=r)
         self.in_flight = Gauge("openai_api_requests_in_flight", "HTTP requests being served now.", registry=r)

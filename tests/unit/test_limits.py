@@ -246,6 +246,9 @@ async def test_metrics_and_access_log_over_the_fake_backend(caplog: pytest.LogCa
         in text
     assert 'openai_api_time_to_first_token_seconds_count{model="smollm2-135m-instruct"} 1.0' in text
     assert 'openai_api_completion_tokens_total{model="smollm2-135m-instruct"}' in text
+    for process_metric in ("process_resident_memory_bytes ", "process_cpu_seconds_total ", "process_open_fds ",
+                           "process_max_fds "):
+        assert process_metric in text, process_metric
     lines = [r.getMessage() for r in caplog.records if r.name == "openai_api.access"]
     chat_line = next(line for line in lines if "path=/v1/chat/completions" in line)
     for field in ("method=POST", "status=200", "request_id=rid-42", "model=smollm2-135m-instruct",
