@@ -1,14 +1,23 @@
-"""Bounded soak: thousands of mixed requests (chat, streamed chat, embeddings, rerank) at high concurrency
-on loopback; reports errors (must be 0) and the gateway's memory (must not keep growing).
+"""Soak: mixed requests at high concurrency on loopback, ordinary and hostile; reports every unexpected
+answer (must be 0) and the gateway's memory and file descriptors (must not keep growing).
 
     python scripts/soak.py                          # start Triton + the gateway CLI, 4,000 requests at 48
+    python scripts/soak.py --duration 600           # ten minutes instead of a request count
     python scripts/soak.py --url http://127.0.0.1:5100 --pid 1234 --api-key K   # an already running gateway
     python scripts/soak.py --triton 127.0.0.1:8001 127.0.0.1:8000               # a running Triton
 
-The gateway runs as its own process (the CLI), so its resident memory is measured without the load
-generator's. RSS is read after a warm-up (a tenth of the requests: allocator pools, tokenizer caches and
-gRPC channels are filled by then) and at the end; the run fails when errors > 0 or the RSS grew by more
-than `--max-growth-mib`. Exit code 0 = pass. `--json` prints the report as JSON.
+The mix: chat, streamed chat, embeddings and rerank (200 expected), plus the hostile kinds (`--mix
+ordinary` leaves them out): completions that fan out within the per-model limit (200, or 429 when the
+model is full) and past it (400 too_many_sequences), a ~2 MB chat message, completions prompt and
+embedding input (400 context_length_exceeded), reserved chat_template_kwargs (400), and streams whose
+client disconnects after the first chunk. Every `--storm-every` seconds a storm of silent connections is
+opened and left alone: the gateway must close each within its header timeout.
+
+The gateway runs as its own process (the CLI), so its resident memory and open fds are measured without
+the load generator's: after a warm-up (a tenth of the load: allocator pools, tokenizer caches and gRPC
+channels are filled by then), every second during the run (peak) and at the end. The run fails when an
+answer was unexpected or the RSS grew by more than `--max-growth-mib`. Exit code 0 = pass. `--json`
+prints the report as JSON.
 """
 
 from __future__ import annotations
@@ -36,6 +45,15 @@ LLM = "smollm2-135m-instruct"
 EMBEDDING = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
 KINDS = ("chat", "stream", "embeddings", "rerank")
+HOSTILE = ("fanout", "fanout_too_big", "big_chat", "big_prompt", "big_embedding", "reserved_kwargs",
+           "disconnect")
+# What each kind may answer; anything else is an error.
+EXPECTED: dict[str, frozenset[int]] = {
+    **{k: frozenset({200}) for k in KINDS}, "fanout": frozenset({200, 429}), "fanout_too_big": frozenset({400}),
+    "big_chat": frozenset({400}), "big_prompt": frozenset({400}), "big_embedding": frozenset({400}),
+    "reserved_kwargs": frozenset({400}), "disconnect": frozenset({200}),
+}
+BIG = ("All work and no play makes Jack a dull boy. " * 48000)[:2_000_000]
 
 
 def rss_mib(pid: int) -> float:
@@ -44,6 +62,10 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def open_fds(pid: int) -> int:
+    return len(list(Path(f"/proc/{pid}/fd").iterdir()))
 
 
 def _free_port() -> int:
@@ -72,7 +94,7 @@ def write_config(folder: Path, grpc_url: str, http_url: str) -> Path:
 class Gateway:
     """The gateway CLI as a subprocess pointed at a running Triton."""
 
-    def __init__(self, grpc_url: str, http_url: str, api_key: str) -> None:
+    def __init__(self, grpc_url: str, http_url: str, api_key: str, extra_args: tuple[str, ...] = ()) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="soak-"))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -82,7 +104,7 @@ class Gateway:
             self.proc = subprocess.Popen(
                 [sys.executable, "openai_api_cli.py", "--host", "127.0.0.1", "--port", str(self.port),
                  "--config-file", str(config), "--api-key", api_key, "--no-access-log",
-                 "--uvicorn-log-level", "warning"], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+                 "--uvicorn-log-level", "warning", *extra_args], cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -108,29 +130,52 @@ class Gateway:
 def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
     text = " ".join(random.choice(words) for _ in range(8)) + f" {i}"
+    chat = {"model": LLM, "messages": [{"role": "user", "content": text}], "max_tokens": 1, "temperature": 0}
     if kind in ("chat", "stream"):
-        body: dict[str, Any] = {"model": LLM, "messages": [{"role": "user", "content": text}], "max_tokens": 1,
-                                "temperature": 0}
+        body: dict[str, Any] = dict(chat)
         if kind == "stream":
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         return "/v1/chat/completions", body
     if kind == "embeddings":
         return "/v1/embeddings", {"model": EMBEDDING, "input": [text, text[::-1]]}
-    return "/v1/rerank", {"model": RERANK, "query": text, "documents": [text, "unrelated words", text[:10]]}
+    if kind == "rerank":
+        return "/v1/rerank", {"model": RERANK, "query": text, "documents": [text, "unrelated words", text[:10]]}
+    if kind == "fanout":
+        return "/v1/completions", {"model": LLM, "prompt": [text, text[::-1]], "n": 2, "max_tokens": 1}
+    if kind == "fanout_too_big":
+        return "/v1/completions", {"model": LLM, "prompt": [text] * 300, "n": 16, "max_tokens": 1}
+    if kind == "big_chat":
+        return "/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": BIG}]}
+    if kind == "big_prompt":
+        return "/v1/completions", {"model": LLM, "prompt": BIG, "max_tokens": 1}
+    if kind == "big_embedding":
+        return "/v1/embeddings", {"model": EMBEDDING, "input": BIG}
+    if kind == "reserved_kwargs":
+        return "/v1/chat/completions", {**chat, "chat_template_kwargs": {"messages": []}}
+    if kind == "disconnect":
+        return "/v1/chat/completions", {**chat, "max_tokens": 64, "stream": True}
+    raise ValueError(kind)
 
 
 def check(kind: str, status: int, payload: bytes) -> str | None:
     """None when the response is right; else a short reason."""
-    if status != 200:
+    if status not in EXPECTED[kind]:
         return f"{kind}: HTTP {status} {payload[:200]!r}"
+    if status != 200:
+        err = json.loads(payload).get("error", {})
+        if not isinstance(err, dict) or set(err) != {"message", "type", "param", "code"}:
+            return f"{kind}: HTTP {status} without OpenAI's error shape {payload[:200]!r}"
+        return None
+    if kind == "disconnect":
+        return None
     if kind == "stream":
         events = [line[6:] for line in payload.decode().splitlines() if line.startswith("data: ")]
         if not events or events[-1] != "[DONE]" or any('"error"' in e for e in events):
             return f"stream: bad ending {events[-2:]!r}"
         return None
     body = json.loads(payload)
-    if kind == "chat" and not body.get("choices"):
-        return "chat: no choices"
+    if kind in ("chat", "fanout") and not body.get("choices"):
+        return f"{kind}: no choices"
     if kind == "embeddings" and len(body.get("data", [])) != 2:
         return "embeddings: wrong count"
     if kind == "rerank" and len(body.get("data", [])) != 3:
@@ -138,28 +183,66 @@ def check(kind: str, status: int, payload: bytes) -> str | None:
     return None
 
 
+async def send(client: httpx.AsyncClient, kind: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    if kind != "disconnect":
+        r = await client.post(path, json=body)
+        return r.status_code, r.content
+    async with client.stream("POST", path, json=body) as r:  # leave after the first chunk: a client gone
+        async for _ in r.aiter_bytes():
+            break
+        return r.status_code, b""
+
+
+async def storm(host: str, port: int, size: int, every: float, close_within: float, stop: asyncio.Event,
+                out: dict[str, int]) -> None:
+    """Every `every` s: `size` connections that send nothing; each must be closed by the gateway in time."""
+
+    async def silent() -> bool:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            return True  # refused at the cap: also fine
+        try:
+            return await asyncio.wait_for(reader.read(1), close_within) == b""
+        except (TimeoutError, ConnectionError):
+            return False
+        finally:
+            writer.close()
+
+    while not stop.is_set():
+        results = await asyncio.gather(*(silent() for _ in range(size)))
+        out["opened"] += size
+        out["not_closed"] += results.count(False)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), every)
+
+
 async def run_load(url: str, api_key: str, count: int, concurrency: int, seed: int = 0,
-                   on_progress: Any = None) -> dict[str, Any]:
+                   on_progress: Any = None, kinds_mix: tuple[str, ...] = KINDS,
+                   duration: float | None = None) -> dict[str, Any]:
     random.seed(seed)
-    kinds = [KINDS[i % len(KINDS)] for i in range(count)]
+    kinds = [kinds_mix[i % len(kinds_mix)] for i in range(max(count, len(kinds_mix)))]
     random.shuffle(kinds)
     errors: list[str] = []
-    done = {k: 0 for k in KINDS}
+    done = {k: 0 for k in kinds_mix}
+    statuses: dict[str, int] = {}
     next_index = 0
+    deadline = time.monotonic() + duration if duration else None
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {api_key}"}, timeout=300,
                                  limits=limits) as client:
 
         async def worker() -> None:
             nonlocal next_index
-            while next_index < count:
+            while (next_index < count) if deadline is None else (time.monotonic() < deadline):
                 i = next_index
                 next_index += 1
-                kind = kinds[i]
+                kind = kinds[i % len(kinds)]
                 path, body = request_for(kind, i)
                 try:
-                    r = await client.post(path, json=body)
-                    problem = check(kind, r.status_code, r.content)
+                    status, payload = await send(client, kind, path, body)
+                    statuses[str(status)] = statuses.get(str(status), 0) + 1
+                    problem = check(kind, status, payload)
                 except (httpx.HTTPError, ValueError) as e:
                     problem = f"{kind}: {type(e).__name__}: {e}"
                 if problem:
@@ -171,34 +254,74 @@ async def run_load(url: str, api_key: str, count: int, concurrency: int, seed: i
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         elapsed = time.monotonic() - t0
-    return {"requests": count, "concurrency": concurrency, "seconds": round(elapsed, 1),
-            "per_second": round(count / elapsed, 1), "by_kind": done, "errors": len(errors),
-            "error_samples": errors[:10]}
+    total = sum(done.values())
+    return {"requests": total, "concurrency": concurrency, "seconds": round(elapsed, 1),
+            "per_second": round(total / elapsed, 1), "by_kind": done, "by_status": dict(sorted(statuses.items())),
+            "errors": len(errors), "error_samples": errors[:10]}
 
 
-def soak(url: str, pid: int | None, api_key: str, count: int, concurrency: int,
-         max_growth_mib: float) -> dict[str, Any]:
-    warmup = max(concurrency, count // 10)
-    report: dict[str, Any] = {"warmup": asyncio.run(run_load(url, api_key, warmup, concurrency, seed=1))}
-    rss: dict[str, float] = {}
-    if pid is not None:
-        rss["after_warmup_mib"] = round(rss_mib(pid), 1)
-        samples: list[float] = []
-        step = max(1, count // 4)
+class Sampler:
+    """The gateway's RSS and open fds, once a second while a run goes on (start, peak, end)."""
 
-        def sample(i: int) -> None:
-            if i and i % step == 0:
-                samples.append(round(rss_mib(pid), 1))
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.rss = [rss_mib(pid)]
+        self.fds = [open_fds(pid)]
 
-        report["soak"] = asyncio.run(run_load(url, api_key, count, concurrency, seed=2, on_progress=sample))
-        rss["during_mib"] = samples  # type: ignore[assignment]
-        rss["end_mib"] = round(rss_mib(pid), 1)
-        rss["growth_mib"] = round(rss["end_mib"] - rss["after_warmup_mib"], 1)
-    else:
-        report["soak"] = asyncio.run(run_load(url, api_key, count, concurrency, seed=2))
-    report["rss"] = rss
-    errors = report["warmup"]["errors"] + report["soak"]["errors"]
-    grew = rss.get("growth_mib", 0.0) > max_growth_mib
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            with contextlib.suppress(OSError, RuntimeError):
+                self.rss.append(rss_mib(self.pid))
+                self.fds.append(open_fds(self.pid))
+
+    def report(self) -> dict[str, Any]:
+        return {"start_mib": round(self.rss[0], 1), "peak_mib": round(max(self.rss), 1),
+                "end_mib": round(self.rss[-1], 1), "growth_mib": round(self.rss[-1] - self.rss[0], 1),
+                "fds_start": self.fds[0], "fds_peak": max(self.fds), "fds_end": self.fds[-1]}
+
+
+async def measured(url: str, pid: int | None, api_key: str, count: int, concurrency: int, seed: int,
+                   kinds_mix: tuple[str, ...], duration: float | None, storm_every: float | None,
+                   storm_size: int, storm_close_within: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    stop = asyncio.Event()
+    sampler = Sampler(pid) if pid is not None else None
+    storms = {"opened": 0, "not_closed": 0}
+    side = []
+    if sampler is not None:
+        side.append(asyncio.create_task(sampler.run(stop)))
+    if storm_every:
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        side.append(asyncio.create_task(storm(host, int(port), storm_size, storm_every, storm_close_within, stop,
+                                              storms)))
+    try:
+        load = await run_load(url, api_key, count, concurrency, seed=seed, kinds_mix=kinds_mix, duration=duration)
+    finally:
+        stop.set()
+        await asyncio.gather(*side)
+    if storm_every:
+        load["silent_connections"] = storms
+        if storms["not_closed"]:
+            load["errors"] += storms["not_closed"]
+            load["error_samples"].append(f"{storms['not_closed']} silent connections were not closed in time")
+    return load, (sampler.report() if sampler is not None else {})
+
+
+def soak(url: str, pid: int | None, api_key: str, count: int, concurrency: int, max_growth_mib: float,
+         mix: str = "hostile", duration: float | None = None, storm_every: float | None = None,
+         storm_size: int = 200, storm_close_within: float = 15.0) -> dict[str, Any]:
+    kinds = KINDS + HOSTILE if mix == "hostile" else KINDS
+    warmup_count = max(concurrency, count // 10)
+    report: dict[str, Any] = {
+        "warmup": asyncio.run(run_load(url, api_key, warmup_count, concurrency, seed=1, kinds_mix=kinds,
+                                       duration=duration / 10 if duration else None))}
+    load, memory = asyncio.run(measured(url, pid, api_key, count, concurrency, 2, kinds, duration, storm_every,
+                                        storm_size, storm_close_within))
+    report["soak"] = load
+    report["rss"] = memory
+    errors = report["warmup"]["errors"] + load["errors"]
+    grew = memory.get("growth_mib", 0.0) > max_growth_mib
     report["errors"] = errors
     report["passed"] = errors == 0 and not grew
     return report
@@ -207,7 +330,13 @@ def soak(url: str, pid: int | None, api_key: str, count: int, concurrency: int,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--requests", type=int, default=4000)
+    p.add_argument("--duration", type=float, help="run this many seconds instead of --requests")
     p.add_argument("--concurrency", type=int, default=48)
+    p.add_argument("--mix", choices=["hostile", "ordinary"], default="hostile",
+                   help="hostile (default): ordinary requests plus fan-out, big inputs, bad kwargs, disconnects")
+    p.add_argument("--storm-every", type=float, default=15.0, metavar="SECONDS",
+                   help="open a storm of silent connections this often (0: never; default 15)")
+    p.add_argument("--storm-size", type=int, default=200, help="silent connections per storm (default 200)")
     p.add_argument("--url", help="a running gateway (with --pid to measure its memory)")
     p.add_argument("--pid", type=int, help="the running gateway's process id")
     p.add_argument("--api-key", default="soak-key")
@@ -234,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
             gateway = Gateway(grpc_url, http_url, args.api_key)
             gateway.wait_ready()
             url, pid = gateway.url, gateway.proc.pid
-        report = soak(url, pid, args.api_key, args.requests, args.concurrency, args.max_growth_mib)
+        report = soak(url, pid, args.api_key, args.requests, args.concurrency, args.max_growth_mib, args.mix,
+                      args.duration, args.storm_every or None, args.storm_size)
         if gateway is not None:
             report["gateway_exit_code"] = gateway.stop()
             report["passed"] = report["passed"] and report["gateway_exit_code"] == 0
@@ -244,11 +374,13 @@ def main(argv: list[str] | None = None) -> int:
             s = report["soak"]
             print(f"soak: {s['requests']} requests at concurrency {s['concurrency']} in {s['seconds']} s "
                   f"({s['per_second']}/s) {s['by_kind']}")
+            print(f"answers by status: {s['by_status']}; silent connections: {s.get('silent_connections')}")
             print(f"errors: {report['errors']} {report['soak']['error_samples'] or ''}")
             if report["rss"]:
                 r = report["rss"]
-                print(f"gateway RSS: {r['after_warmup_mib']} MiB after warm-up, {r['during_mib']} during, "
-                      f"{r['end_mib']} MiB at the end (growth {r['growth_mib']:+} MiB)")
+                print(f"gateway RSS: {r['start_mib']} MiB after warm-up, peak {r['peak_mib']}, end {r['end_mib']} "
+                      f"(growth {r['growth_mib']:+} MiB); open fds {r['fds_start']} / peak {r['fds_peak']} / "
+                      f"end {r['fds_end']}")
             print("PASS" if report["passed"] else "FAIL")
         return 0 if report["passed"] else 1
     finally:
