@@ -7,7 +7,15 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   ``runtime_top_p``/``temperature``/``repetition_penalty``/``presence_penalty``/``frequency_penalty``
   FP32 [1, 1], ``seed`` UINT64 [1, 1], ``streaming``/``return_log_probs``/``exclude_input_in_output``
   BOOL [1, 1], ``stop_words_list``/``bad_words_list`` INT32 [1, 2, N] (row 0 concatenated ids, row 1
-  cumulative end offsets padded with -1).
+  cumulative end offsets padded with -1), ``guided_decoding_guide_type``/``guided_decoding_guide``
+  BYTES [1, 1] (TYPE_STRING, as the TensorRT-LLM backend declares them).
+* guided decoding: guide type ``json`` (any JSON object or array; the guide is not needed),
+  ``json_schema`` (the guide is a JSON schema), ``regex`` or ``ebnf_grammar`` (xgrammar EBNF,
+  ``root ::= ...``), enforced token by token with xgrammar (rules in ``smollm2_guide.py``).  Other
+  types (``structural_tag`` included, which the Triton backends do not map either), a guide without
+  a type, a missing guide and a guide that does not compile are refused with an error naming the
+  problem.  The output ends with "stop" (end id never emitted) when the grammar is complete, or after
+  ``request_output_len`` tokens with the partial output.
 * outputs: ``output_ids`` INT32 [1, 1, T], ``sequence_length`` INT32 [1, 1], ``output_log_probs``
   FP32 [1, 1, T] (log-prob of each generated token after penalties and temperature, zeros unless
   ``return_log_probs``), ``cum_log_probs`` FP32 [1, 1].
@@ -57,10 +65,12 @@ from smollm2_engine import (
     RequestError,
     SmolLM2Engine,
     batched_scalar,
+    batched_string,
     input_array,
     seeded_generator,
     word_list,
 )
+from smollm2_guide import trtllm_guide
 
 
 class TritonPythonModel(SmolLM2Engine):
@@ -108,6 +118,8 @@ class TritonPythonModel(SmolLM2Engine):
             stop_words=word_list(request, "stop_words_list"),
             bad_words=word_list(request, "bad_words_list"),
             generator=seeded_generator(batched_scalar(request, "seed", None)),
+            guide=trtllm_guide(batched_string(request, "guided_decoding_guide_type"),
+                               batched_string(request, "guided_decoding_guide")),
             state={
                 "exclude_input": bool(batched_scalar(request, "exclude_input_in_output", False)),
                 "return_log_probs": bool(batched_scalar(request, "return_log_probs", False)),

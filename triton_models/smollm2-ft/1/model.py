@@ -50,6 +50,8 @@ from smollm2_engine import (
 class TritonPythonModel(SmolLM2Engine):
     """Decoupled SmolLM2 generator, FasterTransformer tensors with cumulative streaming."""
 
+    GUIDED_DECODING = False  # FasterTransformer has no guide inputs
+
     def parse(self, request: Any, sender: Any) -> Job:
         ids = input_array(request, "input_ids")
         if ids is None:
