@@ -10,8 +10,13 @@ Wire contract (``max_batch_size: 0``: no batch dim), as the Triton vLLM backend 
   context), ``temperature`` (1.0; 0 = greedy), ``top_p``, ``top_k`` (-1 or 0 = off), ``seed``,
   ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``min_tokens``,
   ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``logprobs`` (the sampled token only),
-  ``n`` (1 only), ``stop`` (empty only: stop strings are the gateway's job here).  Other keys are
-  refused with an error naming them, so a client bug does not pass silently.
+  ``n`` (1 only), ``stop`` (empty only: stop strings are the gateway's job here), and guided decoding
+  in both spellings the backend passes on to vLLM: ``structured_outputs`` (a string holding a JSON
+  object: ``{"json": {schema}}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``,
+  ``{"json_object": true}``, ``{"structural_tag": ...}``) and the older ``guided_decoding`` (the same
+  fields as a JSON object or a string holding one, plus ``backend``).  The exact rules are in
+  ``../../smollm2-135m-instruct/1/smollm2_guide.py``.  Other keys are refused with an error naming
+  them, so a client bug does not pass silently.
 * outputs, per response: ``text_output`` BYTES [1] holds only the text new since the previous
   response (the prompt text is prepended to the first one unless ``exclude_input_in_output``, which
   streaming requires, as in vLLM); ``finish_reason`` BYTES [1] ("None" until the last response, then
@@ -49,13 +54,14 @@ from tokenizers.decoders import DecodeStream
 # own would be taken for a model by Triton).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
 from smollm2_engine import Job, RequestError, SmolLM2Engine, input_array, seeded_generator
+from smollm2_guide import vllm_guide
 
 # Priming the decoder with the prompt's tail gives the same leading-space handling as decoding the
 # whole sequence (the gateway's own detokenizer does the same).
 DECODE_PREFIX = 8
 _KNOWN_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
                "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-               "logprobs", "n", "stop"}
+               "logprobs", "n", "stop", "structured_outputs", "guided_decoding"}
 
 
 def _flag(request: Any, name: str) -> bool | None:
@@ -128,6 +134,7 @@ class TritonPythonModel(SmolLM2Engine):
             min_tokens=_number(params, "min_tokens", 0, int),
             stop_ids=frozenset(stop_ids),
             generator=seeded_generator(_number(params, "seed", None, int)),
+            guide=vllm_guide(params),
             state={
                 "prompt_text": prompt_text if prepend else "",
                 "decoder": DecodeStream(ids=prompt[-DECODE_PREFIX:], skip_special_tokens=skip_special),
