@@ -14,6 +14,16 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
 * tokens: the i-th generated token is ``TOKEN_CYCLE[i % len(TOKEN_CYCLE)]``, real SmolLM2 ids that
   decode to " The quick brown fox jumps over the lazy dog ..." (one English word per token), so a
   client's detokenization does realistic work.
+* guided decoding: the TensorRT-LLM inputs ``guided_decoding_guide_type`` / ``guided_decoding_guide``
+  (BYTES [1, 1]) are declared and checked as the reference model checks them (type one of json,
+  json_schema, regex, ebnf_grammar; a guide required except for json; a json_schema guide must be a
+  JSON object) but not compiled: whatever the guide, a guided request emits one fixed JSON object,
+  ``JSON_PREFIX`` + body + ``JSON_SUFFIX``, i.e. ``{"text": " The quick brown fox ..."}`` with the
+  body words from ``TOKEN_CYCLE``, sized so the closing ``"}`` is the last token: with an ``end_id``
+  the object takes ``request_output_len - 1`` tokens and the request then ends as on ``end_id`` (a
+  client sees "stop"), without one it takes all ``request_output_len`` tokens.  Below 5 tokens (the
+  empty object ``{"text": ""}``) the object is cut after ``request_output_len`` tokens, as a model's
+  would be.  So a gateway's JSON / tool-call path parses real JSON in benchmarks.
 * streaming: one response per token holding only that token; ``sequence_length`` is the running
   total (prompt included unless ``exclude_input_in_output``).  The last token's response carries
   ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``; when generation ends on ``end_id`` (never emitted) or
@@ -67,6 +77,11 @@ TOKEN_CYCLE = (
     1194, 288, 5968,
 )
 OUTPUT_NAMES = ("output_ids", "sequence_length", "output_log_probs", "cum_log_probs")
+# The guided output: '{"text": "' and '"}' in SmolLM2 ids; the body between them comes from TOKEN_CYCLE
+# (the concatenation is also the canonical tokenization of the whole object).
+JSON_PREFIX = (39428, 2692, 1799, 476)
+JSON_SUFFIX = (23597,)
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
 
 class RequestError(ValueError):
@@ -90,6 +105,50 @@ def _scalar(request: Any, name: str, default: Any) -> Any:
     if arr.shape[0] != 1:
         raise RequestError(f"{name}: batch size {arr.shape[0]} not supported, send one sequence per request")
     return arr.reshape(-1)[0].item()
+
+
+def _string(request: Any, name: str) -> str | None:
+    arr = _tensor(request, name)
+    if arr is None or arr.size == 0:
+        return None
+    if arr.shape[0] != 1 or arr.size != 1:
+        raise RequestError(f"{name}: expected one string (shape [1, 1]), got shape {list(arr.shape)}")
+    raw = arr.reshape(-1)[0]
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+def _guided(request: Any) -> bool:
+    """Whether the request carries a guide, checked as smollm2-135m-instruct checks it (not compiled)."""
+    guide_type = _string(request, "guided_decoding_guide_type")
+    guide = _string(request, "guided_decoding_guide")
+    if guide_type is None:
+        if guide:
+            raise RequestError("guided_decoding_guide was sent without guided_decoding_guide_type "
+                               f"(one of {', '.join(GUIDE_TYPES)})")
+        return False
+    if guide_type not in GUIDE_TYPES:
+        raise RequestError(f"guided_decoding_guide_type {guide_type!r} is not supported; "
+                           f"use one of {', '.join(GUIDE_TYPES)}")
+    if guide_type != "json" and not guide:
+        raise RequestError(f"guided_decoding_guide is required with guided_decoding_guide_type {guide_type!r}")
+    if guide_type == "json_schema":
+        try:
+            schema = json.loads(guide or "")
+        except ValueError as exc:
+            raise RequestError(f"guided_decoding_guide: the JSON schema is not valid JSON ({exc})") from None
+        if not isinstance(schema, dict | bool):
+            raise RequestError("guided_decoding_guide: a JSON schema must be a JSON object")
+    return True
+
+
+def _json_script(max_new: int, end_id: int) -> list[int]:
+    """The guided output's token ids; see the module docstring."""
+    budget = max_new - 1 if end_id >= 0 else max_new
+    shortest = len(JSON_PREFIX) + len(JSON_SUFFIX)
+    if budget < shortest:
+        return list(JSON_PREFIX + JSON_SUFFIX)[:max_new]
+    body = [TOKEN_CYCLE[i % len(TOKEN_CYCLE)] for i in range(budget - shortest)]
+    return [*JSON_PREFIX, *body, *JSON_SUFFIX]
 
 
 def _word_list(request: Any, name: str) -> list[list[int]]:
@@ -130,6 +189,8 @@ class Job:
     stop_words: list[list[int]]
     outputs: frozenset[str]
     delay_s: float
+    # Guided requests: the whole output, fixed in advance (the request ends when it is used up).
+    script: list[int] | None = None
     generated: list[int] = field(default_factory=list)
     next_check: float = 0.0
 
@@ -148,7 +209,7 @@ class TritonPythonModel:
         self.delay_s = max(0.0, float(param("delay_ms", "0")) / 1000.0)
         self.max_sequence = int(param("max_sequence", str(DEFAULT_MAX_SEQUENCE)))
         # One-token output arrays, built once: the hot path only wraps them in pb_utils.Tensor.
-        self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32) for t in TOKEN_CYCLE}
+        self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32) for t in (*TOKEN_CYCLE, *JSON_PREFIX, *JSON_SUFFIX)}
         self.zero_lp1 = np.zeros((1, 1, 1), dtype=np.float32)
         self.zero_cum = np.zeros((1, 1), dtype=np.float32)
 
@@ -226,17 +287,19 @@ class TritonPythonModel:
             requested = frozenset(request.requested_output_names()) or frozenset(OUTPUT_NAMES)
         except AttributeError:  # older stubs: send everything
             requested = frozenset(OUTPUT_NAMES)
+        end_id = int(_scalar(request, "end_id", -1))
         return Job(
             sender=sender,
             prompt=prompt,
             max_new=max_new,
-            end_id=int(_scalar(request, "end_id", -1)),
+            end_id=end_id,
             min_tokens=int(_scalar(request, "min_tokens", 0)),
             streaming=bool(_scalar(request, "streaming", False)),
             exclude_input=bool(_scalar(request, "exclude_input_in_output", False)),
             stop_words=_word_list(request, "stop_words_list"),
             outputs=requested,
             delay_s=delay_s,
+            script=_json_script(max_new, end_id) if _guided(request) else None,
         )
 
     # ------------------------------------------------------------------ emission loop
@@ -300,11 +363,12 @@ class TritonPythonModel:
 
     def _advance(self, job: Job) -> bool:
         n = len(job.generated)
-        if n >= job.max_new:  # request_output_len == 0
+        # request_output_len == 0, or a guided request's JSON object is complete (it ends as on end_id)
+        if n >= job.max_new or (job.script is not None and n >= len(job.script)):
             self._respond(job, None, final=True)
             self._finish("completed")
             return True
-        token = TOKEN_CYCLE[n % len(TOKEN_CYCLE)]
+        token = TOKEN_CYCLE[n % len(TOKEN_CYCLE)] if job.script is None else job.script[n]
         if token == job.end_id and n >= job.min_tokens:
             self._respond(job, None, final=True)
             self._finish("completed")
