@@ -235,6 +235,17 @@ async def test_vllm_choice_in_both_spellings(triton: EmbeddedTriton) -> None:
             assert not res.errors and res.finish == "stop" and res.text in choices, res.text
 
 
+async def test_vllm_structural_tag(triton: EmbeddedTriton) -> None:
+    # xgrammar's structural tag, as vLLM takes it: a string. This one forces <f>{schema}</f>.
+    city = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"]}
+    tag = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                "content": {"type": "json_schema", "json_schema": city}}}
+    res = await vllm(triton, "Which city is the capital of Italy?", 20,
+                     structured_outputs=json.dumps({"structural_tag": json.dumps(tag)}))
+    assert not res.errors and res.finish == "stop" and res.text.startswith("<f>") and res.text.endswith("</f>")
+    jsonschema.validate(json.loads(res.text[3:-4]), city)
+
+
 # ------------------------------------------------------------------ streaming, limits, other options
 async def test_streamed_and_whole_agree(triton: EmbeddedTriton, tokenizer: Tokenizer) -> None:
     guide = json.dumps(SCHEMA)
