@@ -20,7 +20,7 @@ from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddlewar
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
 from openai_api.http.routers import chat, completions, embeddings, health, metrics, models, rerank
-from openai_api.observability import InstrumentedEncoder, InstrumentedLLMBackend, Metrics
+from openai_api.observability import Metrics
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.embeddings import EmbeddingsService
@@ -54,8 +54,8 @@ class Services:
     preprocess: Preprocessor
 
 
-def build_services(config: GatewayConfig, pool: TritonClientPool, settings: Settings) -> Services:
-    registry = ModelRegistry(config, pool)
+def build_services(config: GatewayConfig, pool: TritonClientPool, settings: Settings, metrics: Metrics) -> Services:
+    registry = ModelRegistry(config, pool, metrics, settings.stream_idle_timeout_s)
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                        RenderLimits(settings.template_timeout_s, settings.template_max_chars))
     return Services(registry=registry, chat=ChatService(registry, pre), models=ModelsService(registry),
@@ -64,28 +64,10 @@ def build_services(config: GatewayConfig, pool: TritonClientPool, settings: Sett
                     preprocess=pre)
 
 
-def set_stream_idle_timeout(backend: object, idle_s: float | None) -> None:
-    """Every adapter streaming from Triton honours `stream_idle_timeout_s`; reach through replica sets."""
-    backend.stream_idle_timeout_s = idle_s  # type: ignore[attr-defined]
-    replica_set = getattr(backend, "set", None)
-    for replica in getattr(replica_set, "replicas", ()):
-        set_stream_idle_timeout(replica.adapter, idle_s)
-
-
-def instrument(svc: Services, mx: Metrics, settings: Settings) -> None:
-    """Wrap every Triton adapter with metrics, and give LLM adapters the stall timeout."""
-    for rt in svc.registry.llms.values():
-        set_stream_idle_timeout(rt.backend, settings.stream_idle_timeout_s)
-        rt.backend = InstrumentedLLMBackend(rt.backend, mx, rt.name)
-    for enc in svc.registry.encoders.values():
-        enc.adapter = InstrumentedEncoder(enc.adapter, mx, enc.name)  # type: ignore[assignment]
-
-
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
     pool = TritonClientPool()
-    svc = build_services(config, pool, settings)
     metrics_ = Metrics()
-    instrument(svc, metrics_, settings)
+    svc = build_services(config, pool, settings, metrics_)
     lifecycle = Lifecycle()
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
                               models={*svc.registry.llms, *svc.registry.encoders}, metrics=metrics_)
@@ -105,7 +87,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
                 logger.warning("model %s: %s", name, e.message)
             except TimeoutError:
                 logger.warning("model %s: Triton did not answer the config check in time", name)
-        prober = ReplicaProber(pool, list(svc.registry.replica_sets().values()))
+        prober = ReplicaProber(pool, list(svc.registry.replicas.values()))
         prober.start()
         yield
         await prober.stop()

@@ -1,37 +1,22 @@
-"""Prometheus metrics, per-request stats and the structured access log.
+"""Prometheus metrics and per-request stats: what every layer may record into, and nothing that records.
 
 One `Metrics` object per app (its own `CollectorRegistry`, so several apps can live in one process, as
-the tests do). The per-token hot path costs O(1): the instrumented backend reads the clock once per
-chunk and makes one histogram observation; token counts are accumulated locally and added to the
-counters once per sequence.
+the tests do). The per-token hot path costs O(1): the instrumented backend (`services.backends`) reads
+the clock once per chunk and makes one histogram observation; token counts are accumulated locally and
+added to the counters once per sequence.
 
 The outermost middleware (`RequestContextMiddleware` in `openai_api.http.middleware`) opens a
 `RequestStats` per request, reachable anywhere below it through `current_stats()` (a context variable:
-it follows the request into the tasks Starlette and `asyncio.gather` create), and when the response is
-done hands it to `RequestRecorder`, which records the request metrics and writes one access-log line:
-`method path status duration_ms request_id [model] [prompt_tokens completion_tokens]`.
-Neither prompt text nor API keys are ever part of it.
+it follows the request into the tasks Starlette and `asyncio.gather` create), and records the request's
+metrics and access-log line from it when the response is done.
 """
 
 from __future__ import annotations
 
-import logging
-import re
-import time
-from collections.abc import AsyncIterator
 from contextvars import ContextVar, Token
-from typing import Any
 
-import numpy as np
-import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from starlette.types import Scope
-
-from openai_api.errors import GatewayError
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
-
-access_logger = logging.getLogger("openai_api.access")
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # End-to-end latency: from a few ms (embeddings) to minutes (long generations).
@@ -121,150 +106,3 @@ def bind_stats(stats: RequestStats) -> Token[RequestStats | None]:
 
 def unbind_stats(token: Token[RequestStats | None]) -> None:
     _CURRENT.reset(token)
-
-
-_SAFE_VALUE = re.compile(r"^[\w./:@+\-]*$")
-
-
-def _kv(value: Any) -> str:
-    s = str(value)
-    return s if s and _SAFE_VALUE.match(s) else orjson.dumps(s).decode()
-
-
-def _route_of(scope: Scope) -> str:
-    route = scope.get("route")
-    path = getattr(route, "path", None)
-    return path if isinstance(path, str) else "unmatched"
-
-
-class RequestRecorder:
-    """Records each finished request: the request counter and latency histogram, then the access log.
-
-    Label children are cached per label set: `.labels()` validates and locks on every call, and the
-    sets are as few as Prometheus's own (route templates x configured models x statuses).
-    """
-
-    def __init__(self, metrics: Metrics, access_log: bool = True) -> None:
-        self.metrics = metrics
-        self.access_log = access_log
-        self._requests: dict[tuple[str, str, str], Any] = {}
-        self._latency: dict[tuple[str, str], Any] = {}
-
-    def record(self, scope: Scope, stats: RequestStats) -> None:
-        duration = time.perf_counter() - stats.start
-        # 499 (nginx's "client closed request") when the client left before the response was complete.
-        label = "499" if stats.disconnected else str(stats.status or 500)
-        route = _route_of(scope)
-        key = (route, stats.model, label)
-        counter = self._requests.get(key)
-        if counter is None:
-            counter = self._requests[key] = self.metrics.requests.labels(*key)
-        counter.inc()
-        lkey = (route, stats.model)
-        latency = self._latency.get(lkey)
-        if latency is None:
-            latency = self._latency[lkey] = self.metrics.latency.labels(*lkey)
-        latency.observe(duration)
-        if not self.access_log or not access_logger.isEnabledFor(logging.INFO):
-            return
-        parts = [f"method={scope['method']}", f"path={_kv(scope['path'])}", f"status={label}",
-                 f"duration_ms={duration * 1000:.1f}", f"request_id={_kv(stats.request_id)}"]
-        if stats.model:
-            parts.append(f"model={_kv(stats.model)}")
-        if stats.prompt_tokens or stats.completion_tokens:
-            parts.append(f"prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}")
-        if stats.disconnected:
-            parts.append("client_disconnected=true")
-        access_logger.info(" ".join(parts))
-
-
-def _triton_error(metrics: Metrics, model: str, err: GatewayError) -> None:
-    if err.status >= 500:
-        metrics.triton_errors.labels(model, err.code or err.type).inc()
-
-
-class InstrumentedLLMBackend:
-    """Wraps any `LLMBackend`: time to first token, inter-token latency, token counters and Triton
-    errors, for every protocol adapter alike. Everything else is delegated to the wrapped adapter."""
-
-    def __init__(self, inner: Any, metrics: Metrics, model: str) -> None:
-        self.inner = inner
-        self.model = getattr(inner, "model", model)
-        self._name = model
-        self._metrics = metrics
-        self._ttft = metrics.ttft.labels(model)
-        self._itl = metrics.itl.labels(model)
-        self._prompt = metrics.prompt_tokens.labels(model)
-        self._completion = metrics.completion_tokens.labels(model)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def supports(self, param: str) -> bool:
-        return bool(self.inner.supports(param))
-
-    async def check(self) -> None:
-        await self.inner.check()
-
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        stats = _CURRENT.get()
-        clock = time.perf_counter
-        last = stats.start if stats is not None else clock()
-        first = True
-        produced = 0
-        chunks = self.inner.generate(request)
-        try:
-            async for chunk in chunks:
-                now = clock()
-                n = len(chunk.token_ids)
-                if first:
-                    self._ttft.observe(now - last)
-                    first = False
-                elif n:
-                    self._itl.observe((now - last) / n)
-                last = now
-                produced += n
-                yield chunk
-        except GatewayError as e:
-            _triton_error(self._metrics, self._name, e)
-            raise
-        finally:
-            await chunks.aclose()
-            prompt = len(request.prompt_ids)
-            self._prompt.inc(prompt)
-            if produced:
-                self._completion.inc(produced)
-            if stats is not None:
-                # n > 1 sends the same prompt once per choice; usage (and the log) count it once.
-                stats.prompt_tokens = max(stats.prompt_tokens, prompt)
-                stats.completion_tokens += produced
-
-
-class InstrumentedEncoder:
-    """Wraps an `EncoderAdapter`: input tokens (the attention mask's sum) and Triton errors."""
-
-    def __init__(self, inner: Any, metrics: Metrics, model: str) -> None:
-        self.inner = inner
-        self._name = model
-        self._metrics = metrics
-        self._prompt = metrics.prompt_tokens.labels(model)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    async def check(self) -> None:
-        await self.inner.check()
-
-    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray:
-        try:
-            out = await self.inner.infer(features)
-        except GatewayError as e:
-            _triton_error(self._metrics, self._name, e)
-            raise
-        mask = features.get("attention_mask")
-        tokens = int(mask.sum()) if mask is not None else 0
-        self._prompt.inc(tokens)
-        stats = _CURRENT.get()
-        if stats is not None:
-            stats.prompt_tokens += tokens
-        return out

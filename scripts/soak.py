@@ -272,9 +272,12 @@ class Sampler:
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
-            with contextlib.suppress(OSError, RuntimeError):
-                self.rss.append(rss_mib(self.pid))
-                self.fds.append(open_fds(self.pid))
+            self.sample()
+
+    def sample(self) -> None:
+        with contextlib.suppress(OSError, RuntimeError):
+            self.rss.append(rss_mib(self.pid))
+            self.fds.append(open_fds(self.pid))
 
     def report(self) -> dict[str, Any]:
         return {"start_mib": round(self.rss[0], 1), "peak_mib": round(max(self.rss), 1),
@@ -300,6 +303,9 @@ async def measured(url: str, pid: int | None, api_key: str, count: int, concurre
     finally:
         stop.set()
         await asyncio.gather(*side)
+    if sampler is not None:
+        await asyncio.sleep(1.0)  # the end: after the last storm's connections are gone
+        sampler.sample()
     if storm_every:
         load["silent_connections"] = storms
         if storms["not_closed"]:

@@ -1,16 +1,28 @@
-"""Pure ASGI middleware (BaseHTTPMiddleware would break client-disconnect detection for streams)."""
+"""Pure ASGI middleware (BaseHTTPMiddleware would break client-disconnect detection for streams), and the
+access log.
+
+`RequestRecorder` records each finished request: the request counter and latency histogram, then one
+access-log line: `method path status duration_ms request_id [model] [prompt_tokens completion_tokens]`.
+Neither prompt text nor API keys are ever part of it.
+"""
 
 from __future__ import annotations
 
 import hmac
+import logging
+import re
 import time
 import uuid
 from collections.abc import Iterable
+from typing import Any
 
+import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import AuthenticationError, GatewayError, error_response_bytes
-from openai_api.observability import Metrics, RequestRecorder, RequestStats, bind_stats, unbind_stats
+from openai_api.observability import Metrics, RequestStats, bind_stats, unbind_stats
+
+access_logger = logging.getLogger("openai_api.access")
 
 
 async def send_error(send: Send, err: GatewayError, extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
@@ -122,3 +134,58 @@ class RequestContextMiddleware:
             unbind_stats(token)
             in_flight.dec()
             self.recorder.record(scope, stats)
+
+
+_SAFE_VALUE = re.compile(r"^[\w./:@+\-]*$")
+
+
+def _kv(value: Any) -> str:
+    s = str(value)
+    return s if s and _SAFE_VALUE.match(s) else orjson.dumps(s).decode()
+
+
+def _route_of(scope: Scope) -> str:
+    route = scope.get("route")
+    path = getattr(route, "path", None)
+    return path if isinstance(path, str) else "unmatched"
+
+
+class RequestRecorder:
+    """Records each finished request: the request counter and latency histogram, then the access log.
+
+    Label children are cached per label set: `.labels()` validates and locks on every call, and the
+    sets are as few as Prometheus's own (route templates x configured models x statuses).
+    """
+
+    def __init__(self, metrics: Metrics, access_log: bool = True) -> None:
+        self.metrics = metrics
+        self.access_log = access_log
+        self._requests: dict[tuple[str, str, str], Any] = {}
+        self._latency: dict[tuple[str, str], Any] = {}
+
+    def record(self, scope: Scope, stats: RequestStats) -> None:
+        duration = time.perf_counter() - stats.start
+        # 499 (nginx's "client closed request") when the client left before the response was complete.
+        label = "499" if stats.disconnected else str(stats.status or 500)
+        route = _route_of(scope)
+        key = (route, stats.model, label)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = self.metrics.requests.labels(*key)
+        counter.inc()
+        lkey = (route, stats.model)
+        latency = self._latency.get(lkey)
+        if latency is None:
+            latency = self._latency[lkey] = self.metrics.latency.labels(*lkey)
+        latency.observe(duration)
+        if not self.access_log or not access_logger.isEnabledFor(logging.INFO):
+            return
+        parts = [f"method={scope['method']}", f"path={_kv(scope['path'])}", f"status={label}",
+                 f"duration_ms={duration * 1000:.1f}", f"request_id={_kv(stats.request_id)}"]
+        if stats.model:
+            parts.append(f"model={_kv(stats.model)}")
+        if stats.prompt_tokens or stats.completion_tokens:
+            parts.append(f"prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}")
+        if stats.disconnected:
+            parts.append("client_disconnected=true")
+        access_logger.info(" ".join(parts))

@@ -25,7 +25,7 @@ class ModelsService:
             card["max_model_len"] = self.registry.llms[name].context_length
         else:
             card["max_model_len"] = self.registry.encoders[name].config.max_tokens
-        replicas = self.registry.replica_sets().get(name)
+        replicas = self.registry.replicas.get(name)
         if replicas is not None:
             card["replicas"] = replicas.states()
         return card

@@ -1,4 +1,4 @@
-"""Every configured model, loaded once at start-up: tokenizer, template, Triton adapter, defaults."""
+"""Every configured model, loaded once at start-up: tokenizer, template, Triton backend, defaults."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ from typing import Any, Literal
 
 from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo, RerankModel
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.observability import Metrics
+from openai_api.services.backends import encoder_backend, llm_backend
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
-from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.client import TritonClientPool
-from openai_api.triton.encoder import EncoderAdapter
+from openai_api.triton.encoder import EncoderBackend
 from openai_api.triton.llm import LLMBackend
-from openai_api.triton.replicas import ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
+from openai_api.triton.replicas import ReplicaSet
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class LLMRuntime:
 class EncoderRuntime:
     config: EmbeddingModel | RerankModel
     tokenizer: TextTokenizer
-    adapter: EncoderAdapter
+    adapter: EncoderBackend
 
     @property
     def name(self) -> str:
@@ -63,21 +64,7 @@ def _words(tokenizer: TextTokenizer, words: list[str | list[int]]) -> list[list[
     return out
 
 
-def _make_backend(m: LLMModel, pool: TritonClientPool) -> LLMBackend:
-    """The adapter for `m.protocol`; "auto" reads the Triton model's config (at start-up, or on first use
-    when Triton is not up yet) and picks tensorrt_llm, vllm or fastertransformer from it. An explicit
-    protocol is checked against that config the same way, so a mismatch names the missing tensors."""
-    return AutoLLMBackend(pool, m.url, m.name, m.triton_name, m.triton_version, protocol=m.protocol)
-
-
-def _replicated_backend(m: LLMModel, pool: TritonClientPool) -> LLMBackend:
-    if len(m.urls) == 1:
-        return _make_backend(m, pool)
-    adapters = [(u, _make_backend(m.model_copy(update={"url": u}), pool)) for u in m.urls]
-    return ReplicatedLLMBackend(m.name, m.transport, adapters)
-
-
-def build_llm(m: LLMModel, info: ModelInfo, pool: TritonClientPool) -> LLMRuntime:
+def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
     tok = TextTokenizer.from_folder(m.path)
     template = ChatTemplate.from_file(m.chat_template) if m.chat_template else ChatTemplate.from_tokenizer_dir(m.path)
     end_id = info.end_id if info.end_id is not None and info.end_id >= 0 else (
@@ -92,45 +79,33 @@ def build_llm(m: LLMModel, info: ModelInfo, pool: TritonClientPool) -> LLMRuntim
     stop_strings = [s for s in (tok.decode(w, skip_special_tokens=False) for w in stop_words) if s]
     stop_strings += [w for w in info.stop_words if isinstance(w, str)]
     context = info.max_len or tok.context_length or DEFAULT_CONTEXT_LENGTH
-    return LLMRuntime(config=m, info=info, tokenizer=tok, template=template, backend=_replicated_backend(m, pool),
+    return LLMRuntime(config=m, info=info, tokenizer=tok, template=template, backend=backend,
                       context_length=context, end_id=end_id, pad_id=pad_id, stop_token_words=stop_words,
                       stop_strings=sorted(set(stop_strings)), bad_token_words=_words(tok, info.bad_words))
-
-
-def build_encoder(m: EmbeddingModel | RerankModel, pool: TritonClientPool) -> EncoderRuntime:
-    output = m.output_name if isinstance(m, EmbeddingModel) else m.output_config.name
-    adapters = [(u, EncoderAdapter(pool, transport=m.transport, url=u, model=m.name, triton_model=m.triton_name,
-                                   version=m.triton_version, input_config=m.input_config,
-                                   input_dtype=m.input_dtype, output_name=output, timeout_s=m.timeout_s))
-                for u in m.urls]
-    adapter = adapters[0][1] if len(adapters) == 1 else ReplicatedEncoder(m.name, m.transport, adapters)
-    return EncoderRuntime(config=m, tokenizer=TextTokenizer.from_folder(m.path), adapter=adapter)  # type: ignore[arg-type]
 
 
 class ModelRegistry:
     """Lookup by public model name, with the kind check every endpoint needs."""
 
-    def __init__(self, config: GatewayConfig, pool: TritonClientPool) -> None:
+    def __init__(self, config: GatewayConfig, pool: TritonClientPool, metrics: Metrics,
+                 stream_idle_timeout_s: float | None = None) -> None:
         self.config = config
         self.pool = pool
         self.llms: dict[str, LLMRuntime] = {}
         self.encoders: dict[str, EncoderRuntime] = {}
+        # The models served by more than one Triton: their replica sets (probed, shown in /v1/models).
+        self.replicas: dict[str, ReplicaSet[Any]] = {}
         for m in config.llm:
-            self.llms[m.name] = build_llm(m, config.model_info(m.name), pool)
+            backend, replicas = llm_backend(m, pool, metrics, stream_idle_timeout_s)
+            self.llms[m.name] = build_llm(m, config.model_info(m.name), backend)
+            if replicas is not None:
+                self.replicas[m.name] = replicas
         for e in [*config.embedding, *config.rerank]:
-            self.encoders[e.name] = build_encoder(e, pool)
-
-    def replica_sets(self) -> dict[str, ReplicaSet[Any]]:
-        """The replica sets of models served by more than one Triton (LLM backends may be wrapped by
-        instrumentation, so look through `.inner` too)."""
-        out: dict[str, ReplicaSet[Any]] = {}
-        for name, obj in [*((n, r.backend) for n, r in self.llms.items()),
-                          *((n, e.adapter) for n, e in self.encoders.items())]:
-            while not isinstance(obj, (ReplicatedLLMBackend, ReplicatedEncoder)) and hasattr(obj, "inner"):
-                obj = obj.inner
-            if isinstance(obj, (ReplicatedLLMBackend, ReplicatedEncoder)):
-                out[name] = obj.set
-        return out
+            adapter, replicas = encoder_backend(e, pool, metrics)
+            self.encoders[e.name] = EncoderRuntime(config=e, tokenizer=TextTokenizer.from_folder(e.path),
+                                                   adapter=adapter)
+            if replicas is not None:
+                self.replicas[e.name] = replicas
 
     def kind_of(self, name: str) -> ModelKind | None:
         if name in self.llms:

@@ -1,63 +1,52 @@
-"""What every config-driven LLM adapter shares: its address, the model's spec read once from Triton,
-and the protocol check against it."""
+"""What every protocol adapter shares: the Triton model it talks to, that model's config (read and checked
+against the adapter's protocol before the adapter is built: see `auto.AutoLLMBackend`), the inference
+RPCs of its Triton, and the one way a request parameter becomes a model input or a 400."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 
-import tritonclient.grpc.aio as grpc_aio
-
-from openai_api.triton.client import TritonClientPool
-from openai_api.triton.detect import require_protocol
+from openai_api.errors import InvalidRequestError
 from openai_api.triton.rpc import TritonRPC
-from openai_api.triton.wire import ModelSpec, fetch_model_spec
+from openai_api.triton.wire import ModelSpec
 
 
 class SpecAdapter:
-    """Base of the vLLM and FasterTransformer adapters. `protocol` names the wire protocol that
-    `check()` verifies the Triton model against; the spec is fetched once, lazily, under a lock."""
+    """Base of the TensorRT-LLM, vLLM and FasterTransformer adapters.
+
+    `protocol` names the wire protocol; `param_inputs` maps an OpenAI-side parameter to the Triton input
+    names that carry it, newest release first (adapters whose protocol takes parameters as tensors set it;
+    `supports` and `input_name` read it). `stream_idle_timeout_s` is the stall guard's idle time for this
+    model's streams (None: never)."""
 
     protocol = ""
-    # OpenAI-side parameter -> the Triton input names that carry it, newest release first (an
-    # adapter whose protocol takes parameters as tensors sets this; `supports` reads it).
     param_inputs: Mapping[str, tuple[str, ...]] = {}
-    # Seconds without a response before a stream is ended with a 504 (None: never).
-    stream_idle_timeout_s: float | None = None
 
-    def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
-                 spec: ModelSpec | None = None) -> None:
-        self.pool = pool
-        self.url = url
+    def __init__(self, rpc: TritonRPC, spec: ModelSpec, *, model: str, triton_model: str, version: str = "",
+                 stream_idle_timeout_s: float | None = None) -> None:
+        self.rpc = rpc
+        self.spec = spec
         self.model = model
         self.triton_model = triton_model
         self.version = version
-        self._spec = spec
-        self._lock = asyncio.Lock()
-
-    @property
-    def _client(self) -> grpc_aio.InferenceServerClient:
-        return self.pool.grpc(self.url)
-
-    @property
-    def _rpc(self) -> TritonRPC:
-        return self.pool.rpc(self.url)
+        self.stream_idle_timeout_s = stream_idle_timeout_s
 
     def supports(self, param: str) -> bool:
-        """Whether the model's Triton config has an input for `param` (True until the config is read:
-        requests check again against the spec they were built from)."""
-        spec = self._spec
-        if spec is None:
-            return True
-        return any(n in spec.inputs for n in self.param_inputs.get(param, (param,)))
+        """Whether the model's Triton config has an input for `param`."""
+        return any(n in self.spec.inputs for n in self.param_inputs.get(param, (param,)))
 
     async def check(self) -> None:
-        require_protocol(self.protocol, await self._load_spec(), self.triton_model)
+        """Nothing left to check: the spec was checked against the protocol before construction."""
 
-    async def _load_spec(self) -> ModelSpec:
-        if self._spec is None:
-            async with self._lock:
-                if self._spec is None:
-                    self._spec = await fetch_model_spec(self.pool, self.url, self.triton_model, self.version,
-                                                        self.model)
-        return self._spec
+    def refuse(self, param: str, why: str = "") -> InvalidRequestError:
+        """The 400 for a request parameter this model cannot take."""
+        return InvalidRequestError(
+            f"The model {self.model!r} (Triton model {self.triton_model!r}, {self.protocol} protocol) does not "
+            f"accept '{param}'{why}.", param=param, code="unsupported_parameter")
+
+    def input_name(self, param: str) -> str:
+        """The model's input that carries `param` (the first of `param_inputs` it declares), else a 400."""
+        name = next((n for n in self.param_inputs.get(param, ()) if n in self.spec.inputs), None)
+        if name is None:
+            raise self.refuse(param)
+        return name

@@ -10,14 +10,15 @@ on XLM-R rerankers) are not sent, and a name or dtype mismatch is reported befor
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import tritonclient.grpc as grpc_mod
 import tritonclient.http as http_mod
 
 from openai_api.errors import BackendUnavailableError, GatewayError
-from openai_api.triton.client import TritonClientPool, map_triton_error
+from openai_api.triton.client import TritonClientPool
+from openai_api.triton.errors import map_triton_error
 
 _NP = {"INT64": np.int64, "INT32": np.int32}
 # aiohttp sends `Accept-Encoding: gzip, deflate` unless told otherwise, and Triton's HTTP frontend then
@@ -28,6 +29,21 @@ _NP = {"INT64": np.int64, "INT32": np.int32}
 _HTTP_HEADERS = {"Accept-Encoding": "identity"}
 # Reading the model's config is one small call: a Triton that takes longer is hung, not busy.
 CONFIG_TIMEOUT_S = 10.0
+
+
+class EncoderBackend(Protocol):
+    """What the embeddings and rerank services call: `infer` runs one batch (`features` maps tokenizer
+    output names to `[B, L]` arrays) and returns the model's one output; `max_batch_size` is the model's
+    own (None until `check` read it, or when it declares none); errors are GatewayErrors."""
+
+    model: str
+
+    @property
+    def max_batch_size(self) -> int | None: ...
+
+    async def check(self) -> None: ...
+
+    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray: ...
 
 
 class EncoderAdapter:

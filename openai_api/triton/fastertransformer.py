@@ -25,13 +25,9 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import InferResult
 
-from openai_api.errors import InvalidRequestError
 from openai_api.triton.base import SpecAdapter
-from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.rpc import InferRequest, stream_one_request
-from openai_api.triton.tensorrt_llm import words_tensor
-from openai_api.triton.wire import ModelSpec, add_input
+from openai_api.triton.wire import InferRequest, words_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -106,23 +102,16 @@ class FasterTransformerAdapter(SpecAdapter):
     protocol = "fastertransformer"
     param_inputs = _PARAM_INPUTS
 
-    def _input_name(self, spec: ModelSpec, param: str) -> str:
-        name = next((n for n in _PARAM_INPUTS[param] if n in spec.inputs), None)
-        if name is None:
-            raise InvalidRequestError(
-                f"The model {self.model!r} (Triton model {self.triton_model!r}, FasterTransformer) does not "
-                f"accept '{param}'.", param=param, code="unsupported_parameter")
-        return name
-
-    def build_request(self, spec: ModelSpec, req: GenerationRequest) -> InferRequest:
+    def build_request(self, req: GenerationRequest) -> InferRequest:
+        spec = self.spec
         names = spec.inputs
         r = InferRequest(self.triton_model, self.version, req.request_id)
-        add_input(r, spec, "input_ids", req.prompt_ids)
-        add_input(r, spec, "request_output_len", req.max_tokens)
+        r.add(spec, "input_ids", req.prompt_ids)
+        r.add(spec, "request_output_len", req.max_tokens)
         if "input_lengths" in names:
-            add_input(r, spec, "input_lengths", len(req.prompt_ids))
+            r.add(spec, "input_lengths", len(req.prompt_ids))
         if req.end_id is not None and req.end_id >= 0 and "end_id" in names:
-            add_input(r, spec, "end_id", req.end_id)
+            r.add(spec, "end_id", req.end_id)
         values: dict[str, Any] = {p: getattr(req, p) for p in _PARAM_INPUTS}
         if req.temperature == 0:
             # No greedy temperature in FasterTransformer (it divides by it): greedy is top-k 1.
@@ -134,8 +123,7 @@ class FasterTransformerAdapter(SpecAdapter):
         for param, value in values.items():
             if value is None or value is False or value == []:
                 continue
-            name = self._input_name(spec, param)
-            add_input(r, spec, name, words_tensor(value) if param in ("stop_words", "bad_words") else value)
+            r.add(spec, self.input_name(param), words_tensor(value) if param in ("stop_words", "bad_words") else value)
         wanted = ["output_ids", "sequence_length"]
         if req.return_logprobs:
             wanted.append("output_log_probs")
@@ -160,22 +148,18 @@ class FasterTransformerAdapter(SpecAdapter):
         return GenerationChunk(new, logprobs)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        spec = await self._load_spec()
-        infer_request = self.build_request(spec, request)
+        infer_request = self.build_request(request)
         diff = CumulativeDiff(request.prompt_ids, request.end_id)
-        if spec.decoupled:
-            responses = stream_one_request(self._rpc, infer_request, model=self.model, timeout_s=request.timeout_s,
-                                           idle_s=self.stream_idle_timeout_s)
-            # aclosing: closing this generator early must close the stream (and so cancel the request) now.
-            async with aclosing(responses):
-                async for result in responses:
-                    chunk = self.chunk_from(result, diff, request.return_logprobs)
-                    if chunk is not None:
-                        yield chunk
+        if not self.spec.decoupled:
+            result = await self.rpc.infer(infer_request, model=self.model, timeout_s=request.timeout_s)
+            chunk = self.chunk_from(result, diff, request.return_logprobs)
+            yield chunk if chunk is not None else GenerationChunk([])
             return
-        try:
-            result = await self._rpc.infer(infer_request, request.timeout_s)
-        except Exception as e:  # noqa: BLE001
-            raise map_triton_error(e, self.model) from None
-        chunk = self.chunk_from(result, diff, request.return_logprobs)
-        yield chunk if chunk is not None else GenerationChunk([])
+        responses = self.rpc.stream(infer_request, model=self.model, timeout_s=request.timeout_s,
+                                    idle_s=self.stream_idle_timeout_s)
+        # aclosing: closing this generator early must close the stream (and so cancel the request) now.
+        async with aclosing(responses):
+            async for result in responses:
+                chunk = self.chunk_from(result, diff, request.return_logprobs)
+                if chunk is not None:
+                    yield chunk

@@ -66,6 +66,11 @@ class LLMBackend(Protocol):
 
     model: str
 
+    @property
+    def protocol(self) -> str:
+        """The wire protocol (`tensorrt_llm`, `vllm`, `fastertransformer`); the configured one until known."""
+        ...
+
     def supports(self, param: str) -> bool: ...
 
     async def check(self) -> None: ...

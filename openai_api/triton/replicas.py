@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from openai_api.errors import BackendUnavailableError
 from openai_api.triton.client import TritonClientPool
+from openai_api.triton.encoder import EncoderBackend
 from openai_api.triton.health import server_ready
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
 
@@ -92,6 +93,10 @@ class ReplicatedLLMBackend:
         self.model = model
         self.set: ReplicaSet[LLMBackend] = ReplicaSet(model, transport, [Replica(u, a) for u, a in adapters])
 
+    @property
+    def protocol(self) -> str:
+        return self.set.replicas[0].adapter.protocol
+
     def supports(self, param: str) -> bool:
         return self.set.replicas[0].adapter.supports(param)
 
@@ -134,15 +139,15 @@ class ReplicatedLLMBackend:
 
 
 class ReplicatedEncoder:
-    """An encoder adapter over several replicas; every call is retried elsewhere on "unavailable"."""
+    """An `EncoderBackend` over several replicas; every call is retried elsewhere on "unavailable"."""
 
-    def __init__(self, model: str, transport: str, adapters: Sequence[tuple[str, Any]]) -> None:
+    def __init__(self, model: str, transport: str, adapters: Sequence[tuple[str, EncoderBackend]]) -> None:
         self.model = model
-        self.set: ReplicaSet[Any] = ReplicaSet(model, transport, [Replica(u, a) for u, a in adapters])
+        self.set: ReplicaSet[EncoderBackend] = ReplicaSet(model, transport, [Replica(u, a) for u, a in adapters])
 
     @property
     def max_batch_size(self) -> int | None:
-        return self.set.replicas[0].adapter.max_batch_size  # type: ignore[no-any-return]
+        return self.set.replicas[0].adapter.max_batch_size
 
     async def check(self) -> None:
         await self._call(lambda a: a.check())

@@ -17,107 +17,32 @@ Wire contract (the KServe v2 gRPC protocol, `inference.GRPCInferenceService`):
   either an `error_message` (which ends the request) or an `infer_response`. Cancelling the call
   cancels the request in Triton (the only per-request cancellation gRPC offers, which is why a
   stream never carries two requests at once); a stream whose request ended cleanly is reused.
-* Tensors travel as `raw_input_contents` / `raw_output_contents`: little-endian values in row-major
-  order; BOOL one byte each; BYTES each element a 4-byte little-endian length then the bytes.
+* Tensors travel as `raw_input_contents` / `raw_output_contents` (see `wire`).
+
+A request's whole life on a stream is one generator (`TritonRPC.stream`): borrow a stream, send, read
+each response under the `StallGuard` and the request's deadline, raise failures as the gateway's
+errors, and hand the stream back (or cancel it). Per token that is the only layer below the adapter.
 """
 
 from __future__ import annotations
 
 import asyncio
-import struct
-import sys
-from array import array
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
-import numpy as np
 from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException, triton_to_np_dtype
+from tritonclient.utils import InferenceServerException
 
-from openai_api.errors import GatewayError, InvalidRequestError
-from openai_api.triton.client import StallGuard, map_triton_error
+from openai_api.errors import BackendTimeoutError, GatewayError
+from openai_api.triton.errors import map_triton_error
+from openai_api.triton.wire import InferRequest
 
 _STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 _INFER = "/inference.GRPCInferenceService/ModelInfer"
 _LIVE = "/inference.GRPCInferenceService/ServerLive"
-
-# Triton dtype -> array typecode, for the fixed-width types that need no numpy on the way out.
-_TYPECODES = {"INT8": "b", "UINT8": "B", "INT16": "h", "UINT16": "H", "INT32": "i", "UINT32": "I",
-              "INT64": "q", "UINT64": "Q", "FP32": "f", "FP64": "d"}
-_LITTLE = sys.byteorder == "little"
-
-
-def _raw(dtype: str, values: Sequence[Any]) -> bytes:
-    """Flat Python values as the raw little-endian bytes of a `dtype` tensor."""
-    if dtype == "BOOL":
-        return bytes(1 if v else 0 for v in values)
-    if dtype == "BYTES":
-        parts = []
-        for v in values:
-            b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
-            parts.append(struct.pack("<I", len(b)))
-            parts.append(b)
-        return b"".join(parts)
-    code = _TYPECODES.get(dtype)
-    if code is None or not _LITTLE:  # FP16, or a big-endian host: numpy does the conversion
-        return np.asarray(values, dtype=_little(dtype)).tobytes()
-    return array(code, values).tobytes()
-
-
-def _little(dtype: str) -> np.dtype[Any]:
-    """The little-endian numpy dtype of a fixed-width Triton dtype."""
-    return np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")
-
-
-class InferRequest:
-    """One inference request under construction; `pb` is the `ModelInferRequest` sent as is."""
-
-    __slots__ = ("pb",)
-
-    def __init__(self, model_name: str, model_version: str = "", request_id: str = "") -> None:
-        self.pb = service_pb2.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
-
-    def tensor(self, name: str, dtype: str, shape: Iterable[int], values: Sequence[Any]) -> None:
-        """Add an input from flat Python values (row-major). A value `dtype` cannot hold (a negative
-        seed for UINT64, a float for INT32) is the caller's error, never silently wrapped."""
-        try:
-            raw = _raw(dtype, values)
-        except (OverflowError, TypeError, ValueError) as e:
-            raise InvalidRequestError(f"A value for the model input {name!r} does not fit its type {dtype}: {e}",
-                                      code="invalid_value") from None
-        self._add(name, dtype, shape, raw)
-
-    def numpy(self, name: str, dtype: str, arr: np.ndarray) -> None:
-        """Add an input from a numpy array, converted to `dtype`."""
-        if dtype == "BYTES" or dtype == "BOOL":
-            self.tensor(name, dtype, arr.shape, arr.reshape(-1).tolist())
-            return
-        self._add(name, dtype, arr.shape, np.ascontiguousarray(arr, dtype=_little(dtype)).tobytes())
-
-    def _add(self, name: str, dtype: str, shape: Iterable[int], raw: bytes) -> None:
-        t = self.pb.inputs.add()
-        t.name = name
-        t.datatype = dtype
-        t.shape.extend(shape)
-        self.pb.raw_input_contents.append(raw)
-
-    def output(self, *names: str) -> None:
-        for name in names:
-            self.pb.outputs.add().name = name
-
-    def inputs(self) -> dict[str, tuple[str, list[int], bytes]]:
-        """name -> (dtype, shape, raw bytes): what is on the wire, for logs and tests."""
-        return {t.name: (t.datatype, list(t.shape), raw)
-                for t, raw in zip(self.pb.inputs, self.pb.raw_input_contents, strict=True)}
-
-
-def raw_output(resp: Any, name: str) -> bytes | None:
-    """The raw bytes of output `name` of a `ModelInferResponse` (None when it is absent)."""
-    for i, out in enumerate(resp.outputs):
-        if out.name == name:
-            return resp.raw_output_contents[i]  # type: ignore[no-any-return]
-    return None
+# How long a stall probe waits for Triton's `ServerLive` (at most the idle timeout itself).
+_PROBE_TIMEOUT_S = 10.0
 
 
 class ResponseError(InferenceServerException):
@@ -127,8 +52,110 @@ class ResponseError(InferenceServerException):
         super().__init__(msg=message)
 
 
-class StreamDeadlineError(TimeoutError):
-    """A request's deadline passed while it held a stream (mapped to a 504 like any timeout)."""
+class StallGuard:
+    """Ends an iteration that stops making progress while waiting on Triton.
+
+    `async with StallGuard(idle_s, model, probe=...) as g:` around a loop over a Triton stream that calls
+    `g.hold()` as soon as an item arrived and `g.touch()` just before waiting for the next one, so
+    time spent while the consumer holds a yielded chunk (a slow HTTP client) never counts.
+
+    Only what can show progress is judged:
+
+    * once the first item arrived, a wait of `idle_s` seconds is a stall: the waiting task is cancelled
+      at its await (closing the Triton stream in the adapter's `finally`) and the block raises
+      `BackendTimeoutError` (`stream_stalled`) instead;
+    * before the first item (a request queued in Triton, a long prefill, or a request answered with one
+      response at the very end) silence is normal, so after `idle_s` the guard asks `probe(timeout)`
+      whether Triton is responsive at all: a live server means the request is still being worked on and
+      the wait goes on (the request's own deadline bounds it); no answer (a frozen or wedged Triton) is
+      a stall as above. Without a probe, the first wait is judged like the others.
+
+    Per item it costs a clock read and a task lookup; the one timer is re-armed lazily when it fires,
+    never per item.
+    """
+
+    __slots__ = ("_fired", "_handle", "_last", "_loop", "_probe", "_probing", "_seen", "_task", "_waiting", "idle_s",
+                 "model")
+
+    def __init__(self, idle_s: float | None, model: str,
+                 probe: Callable[[float], Awaitable[bool]] | None = None) -> None:
+        self.idle_s = idle_s if idle_s and idle_s > 0 else None
+        self.model = model
+        self._probe = probe
+        self._fired = False
+        self._waiting = False
+        self._seen = False
+        self._handle: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[Any] | None = None
+        self._probing: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> StallGuard:
+        if self.idle_s is not None:
+            self._loop = asyncio.get_running_loop()
+            self.touch()
+            self._handle = self._loop.call_at(self._last + self.idle_s, self._check)
+        return self
+
+    def hold(self) -> None:
+        """An item arrived: the clock stops until `touch`."""
+        self._waiting = False
+        self._seen = True
+
+    def touch(self) -> None:
+        """About to wait for the next item (possibly from another task than before)."""
+        if self.idle_s is not None:
+            self._last = self._loop.time()
+            self._task = asyncio.current_task()
+            self._waiting = True
+
+    def _check(self) -> None:
+        idle_s: float = self.idle_s  # type: ignore[assignment]
+        now = self._loop.time()
+        due = self._last + idle_s
+        if self._waiting and now >= due and self._task is not None and not self._task.done():
+            self._handle = None
+            if not self._seen and self._probe is not None:
+                self._probing = self._loop.create_task(self._ask(idle_s))
+                return
+            self._fire()
+        else:
+            # Not waiting on Triton right now (the consumer holds a chunk): look again a period later.
+            self._handle = self._loop.call_at(due if self._waiting else now + idle_s, self._check)
+
+    async def _ask(self, idle_s: float) -> None:
+        """Silence before the first item: a stall only if Triton itself does not answer."""
+        assert self._probe is not None
+        alive = await self._probe(min(idle_s, _PROBE_TIMEOUT_S))
+        self._probing = None
+        if self._task is None or self._task.done():
+            return
+        if alive or not self._waiting or self._seen:
+            if self._waiting and not self._seen:
+                self._last = self._loop.time()  # still working: judge again a period from now
+            self._handle = self._loop.call_at(self._last + idle_s, self._check)
+            return
+        self._fire()
+
+    def _fire(self) -> None:
+        assert self._task is not None
+        self._fired = True
+        self._task.cancel()
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._probing is not None:
+            self._probing.cancel()
+            self._probing = None
+        if self._fired and exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if task is not None and task.uncancel() > 0:
+                return False  # someone else cancelled this task too: let it go
+            raise BackendTimeoutError(
+                f"The model {self.model!r} produced no token for {self.idle_s:g} s; the stream was ended.",
+                code="stream_stalled")
+        return False
 
 
 class TritonRPC:
@@ -165,9 +192,12 @@ class TritonRPC:
         except Exception:  # noqa: BLE001 - any failure means "not answering"
             return False
 
-    async def infer(self, request: InferRequest, timeout_s: float | None) -> InferResult:
-        """One unary `ModelInfer`; transport errors are raised as grpc.aio.AioRpcError."""
-        return InferResult(await self._infer(request.pb, timeout=timeout_s))
+    async def infer(self, request: InferRequest, *, model: str, timeout_s: float | None) -> InferResult:
+        """One unary `ModelInfer`; failures are raised as GatewayErrors naming `model`."""
+        try:
+            return InferResult(await self._infer(request.pb, timeout=timeout_s))
+        except Exception as e:  # noqa: BLE001 - every transport failure maps to one taxonomy
+            raise map_triton_error(e, model) from None
 
     def _borrow(self) -> tuple[Any, bool]:
         while self._idle:
@@ -176,13 +206,16 @@ class TritonRPC:
                 return call, True
         return self._stream(), False
 
-    async def stream(self, request: InferRequest, timeout_s: float | None) -> AsyncIterator[Any]:
-        """Send `request` on a stream of its own and yield Triton's `ModelStreamInferResponse`s up to
-        and including the final one (or one carrying `error_message`, which ends the request too).
+    async def stream(self, request: InferRequest, *, model: str, timeout_s: float | None = None,
+                     idle_s: float | None = None) -> AsyncIterator[InferResult]:
+        """Send `request` on a stream of its own and yield Triton's responses up to and including the
+        final one.
 
-        Closing this iterator early cancels the stream, and so the request in Triton. A transport
-        failure is raised as grpc.aio.AioRpcError; `timeout_s` passing first as StreamDeadlineError.
-        A pooled stream that turns out dead before any response is replaced once, transparently.
+        Every failure is raised as a GatewayError naming `model`: a response carrying an error, a
+        transport failure, the deadline (`timeout_s`, the whole request) and a stall (`StallGuard` with
+        `idle_s`, probing Triton before the first response). Closing this iterator early cancels the
+        stream, and so the request in Triton. A pooled stream that turns out dead before any response
+        is replaced once, transparently.
         """
         request.pb.parameters["triton_enable_empty_final_response"].bool_param = True
         loop = asyncio.get_running_loop()
@@ -197,36 +230,44 @@ class TritonRPC:
 
         timer = loop.call_later(timeout_s, expire) if timeout_s else None
         try:
-            while True:
-                try:
-                    await call.write(request.pb)
+            async with StallGuard(idle_s, model, probe=self.live) as guard:
+                while True:
+                    try:
+                        await call.write(request.pb)
+                        resp = await call.read()
+                        if resp is grpc.aio.EOF:
+                            raise grpc.aio.UsageError("Triton closed the stream")
+                        break
+                    except (grpc.aio.AioRpcError, grpc.aio.UsageError, grpc.aio.AbortError):
+                        if not pooled or expired:
+                            raise
+                        call.cancel()
+                        call, pooled = self._stream(), False
+                while True:
+                    guard.hold()
+                    if resp.error_message:
+                        raise map_triton_error(ResponseError(resp.error_message), model)
+                    params = resp.infer_response.parameters
+                    if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                        reusable = True
+                        yield InferResult(resp.infer_response)
+                        return
+                    yield InferResult(resp.infer_response)
+                    guard.touch()
                     resp = await call.read()
                     if resp is grpc.aio.EOF:
-                        raise grpc.aio.UsageError("Triton closed the stream")
-                    break
-                except (grpc.aio.AioRpcError, grpc.aio.UsageError, grpc.aio.AbortError):
-                    if not pooled or expired:
-                        raise
-                    call.cancel()
-                    call, pooled = self._stream(), False
-            while True:
-                if resp.error_message:
-                    yield resp
-                    return
-                params = resp.infer_response.parameters
-                if "triton_final_response" in params and params["triton_final_response"].bool_param:
-                    reusable = True
-                    yield resp
-                    return
-                yield resp
-                resp = await call.read()
-                if resp is grpc.aio.EOF:
-                    raise grpc.aio.UsageError("Triton closed the stream before the final response")
-        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+                        raise grpc.aio.UsageError("Triton closed the stream before the final response")
+        except GatewayError:
+            raise
+        except (asyncio.CancelledError, grpc.aio.AioRpcError) as e:
             # Cancelling the call at the deadline surfaces as either, depending on where the read was.
             if expired:
-                raise StreamDeadlineError(f"no final response within {timeout_s:g} s") from None
-            raise
+                raise BackendTimeoutError(f"The model {model!r} did not answer in time.") from None
+            if isinstance(e, asyncio.CancelledError):
+                raise  # the request's own task was cancelled (client gone): not an error of Triton's
+            raise map_triton_error(e, model) from None
+        except Exception as e:  # noqa: BLE001
+            raise map_triton_error(e, model) from None
         finally:
             if timer is not None:
                 timer.cancel()
@@ -240,31 +281,3 @@ class TritonRPC:
             call.cancel()
         self._idle.clear()
         await self.channel.close()
-
-
-async def stream_one_request(rpc: TritonRPC, request: InferRequest, *, model: str, timeout_s: float | None,
-                             idle_s: float | None) -> AsyncIterator[InferResult]:
-    """Send one request on its own gRPC stream and yield each response as Triton sends it.
-
-    A response carrying an error, a transport failure, a deadline (`timeout_s`, the whole stream) or a
-    stall is raised as a GatewayError. A stall is `idle_s` without a response once the request has had
-    one; before its first response (queued, prefilling, or a single-response request still generating)
-    it is `idle_s` of silence while Triton also fails to answer a liveness probe (see `StallGuard`).
-    Closing this iterator early cancels the stream, which stops the model's work.
-    """
-    responses = rpc.stream(request, timeout_s)
-    try:
-        async with StallGuard(idle_s, model, probe=rpc.live) as guard:
-            async for resp in responses:
-                guard.hold()
-                if resp.error_message:
-                    raise map_triton_error(ResponseError(resp.error_message), model)
-                yield InferResult(resp.infer_response)
-                guard.touch()
-    except GatewayError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        raise map_triton_error(e, model) from None
-    finally:
-        # Closing before the final response cancels the stream, and with it the model's work.
-        await responses.aclose()  # type: ignore[attr-defined]

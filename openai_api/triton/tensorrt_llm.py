@@ -17,14 +17,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import numpy as np
-
-from openai_api.errors import InvalidRequestError
 from openai_api.triton.base import SpecAdapter
-from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.rpc import InferRequest, raw_output, stream_one_request
-from openai_api.triton.wire import ModelSpec, add_input
+from openai_api.triton.wire import InferRequest, ModelSpec, raw_output, words_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -44,52 +39,32 @@ _PARAM_INPUTS = {
 }
 
 
-def words_tensor(words: list[list[int]]) -> np.ndarray:
-    """Encode token sequences the TensorRT-LLM way: row 0 the concatenated ids (0-padded), row 1 the
-    cumulative end offsets (-1-padded). [[5,6],[7]] -> [[5,6,7],[2,3,-1]]."""
-    flat: list[int] = []
-    offsets: list[int] = []
-    for w in words:
-        flat.extend(w)
-        offsets.append(len(flat))
-    width = max(len(flat), len(offsets), 1)
-    out = np.zeros((2, width), dtype=np.int32)
-    out[1, :] = -1
-    out[0, : len(flat)] = flat
-    out[1, : len(offsets)] = offsets
-    return out
-
-
 class TensorRTLLMAdapter(SpecAdapter):
     protocol = "tensorrt_llm"
 
     param_inputs = _PARAM_INPUTS
 
-    def _request(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> InferRequest:
+    def _request(self, req: GenerationRequest, streaming: bool) -> InferRequest:
+        spec = self.spec
         names = spec.inputs
         r = InferRequest(self.triton_model, self.version, req.request_id)
-        add_input(r, spec, "input_ids", req.prompt_ids)
-        add_input(r, spec, "request_output_len", req.max_tokens)
+        r.add(spec, "input_ids", req.prompt_ids)
+        r.add(spec, "request_output_len", req.max_tokens)
         if "input_lengths" in names:
-            add_input(r, spec, "input_lengths", len(req.prompt_ids))
+            r.add(spec, "input_lengths", len(req.prompt_ids))
         if req.end_id is not None and "end_id" in names:
-            add_input(r, spec, "end_id", req.end_id)
+            r.add(spec, "end_id", req.end_id)
         if req.pad_id is not None and "pad_id" in names:
-            add_input(r, spec, "pad_id", req.pad_id)
+            r.add(spec, "pad_id", req.pad_id)
         if "streaming" in names:
-            add_input(r, spec, "streaming", streaming)
+            r.add(spec, "streaming", streaming)
         if not streaming and "exclude_input_in_output" in names:
-            add_input(r, spec, "exclude_input_in_output", True)
-        for param, candidates in _PARAM_INPUTS.items():
+            r.add(spec, "exclude_input_in_output", True)
+        for param in _PARAM_INPUTS:
             value = getattr(req, param)
             if value is None or value is False or value == []:
                 continue
-            name = next((n for n in candidates if n in names), None)
-            if name is None:
-                raise InvalidRequestError(
-                    f"The model {self.model!r} (Triton model {self.triton_model!r}) does not accept "
-                    f"'{param}'.", param=param, code="unsupported_parameter")
-            add_input(r, spec, name, words_tensor(value) if param in ("stop_words", "bad_words") else value)
+            r.add(spec, self.input_name(param), words_tensor(value) if param in ("stop_words", "bad_words") else value)
         r.output("output_ids")
         if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
             r.output("sequence_length")
@@ -98,29 +73,26 @@ class TensorRTLLMAdapter(SpecAdapter):
         return r
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        spec = await self._load_spec()
-        if spec.decoupled:
-            async for chunk in self._generate_stream(spec, request):
-                yield chunk
-        else:
-            yield await self._generate_unary(spec, request)
-
-    async def _generate_stream(self, spec: ModelSpec, req: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        spec = self.spec
+        if not spec.decoupled:
+            result = await self.rpc.infer(self._request(request, streaming=False), model=self.model,
+                                          timeout_s=request.timeout_s)
+            yield self._final_chunk(spec, request, result)
+            return
         # A decoupled model can still answer with one response (streaming=false): per-token responses
         # cost a gRPC message, a tensor parse and an event-loop wake-up each, for nobody when the
         # client did not ask for a stream.
-        streaming = req.stream_tokens or "streaming" not in spec.inputs
-        request = self._request(spec, req, streaming=streaming)
+        streaming = request.stream_tokens or "streaming" not in spec.inputs
         ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
         # The deadline (`timeout_s`) covers the whole request, first token to last; the stall guard ends a
         # stream that stops producing (Triton hung, GPU wedged) long before that.
-        responses = stream_one_request(self._rpc, request, model=self.model, timeout_s=req.timeout_s,
-                                       idle_s=self.stream_idle_timeout_s)
+        responses = self.rpc.stream(self._request(request, streaming), model=self.model,
+                                    timeout_s=request.timeout_s, idle_s=self.stream_idle_timeout_s)
         # aclosing: closing this generator early must close the stream (and so cancel the request) now.
         async with aclosing(responses):
             async for result in responses:
                 if not streaming:
-                    yield self._final_chunk(spec, req, result)
+                    yield self._final_chunk(spec, request, result)
                     continue
                 raw = raw_output(result.get_response(), "output_ids")
                 if raw is None:
@@ -129,18 +101,10 @@ class TensorRTLLMAdapter(SpecAdapter):
                 # round trip.
                 tokens = array(ids_dtype, raw).tolist()
                 logprobs = None
-                if req.return_logprobs and tokens:
+                if request.return_logprobs and tokens:
                     lp = result.as_numpy("output_log_probs")
                     logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None else None
                 yield GenerationChunk(tokens, logprobs)
-
-    async def _generate_unary(self, spec: ModelSpec, req: GenerationRequest) -> GenerationChunk:
-        request = self._request(spec, req, streaming=False)
-        try:
-            result = await self._rpc.infer(request, req.timeout_s)
-        except Exception as e:  # noqa: BLE001
-            raise map_triton_error(e, self.model) from None
-        return self._final_chunk(spec, req, result)
 
     @staticmethod
     def _final_chunk(spec: ModelSpec, req: GenerationRequest, result: Any) -> GenerationChunk:
@@ -161,4 +125,3 @@ class TensorRTLLMAdapter(SpecAdapter):
             lp = result.as_numpy("output_log_probs")
             logprobs = lp.reshape(-1)[: len(tokens)].tolist() if lp is not None and tokens else None
         return GenerationChunk(tokens, logprobs)
-

@@ -30,10 +30,8 @@ from tritonclient.grpc import InferResult
 
 from openai_api.errors import InvalidRequestError
 from openai_api.triton.base import SpecAdapter
-from openai_api.triton.client import map_triton_error
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.rpc import InferRequest, stream_one_request
-from openai_api.triton.wire import ModelSpec, add_input
+from openai_api.triton.wire import InferRequest
 
 logger = logging.getLogger(__name__)
 
@@ -109,9 +107,7 @@ class VLLMAdapter(SpecAdapter):
     protocol = "vllm"
 
     def supports(self, param: str) -> bool:
-        spec = self._spec
-        if spec is None:
-            return True  # unknown until Triton answered; checked again at request time
+        spec = self.spec
         if param == "bad_words":
             return False
         if param == "return_logprobs":
@@ -120,38 +116,34 @@ class VLLMAdapter(SpecAdapter):
             return "sampling_parameters" in spec.inputs
         return False
 
-    def _refuse(self, param: str, why: str = "") -> InvalidRequestError:
-        return InvalidRequestError(
-            f"The model {self.model!r} (Triton model {self.triton_model!r}, vLLM backend) does not accept "
-            f"'{param}'{why}.", param=param, code="unsupported_parameter")
-
-    def build_request(self, spec: ModelSpec, req: GenerationRequest, streaming: bool) -> InferRequest:
+    def build_request(self, req: GenerationRequest, streaming: bool) -> InferRequest:
+        spec = self.spec
         names = spec.inputs
         if req.bad_words:
-            raise self._refuse("bad_words", ": vLLM takes bad words as text, not token ids")
+            raise self.refuse("bad_words", ": vLLM takes bad words as text, not token ids")
         if req.return_logprobs and not self.supports("return_logprobs"):
-            raise self._refuse("return_logprobs")
+            raise self.refuse("return_logprobs")
         params = sampling_parameters(req)
         if "sampling_parameters" not in names:
             extra = sorted(set(params) - {"max_tokens", "stop_token_ids"})
             if extra:
-                raise self._refuse(extra[0], " (its Triton config has no sampling_parameters input)")
+                raise self.refuse(extra[0], " (its Triton config has no sampling_parameters input)")
             logger.warning("model %s: Triton model %s has no sampling_parameters input; vLLM's default "
                            "max_tokens (16) applies", self.model, self.triton_model)
         r = InferRequest(self.triton_model, self.version, req.request_id)
-        add_input(r, spec, "text_input", req.prompt_text)
+        r.add(spec, "text_input", req.prompt_text)
         if "stream" in names:
-            add_input(r, spec, "stream", streaming)
+            r.add(spec, "stream", streaming)
         if "sampling_parameters" in names:
-            add_input(r, spec, "sampling_parameters", json.dumps(params, separators=(",", ":")))
+            r.add(spec, "sampling_parameters", json.dumps(params, separators=(",", ":")))
         if "exclude_input_in_output" in names:
-            add_input(r, spec, "exclude_input_in_output", True)
+            r.add(spec, "exclude_input_in_output", True)
         for flag, output in (("return_finish_reason", "finish_reason"),
                              ("return_num_output_tokens", "num_output_tokens")):
             if flag in names and output in spec.outputs:
-                add_input(r, spec, flag, True)
+                r.add(spec, flag, True)
         if req.return_logprobs:
-            add_input(r, spec, "return_logprobs", True)
+            r.add(spec, "return_logprobs", True)
         wanted = ["text_output", "finish_reason", "num_output_tokens"]
         if req.return_logprobs:
             wanted.append("logprobs")
@@ -168,26 +160,24 @@ class VLLMAdapter(SpecAdapter):
         return chunk
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
-        spec = await self._load_spec()
+        spec = self.spec
         if not request.prompt_text:
             raise InvalidRequestError(f"The model {self.model!r} takes text prompts (vLLM backend); this "
                                       "request has token ids only.", param="prompt", code="unsupported_parameter")
-        if spec.decoupled:
-            responses = stream_one_request(self._rpc, self.build_request(spec, request, streaming=True),
-                                           model=self.model, timeout_s=request.timeout_s,
-                                           idle_s=self.stream_idle_timeout_s)
-            # aclosing: closing this generator early must close the stream (and so cancel the request) now.
-            async with aclosing(responses):
-                async for result in responses:
-                    chunk = self._chunk(result, request)
-                    if chunk.text or chunk.num_tokens or chunk.token_ids:
-                        yield chunk
+        if not spec.decoupled:
+            result = await self.rpc.infer(self.build_request(request, streaming=False), model=self.model,
+                                          timeout_s=request.timeout_s)
+            chunk = self._chunk(result, request)
+            if "exclude_input_in_output" not in spec.inputs and chunk.text and \
+                    chunk.text.startswith(request.prompt_text):
+                chunk.text = chunk.text[len(request.prompt_text):]  # an old backend that always echoes the prompt
+            yield chunk
             return
-        try:
-            result = await self._rpc.infer(self.build_request(spec, request, streaming=False), request.timeout_s)
-        except Exception as e:  # noqa: BLE001
-            raise map_triton_error(e, self.model) from None
-        chunk = self._chunk(result, request)
-        if "exclude_input_in_output" not in spec.inputs and chunk.text and chunk.text.startswith(request.prompt_text):
-            chunk.text = chunk.text[len(request.prompt_text):]  # an old backend that always echoes the prompt
-        yield chunk
+        responses = self.rpc.stream(self.build_request(request, streaming=True), model=self.model,
+                                    timeout_s=request.timeout_s, idle_s=self.stream_idle_timeout_s)
+        # aclosing: closing this generator early must close the stream (and so cancel the request) now.
+        async with aclosing(responses):
+            async for result in responses:
+                chunk = self._chunk(result, request)
+                if chunk.text or chunk.num_tokens or chunk.token_ids:
+                    yield chunk

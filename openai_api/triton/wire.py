@@ -1,5 +1,5 @@
-"""What the LLM adapters share on the wire: the model's config as a spec, and input tensors built
-to it.
+"""What travels on the wire to Triton, and nothing that moves it: the model's config as a spec, inference
+requests built to it, and the tensor encodings the LLM protocols share.
 
 `parse_model_config` takes the model-config JSON as Triton serves it (HTTP `/v2/models/{m}/config`,
 or gRPC `get_model_config(as_json=True)`, which wraps it in `{"config": ...}` and renders int64 as
@@ -7,20 +7,32 @@ strings) and keeps what an adapter needs: input and output names with their dtyp
 `TYPE_` prefix; `STRING` is reported as `BYTES`, the name the inference protocol uses), dims without
 the batch dim, whether the model is batched (`max_batch_size > 0`: every tensor then carries a
 leading batch dim of 1) and whether it is decoupled (streams over gRPC).
+
+`InferRequest` is one KServe v2 `ModelInferRequest` built straight from Python values. Tensors travel
+as `raw_input_contents`: little-endian values in row-major order; BOOL one byte each; BYTES each
+element a 4-byte little-endian length then the bytes (`encode_tensor`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import triton_to_np_dtype
 
-from openai_api.triton.client import TritonClientPool, map_triton_error
-from openai_api.triton.rpc import InferRequest
+from openai_api.errors import InvalidRequestError
 
 INTEGER_DTYPES = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
+# Triton dtype -> array typecode, for the fixed-width types that need no numpy on the way out.
+_TYPECODES = {"INT8": "b", "UINT8": "B", "INT16": "h", "UINT16": "H", "INT32": "i", "UINT32": "I",
+              "INT64": "q", "UINT64": "Q", "FP32": "f", "FP64": "d"}
+_LITTLE = sys.byteorder == "little"
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,24 +87,101 @@ def parse_model_config(raw: Mapping[str, Any]) -> ModelSpec:
     )
 
 
-async def fetch_model_spec(pool: TritonClientPool, url: str, triton_model: str, version: str,
-                           model: str) -> ModelSpec:
-    """Ask Triton (gRPC) for the model's config; transport failures become GatewayErrors."""
-    try:
-        raw = await pool.grpc(url).get_model_config(triton_model, version, as_json=True)
-    except Exception as e:  # noqa: BLE001 - every transport failure maps to one taxonomy
-        raise map_triton_error(e, model) from None
-    return parse_model_config(raw)
+def encode_tensor(dtype: str, values: Sequence[Any]) -> bytes:
+    """Flat Python values as the raw little-endian bytes of a `dtype` tensor."""
+    if dtype == "BOOL":
+        return bytes(1 if v else 0 for v in values)
+    if dtype == "BYTES":
+        parts = []
+        for v in values:
+            b = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+            parts.append(struct.pack("<I", len(b)))
+            parts.append(b)
+        return b"".join(parts)
+    code = _TYPECODES.get(dtype)
+    if code is None or not _LITTLE:  # FP16, or a big-endian host: numpy does the conversion
+        return np.asarray(values, dtype=little_endian(dtype)).tobytes()
+    return array(code, values).tobytes()
 
 
-def add_input(request: InferRequest, spec: ModelSpec, name: str, value: Any) -> None:
-    """One input tensor in the dtype the config declares, with the batch dim when the model is batched.
-    A scalar or a flat list becomes [n] ([1, n] batched); a numpy array keeps its shape (plus the batch
-    dim); strings are sent UTF-8 encoded."""
-    dtype = spec.inputs[name].dtype
-    if isinstance(value, np.ndarray):
-        request.numpy(name, dtype, value[np.newaxis, ...] if spec.batched else value)
-        return
-    values = value if isinstance(value, list | tuple) else [value]
-    shape = [1, len(values)] if spec.batched else [len(values)]
-    request.tensor(name, dtype, shape, values)
+def little_endian(dtype: str) -> np.dtype[Any]:
+    """The little-endian numpy dtype of a fixed-width Triton dtype."""
+    return np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")
+
+
+def words_tensor(words: list[list[int]]) -> np.ndarray:
+    """Encode token sequences the TensorRT-LLM / FasterTransformer way (`stop_words_list`,
+    `bad_words_list`): row 0 the concatenated ids (0-padded), row 1 the cumulative end offsets
+    (-1-padded). [[5,6],[7]] -> [[5,6,7],[2,3,-1]]."""
+    flat: list[int] = []
+    offsets: list[int] = []
+    for w in words:
+        flat.extend(w)
+        offsets.append(len(flat))
+    width = max(len(flat), len(offsets), 1)
+    out = np.zeros((2, width), dtype=np.int32)
+    out[1, :] = -1
+    out[0, : len(flat)] = flat
+    out[1, : len(offsets)] = offsets
+    return out
+
+
+class InferRequest:
+    """One inference request under construction; `pb` is the `ModelInferRequest` sent as is."""
+
+    __slots__ = ("pb",)
+
+    def __init__(self, model_name: str, model_version: str = "", request_id: str = "") -> None:
+        self.pb = service_pb2.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
+
+    def tensor(self, name: str, dtype: str, shape: Iterable[int], values: Sequence[Any]) -> None:
+        """Add an input from flat Python values (row-major). A value `dtype` cannot hold (a negative
+        seed for UINT64, a float for INT32) is the caller's error, never silently wrapped."""
+        try:
+            raw = encode_tensor(dtype, values)
+        except (OverflowError, TypeError, ValueError) as e:
+            raise InvalidRequestError(f"A value for the model input {name!r} does not fit its type {dtype}: {e}",
+                                      code="invalid_value") from None
+        self._add(name, dtype, shape, raw)
+
+    def numpy(self, name: str, dtype: str, arr: np.ndarray) -> None:
+        """Add an input from a numpy array, converted to `dtype`."""
+        if dtype == "BYTES" or dtype == "BOOL":
+            self.tensor(name, dtype, arr.shape, arr.reshape(-1).tolist())
+            return
+        self._add(name, dtype, arr.shape, np.ascontiguousarray(arr, dtype=little_endian(dtype)).tobytes())
+
+    def add(self, spec: ModelSpec, name: str, value: Any) -> None:
+        """Input `name` in the dtype `spec` declares, with the batch dim when the model is batched. A
+        scalar or a flat list becomes [n] ([1, n] batched); a numpy array keeps its shape (plus the
+        batch dim); strings are sent UTF-8 encoded."""
+        dtype = spec.inputs[name].dtype
+        if isinstance(value, np.ndarray):
+            self.numpy(name, dtype, value[np.newaxis, ...] if spec.batched else value)
+            return
+        values = value if isinstance(value, list | tuple) else [value]
+        self.tensor(name, dtype, [1, len(values)] if spec.batched else [len(values)], values)
+
+    def _add(self, name: str, dtype: str, shape: Iterable[int], raw: bytes) -> None:
+        t = self.pb.inputs.add()
+        t.name = name
+        t.datatype = dtype
+        t.shape.extend(shape)
+        self.pb.raw_input_contents.append(raw)
+
+    def output(self, *names: str) -> None:
+        for name in names:
+            self.pb.outputs.add().name = name
+
+    def inputs(self) -> dict[str, tuple[str, list[int], bytes]]:
+        """name -> (dtype, shape, raw bytes): what is on the wire, for logs and tests."""
+        return {t.name: (t.datatype, list(t.shape), raw)
+                for t, raw in zip(self.pb.inputs, self.pb.raw_input_contents, strict=True)}
+
+
+def raw_output(resp: Any, name: str) -> bytes | None:
+    """The raw bytes of output `name` of a `ModelInferResponse` (None when it is absent)."""
+    for i, out in enumerate(resp.outputs):
+        if out.name == name:
+            return resp.raw_output_contents[i]  # type: ignore[no-any-return]
+    return None

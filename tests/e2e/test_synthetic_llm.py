@@ -15,6 +15,7 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from openai_api.embedded.launcher import EmbeddedTriton
+from openai_api.errors import BackendError, BackendTimeoutError
 
 MODEL = "synthetic-llm"
 # " The quick brown fox ..." as the model emits it.
@@ -126,7 +127,7 @@ async def test_cancel_stops_generation(synthetic: tuple[EmbeddedTriton, Any]) ->
 
 
 def _rpc_request(prompt: list[int], output_len: int, delay_ms: int = 0) -> Any:
-    from openai_api.triton.rpc import InferRequest
+    from openai_api.triton.wire import InferRequest
 
     r = InferRequest(MODEL)
     r.tensor("input_ids", "INT32", [1, len(prompt)], prompt)
@@ -154,26 +155,28 @@ async def test_a_stream_is_reused_only_after_its_final_response(synthetic: tuple
     server, stats_path = synthetic
     rpc = TritonRPC(grpc.aio.insecure_channel(server.grpc_url))
     try:
-        first = [r async for r in rpc.stream(_rpc_request([1, 2, 3], 7), 30)]
-        assert len(first) == 7 and all(not r.error_message for r in first)
-        assert first[-1].infer_response.parameters["triton_final_response"].bool_param
+        first = [r async for r in rpc.stream(_rpc_request([1, 2, 3], 7), model=MODEL, timeout_s=30)]
+        assert len(first) == 7
+        assert first[-1].get_response().parameters["triton_final_response"].bool_param
         assert len(rpc._idle) == 1
         pooled = rpc._idle[0]
-        second = [r async for r in rpc.stream(_rpc_request([4, 5], 3), 30)]
+        second = [r async for r in rpc.stream(_rpc_request([4, 5], 3), model=MODEL, timeout_s=30)]
         assert len(second) == 3 and rpc._idle == [pooled]  # the same stream carried the second request
 
         # Closed early (the client left): the stream is cancelled, so the model stops, and not reused.
         before = json.loads(stats_path.read_text())["cancelled"]
-        stream = rpc.stream(_rpc_request([1], 100_000, delay_ms=10), 30)
+        stream = rpc.stream(_rpc_request([1], 100_000, delay_ms=10), model=MODEL, timeout_s=30)
         for _ in range(3):
             await anext(stream)
         await stream.aclose()
         await _cancelled_count_rises(stats_path, before)
         assert rpc._idle == []
 
-        # An error response ends the request; its stream is not reused either.
-        [bad] = [r async for r in rpc.stream(_rpc_request([1], 10**7), 30)]
-        assert "exceeds the maximum sequence length" in bad.error_message and rpc._idle == []
+        # An error response ends the request (a GatewayError naming the model, Triton's text only logged);
+        # its stream is not reused either.
+        with pytest.raises(BackendError) as e:
+            [r async for r in rpc.stream(_rpc_request([1], 10**7), model=MODEL, timeout_s=30)]
+        assert MODEL in e.value.message and rpc._idle == []
     finally:
         await rpc.close()
 
@@ -181,18 +184,19 @@ async def test_a_stream_is_reused_only_after_its_final_response(synthetic: tuple
 async def test_a_request_past_its_deadline_is_cancelled_in_triton(synthetic: tuple[EmbeddedTriton, Any]) -> None:
     import grpc
 
-    from openai_api.triton.rpc import StreamDeadlineError, TritonRPC
+    from openai_api.triton.rpc import TritonRPC
 
     server, stats_path = synthetic
     rpc = TritonRPC(grpc.aio.insecure_channel(server.grpc_url))
     try:
-        [r async for r in rpc.stream(_rpc_request([1], 2), 30)]  # leaves a pooled stream to borrow
+        [r async for r in rpc.stream(_rpc_request([1], 2), model=MODEL, timeout_s=30)]  # leaves a pooled stream
         before = json.loads(stats_path.read_text())["cancelled"]
         got = 0
         t0 = time.monotonic()
-        with pytest.raises(StreamDeadlineError):
-            async for _ in rpc.stream(_rpc_request([1], 1000, delay_ms=50), 0.4):
+        with pytest.raises(BackendTimeoutError) as e:
+            async for _ in rpc.stream(_rpc_request([1], 1000, delay_ms=50), model=MODEL, timeout_s=0.4):
                 got += 1
+        assert e.value.code == "timeout"
         assert 0.3 < time.monotonic() - t0 < 3 and 0 < got < 20
         await _cancelled_count_rises(stats_path, before)
         assert rpc._idle == []

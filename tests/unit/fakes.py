@@ -22,6 +22,7 @@ class FakeBackend:
     """
 
     model = MODEL
+    protocol = "tensorrt_llm"
 
     def __init__(self, script: list[list[int]], *, fail_at: int | None = None,
                  error: GatewayError | None = None) -> None:

@@ -19,6 +19,7 @@ from openai_api.errors import (
     GatewayError,
     InvalidRequestError,
 )
+from openai_api.observability import Metrics
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.chat import ChatService
 from openai_api.services.preprocess import Preprocessor
@@ -57,7 +58,7 @@ def bundled(tmp_path_factory: pytest.TempPathFactory) -> GatewayConfig:
 
 @pytest.fixture(scope="module")
 def registry(bundled: GatewayConfig, pool: TritonClientPool) -> ModelRegistry:
-    return ModelRegistry(bundled, pool)
+    return ModelRegistry(bundled, pool, Metrics())
 
 
 @pytest.fixture(scope="module")
@@ -86,8 +87,7 @@ def make_service(bundled: GatewayConfig, pool: TritonClientPool, registry: Model
         fake = FakeBackend(script, fail_at=fail_at, error=error)
         if info:
             m = bundled.llm[0]
-            rt = build_llm(m, ModelInfo(**{**bundled.model_info(m.name).model_dump(), **info}), pool)
-            rt.backend = _conforms(fake)
+            rt = build_llm(m, ModelInfo(**{**bundled.model_info(m.name).model_dump(), **info}), _conforms(fake))
         else:
             rt = dataclasses.replace(base_runtime, backend=_conforms(fake))
         reg = copy.copy(registry)

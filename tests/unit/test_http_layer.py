@@ -350,7 +350,7 @@ async def test_out_of_range_sampling_values_are_a_400_before_triton(app: FastAPI
 
 
 async def test_a_backend_failure_never_sends_triton_text_to_the_client(app: FastAPI, client: httpx.AsyncClient) -> None:
-    from openai_api.triton.client import map_triton_error
+    from openai_api.triton.errors import map_triton_error
 
     rt = app.state.services.registry.llm(MODEL)
     rt.backend = FakeBackend([[1]], fail_at=0, error=map_triton_error(

@@ -15,7 +15,8 @@ import pytest
 from openai_api.errors import BackendTimeoutError
 from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.observability import Metrics
-from openai_api.triton.client import StallGuard, map_triton_error
+from openai_api.triton.errors import map_triton_error
+from openai_api.triton.rpc import StallGuard
 
 
 def guard(app: Any, max_body: int = 100, max_total: int = 10) -> GuardMiddleware:

@@ -101,11 +101,11 @@ def pb_result(**arrays: Any) -> InferResult:
 
 
 class FakeStream:
-    """What `TritonRPC.stream` returns: an async iterator of `ModelStreamInferResponse`s; `cancelled`
-    records that it was closed (which cancels the request on a real stream)."""
+    """What `TritonRPC.stream` returns: an async iterator of `InferResult`s; `cancelled` records that it
+    was closed (which cancels the request on a real stream)."""
 
     def __init__(self, results: list[InferResult]) -> None:
-        self.pending = [service_pb2.ModelStreamInferResponse(infer_response=r.get_response()) for r in results]
+        self.pending = list(results)
         self.cancelled = False
 
     def __aiter__(self) -> FakeStream:
@@ -134,13 +134,14 @@ class FakeClient:
         self.config_reads += 1
         return self.config
 
-    def stream(self, request: InferRequest, timeout_s: float | None) -> FakeStream:
+    def stream(self, request: InferRequest, *, model: str, timeout_s: float | None = None,
+               idle_s: float | None = None) -> FakeStream:
         self.requests.append(request)
         stream = FakeStream(self.responses)
         self.streams.append(stream)
         return stream
 
-    async def infer(self, request: InferRequest, timeout_s: float | None) -> InferResult:
+    async def infer(self, request: InferRequest, *, model: str, timeout_s: float | None) -> InferResult:
         self.requests.append(request)
         return self.responses[-1]
 
@@ -157,6 +158,11 @@ class FakePool:
 
     def rpc(self, url: str) -> FakeClient:
         return self.client
+
+
+def make(cls: type[Any], client: FakeClient, triton_model: str) -> Any:
+    """An adapter as AutoLLMBackend builds it: over `client`'s RPCs, with the spec of its config."""
+    return cls(client, parse_model_config(client.config), model="m", triton_model=triton_model)
 
 
 def sent(request: InferRequest) -> dict[str, np.ndarray]:
@@ -230,7 +236,7 @@ def test_ft_chunk_carries_log_probs_of_the_new_tokens() -> None:
 async def test_ft_stream_yields_deltas_and_sends_uint32_with_batch_dim() -> None:
     client = FakeClient(FT_CONFIG, [ft_result([5, 6, 7, 10]), ft_result([5, 6, 7, 10, 11]),
                                     ft_result([5, 6, 7, 10, 11, 12]), ft_result([5, 6, 7, 10, 11, 12])])
-    adapter = FasterTransformerAdapter(FakePool(client), "u", "m", "ft")  # type: ignore[arg-type]
+    adapter = make(FasterTransformerAdapter, client, "ft")
     chunks = await collect(adapter.generate(request(temperature=0.0, top_p=0.9, seed=7, stop_words=[[4, 5]])))
     assert [c.token_ids for c in chunks] == [[10], [11], [12]]
     t = sent(client.requests[0])
@@ -247,14 +253,14 @@ async def test_ft_unary_strips_prompt_and_trims_by_sequence_length() -> None:
     cfg = json.loads(json.dumps(FT_CONFIG))
     cfg["config"]["model_transaction_policy"]["decoupled"] = False
     client = FakeClient(cfg, [ft_result([5, 6, 7, 10, 11, 2, 2], seq_len=5)])
-    adapter = FasterTransformerAdapter(FakePool(client), "u", "m", "ft")  # type: ignore[arg-type]
+    adapter = make(FasterTransformerAdapter, client, "ft")
     chunks = await collect(adapter.generate(request(temperature=0.7)))
     assert [c.token_ids for c in chunks] == [[10, 11]]
     assert sent(client.requests[0])["temperature"].tolist() == [[pytest.approx(0.7)]]
 
 
 async def test_ft_refuses_a_parameter_its_config_lacks_naming_it() -> None:
-    adapter = FasterTransformerAdapter(FakePool(FakeClient(FT_CONFIG)), "u", "m", "ft")  # type: ignore[arg-type]
+    adapter = make(FasterTransformerAdapter, FakeClient(FT_CONFIG), "ft")
     with pytest.raises(InvalidRequestError) as e:
         await collect(adapter.generate(request(presence_penalty=0.5)))
     assert e.value.param == "presence_penalty" and e.value.code == "unsupported_parameter"
@@ -275,7 +281,7 @@ def test_vllm_sampling_parameters_always_carry_max_tokens() -> None:
 async def test_vllm_stream_yields_text_deltas_with_token_counts() -> None:
     client = FakeClient(VLLM_CONFIG, [vllm_result("The", 1), vllm_result(" capital", 1), vllm_result("", 1),
                                       vllm_result("", 0, "stop")])
-    adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
+    adapter = make(VLLMAdapter, client, "vllm")
     chunks = await collect(adapter.generate(request(temperature=0.0)))
     assert [(c.text, c.num_tokens, c.token_ids) for c in chunks] == [("The", 1, []), (" capital", 1, []), ("", 1, [])]
     t = sent(client.requests[0])
@@ -291,7 +297,7 @@ async def test_vllm_sends_only_the_inputs_its_config_declares() -> None:
     cfg["config"]["input"] = [i for i in cfg["config"]["input"] if not i["name"].startswith(("return_", "exclude"))]
     cfg["config"]["output"] = [o for o in cfg["config"]["output"] if o["name"] == "text_output"]
     client = FakeClient(cfg, [vllm_result("Paris")])
-    adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
+    adapter = make(VLLMAdapter, client, "vllm")
     chunks = await collect(adapter.generate(request()))
     assert [(c.text, c.num_tokens) for c in chunks] == [("Paris", None)]  # None: the gateway counts
     assert set(sent(client.requests[0])) == {"text_input", "stream", "sampling_parameters"}
@@ -302,7 +308,7 @@ async def test_vllm_sends_only_the_inputs_its_config_declares() -> None:
 async def test_vllm_logprobs_give_token_ids_and_log_probs() -> None:
     result = vllm_result(" Paris", 1, logprobs=json.dumps([{"7": {"logprob": -0.25, "rank": 1}}]))
     client = FakeClient(VLLM_CONFIG, [result])
-    adapter = VLLMAdapter(FakePool(client), "u", "m", "vllm")  # type: ignore[arg-type]
+    adapter = make(VLLMAdapter, client, "vllm")
     [chunk] = await collect(adapter.generate(request(return_logprobs=True)))
     assert chunk.token_ids == [7] and chunk.logprobs == [-0.25] and chunk.text == " Paris"
     assert sent(client.requests[0])["return_logprobs"].tolist() == [True]
@@ -310,7 +316,7 @@ async def test_vllm_logprobs_give_token_ids_and_log_probs() -> None:
 
 
 async def test_vllm_refuses_token_id_bad_words() -> None:
-    adapter = VLLMAdapter(FakePool(FakeClient(VLLM_CONFIG)), "u", "m", "vllm")  # type: ignore[arg-type]
+    adapter = make(VLLMAdapter, FakeClient(VLLM_CONFIG), "vllm")
     with pytest.raises(InvalidRequestError) as e:
         await collect(adapter.generate(request(bad_words=[[3]])))
     assert e.value.param == "bad_words"
@@ -364,9 +370,10 @@ async def test_auto_backend_picks_the_adapter_and_delegates() -> None:
         auto = AutoLLMBackend(FakePool(client), "u", "m", "t")  # type: ignore[arg-type]
         assert auto.supports("presence_penalty")  # unknown before Triton answered
         await auto.check()
-        assert isinstance(auto.backend, kind) and auto.protocol == kind.protocol
+        assert isinstance(auto.adapter, kind) and auto.protocol == kind.protocol
+        assert auto.generate(request()) is not None and isinstance(auto.adapter, kind)
         await auto.check()
-        assert client.config_reads <= 2  # read once (the TensorRT-LLM adapter reads its own copy)
+        assert client.config_reads == 1  # read once, by the auto backend only: adapters get the spec
     ft = AutoLLMBackend(FakePool(FakeClient(FT_CONFIG)), "u", "m", "t")  # type: ignore[arg-type]
     await ft.check()
     assert not ft.supports("presence_penalty") and ft.supports("seed")
@@ -377,7 +384,7 @@ async def test_auto_backend_reports_a_configured_protocol_the_model_does_not_spe
     with pytest.raises(BackendUnavailableError) as e:
         await auto.check()
     assert "'text_input'" in e.value.message and "'trt'" in e.value.message
-    assert auto.backend is None  # not cached: a fixed Triton model is picked up on the next call
+    assert auto.adapter is None  # not cached: a fixed Triton model is picked up on the next call
     with pytest.raises(BackendUnavailableError):
         await collect(auto.generate(request()))
 
@@ -385,8 +392,17 @@ async def test_auto_backend_reports_a_configured_protocol_the_model_does_not_spe
 async def test_auto_backend_closes_the_adapter_stream_when_closed_early() -> None:
     client = FakeClient(FT_CONFIG, [ft_result([5, 6, 7, 10]), ft_result([5, 6, 7, 10, 11])])
     auto = AutoLLMBackend(FakePool(client), "u", "m", "ft")  # type: ignore[arg-type]
+    for _ in range(2):  # the first time through the resolving wrapper, then the adapter's own generator
+        gen = auto.generate(request())
+        first = await gen.__anext__()
+        assert first.token_ids == [10]
+        await gen.aclose()  # type: ignore[attr-defined]
+        assert client.streams[-1].cancelled
+
+
+async def test_auto_backend_hands_out_the_adapters_own_generator_once_resolved() -> None:
+    auto = AutoLLMBackend(FakePool(FakeClient(FT_CONFIG)), "u", "m", "ft")  # type: ignore[arg-type]
+    await auto.check()
     gen = auto.generate(request())
-    first = await gen.__anext__()
-    assert first.token_ids == [10]
+    assert gen.ag_code is FasterTransformerAdapter.generate.__code__  # type: ignore[attr-defined]  # no layer between
     await gen.aclose()  # type: ignore[attr-defined]
-    assert client.streams[0].cancelled

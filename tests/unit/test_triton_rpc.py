@@ -9,9 +9,7 @@ import pytest
 from tritonclient.grpc import InferInput
 
 from openai_api.errors import InvalidRequestError
-from openai_api.triton.rpc import InferRequest, raw_output
-from openai_api.triton.tensorrt_llm import words_tensor
-from openai_api.triton.wire import ModelSpec, TensorSpec, add_input
+from openai_api.triton.wire import InferRequest, ModelSpec, TensorSpec, raw_output, words_tensor
 
 
 def tritonclient_bytes(dtype: str, arr: np.ndarray) -> bytes:
@@ -55,10 +53,10 @@ def test_add_input_follows_the_spec_dtype_and_batch_dim() -> None:
                                      "stop_words_list": TensorSpec("INT32", (2, -1)),
                                      "text_input": TensorSpec("BYTES", (1,))}, max_batch_size=8)
     r = InferRequest("m")
-    add_input(r, batched, "input_ids", [5, 6, 7])
-    add_input(r, batched, "streaming", True)
-    add_input(r, batched, "stop_words_list", words_tensor([[5, 6], [7]]))
-    add_input(r, batched, "text_input", "Hi")
+    r.add(batched, "input_ids", [5, 6, 7])
+    r.add(batched, "streaming", True)
+    r.add(batched, "stop_words_list", words_tensor([[5, 6], [7]]))
+    r.add(batched, "text_input", "Hi")
     sent = r.inputs()
     assert sent["input_ids"][:2] == ("INT32", [1, 3])
     assert sent["streaming"] == ("BOOL", [1, 1], b"\x01")
@@ -69,7 +67,7 @@ def test_add_input_follows_the_spec_dtype_and_batch_dim() -> None:
 
     unbatched = ModelSpec("m", inputs={"input_ids": TensorSpec("UINT32", (-1,))})
     r = InferRequest("m")
-    add_input(r, unbatched, "input_ids", [1, 2])
+    r.add(unbatched, "input_ids", [1, 2])
     assert r.inputs()["input_ids"][:2] == ("UINT32", [2])
 
 

@@ -1,0 +1,155 @@
+"""Each model's Triton backend, assembled in one place.
+
+An LLM: `AutoLLMBackend` per Triton URL (it reads the model's config, picks the protocol adapter and
+gives it the stall timeout), a `ReplicatedLLMBackend` over them when the config lists several URLs,
+and `InstrumentedLLMBackend` outermost (metrics). An encoder (embeddings, rerank): `EncoderAdapter` per
+URL, `ReplicatedEncoder` over several, `InstrumentedEncoder` outermost. Each layer is a real type with
+the interface it implements (`LLMBackend`, `EncoderBackend`), nothing forwarded implicitly. The replica
+set, when there is one, is returned beside the backend, for the prober and `/v1/models`.
+
+Per token, the metrics wrapper is one generator layer: a clock read and one histogram observation per
+chunk; token counters are added once per sequence.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+
+from openai_api.config import EmbeddingModel, LLMModel, RerankModel
+from openai_api.errors import GatewayError
+from openai_api.observability import Metrics, current_stats
+from openai_api.triton.auto import AutoLLMBackend
+from openai_api.triton.client import TritonClientPool
+from openai_api.triton.encoder import EncoderAdapter, EncoderBackend
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
+from openai_api.triton.replicas import ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
+
+
+def _triton_error(metrics: Metrics, model: str, err: GatewayError) -> None:
+    if err.status >= 500:
+        metrics.triton_errors.labels(model, err.code or err.type).inc()
+
+
+class InstrumentedLLMBackend:
+    """An `LLMBackend` that records, for any protocol: time to first token, inter-token latency, token
+    counters and Triton errors (and the request's token counts for the access log)."""
+
+    def __init__(self, inner: LLMBackend, metrics: Metrics, model: str) -> None:
+        self.inner = inner
+        self.model = model
+        self._metrics = metrics
+        self._ttft = metrics.ttft.labels(model)
+        self._itl = metrics.itl.labels(model)
+        self._prompt = metrics.prompt_tokens.labels(model)
+        self._completion = metrics.completion_tokens.labels(model)
+
+    @property
+    def protocol(self) -> str:
+        return self.inner.protocol
+
+    def supports(self, param: str) -> bool:
+        return self.inner.supports(param)
+
+    async def check(self) -> None:
+        await self.inner.check()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        stats = current_stats()
+        clock = time.perf_counter
+        last = stats.start if stats is not None else clock()
+        first = True
+        produced = 0
+        chunks = self.inner.generate(request)
+        try:
+            async for chunk in chunks:
+                now = clock()
+                n = len(chunk.token_ids)
+                if first:
+                    self._ttft.observe(now - last)
+                    first = False
+                elif n:
+                    self._itl.observe((now - last) / n)
+                last = now
+                produced += n
+                yield chunk
+        except GatewayError as e:
+            _triton_error(self._metrics, self.model, e)
+            raise
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+            prompt = len(request.prompt_ids)
+            self._prompt.inc(prompt)
+            if produced:
+                self._completion.inc(produced)
+            if stats is not None:
+                # n > 1 sends the same prompt once per choice; usage (and the log) count it once.
+                stats.prompt_tokens = max(stats.prompt_tokens, prompt)
+                stats.completion_tokens += produced
+
+
+class InstrumentedEncoder:
+    """An `EncoderBackend` that records input tokens (the attention mask's sum) and Triton errors."""
+
+    def __init__(self, inner: EncoderBackend, metrics: Metrics, model: str) -> None:
+        self.inner = inner
+        self.model = model
+        self._metrics = metrics
+        self._prompt = metrics.prompt_tokens.labels(model)
+
+    @property
+    def max_batch_size(self) -> int | None:
+        return self.inner.max_batch_size
+
+    async def check(self) -> None:
+        await self.inner.check()
+
+    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray:
+        try:
+            out = await self.inner.infer(features)
+        except GatewayError as e:
+            _triton_error(self._metrics, self.model, e)
+            raise
+        mask = features.get("attention_mask")
+        tokens = int(mask.sum()) if mask is not None else 0
+        self._prompt.inc(tokens)
+        stats = current_stats()
+        if stats is not None:
+            stats.prompt_tokens += tokens
+        return out
+
+
+def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
+                stream_idle_timeout_s: float | None) -> tuple[LLMBackend, ReplicaSet[Any] | None]:
+    """The backend of one LLM entry: protocol adapter(s), replicas, metrics (see the module docstring)."""
+    adapters = [(u, AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
+                                   stream_idle_timeout_s=stream_idle_timeout_s)) for u in m.urls]
+    inner: LLMBackend
+    replicas: ReplicaSet[Any] | None = None
+    if len(adapters) == 1:
+        inner = adapters[0][1]
+    else:
+        replicated = ReplicatedLLMBackend(m.name, m.transport, adapters)
+        inner, replicas = replicated, replicated.set
+    return InstrumentedLLMBackend(inner, metrics, m.name), replicas
+
+
+def encoder_backend(m: EmbeddingModel | RerankModel, pool: TritonClientPool,
+                    metrics: Metrics) -> tuple[EncoderBackend, ReplicaSet[Any] | None]:
+    """The backend of one embedding or rerank entry: adapter(s), replicas, metrics."""
+    output = m.output_name if isinstance(m, EmbeddingModel) else m.output_config.name
+    adapters: list[tuple[str, EncoderBackend]] = [
+        (u, EncoderAdapter(pool, transport=m.transport, url=u, model=m.name, triton_model=m.triton_name,
+                           version=m.triton_version, input_config=m.input_config, input_dtype=m.input_dtype,
+                           output_name=output, timeout_s=m.timeout_s)) for u in m.urls]
+    inner: EncoderBackend
+    replicas: ReplicaSet[Any] | None = None
+    if len(adapters) == 1:
+        inner = adapters[0][1]
+    else:
+        replicated = ReplicatedEncoder(m.name, m.transport, adapters)
+        inner, replicas = replicated, replicated.set
+    return InstrumentedEncoder(inner, metrics, m.name), replicas

@@ -1,0 +1,84 @@
+"""Triton's failures in the gateway's one error taxonomy (`openai_api.errors`), without leaking internals.
+
+tritonclient, grpc.aio and aiohttp each fail in their own types and words; `map_triton_error` reads the
+gRPC status (by name) or the message and decides: unreachable Triton and unknown or unready models are
+503 naming the model, deadlines 504, everything else a 502 naming the model (Triton's own message goes
+to the log only: it can carry a backend's exception text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tritonclient.utils import InferenceServerException
+
+from openai_api.errors import BackendError, BackendTimeoutError, BackendUnavailableError, GatewayError
+
+logger = logging.getLogger(__name__)
+
+# gRPC status codes (by name, so no grpc import is needed here) -> what they mean for the client.
+_GRPC_UNAVAILABLE = {"UNAVAILABLE", "UNKNOWN_CONNECTION", "ABORTED"}
+_CONNECTION_WORDS = ("failed to connect", "connect call failed", "cannot connect", "connection refused",
+                     "socket closed", "connection reset", "server disconnected", "broken pipe",
+                     "connection aborted", "end of tcp stream", "eof occurred", "transport is closing")
+
+
+def _grpc_code(err: BaseException) -> str:
+    """The gRPC status name of a raw grpc.aio.AioRpcError (what stream iteration raises), else ""."""
+    code = getattr(err, "code", None)
+    if callable(code):
+        try:
+            c = code()
+        except Exception:  # noqa: BLE001 - not a gRPC error after all
+            return ""
+        return str(getattr(c, "name", c) or "")
+    return ""
+
+
+def map_triton_error(err: BaseException, model: str) -> GatewayError:
+    """Translate a tritonclient / grpc / aiohttp exception into the gateway's taxonomy without leaking
+    internals: unreachable Triton and unknown/unready models are 503 (naming the model), deadlines 504,
+    everything else Triton refused is 502 naming the model (Triton's own message is logged, not sent)."""
+    if isinstance(err, GatewayError):
+        return err
+    if isinstance(err, asyncio.TimeoutError | TimeoutError):
+        return BackendTimeoutError(f"The model {model!r} did not answer in time.")
+    status = ""
+    message = str(err)
+    if isinstance(err, InferenceServerException):
+        status = str(err.status() or "")
+        message = err.message() or message
+    else:
+        status = _grpc_code(err)
+        details = getattr(err, "details", None)
+        if callable(details):
+            try:
+                message = str(details() or message)
+            except Exception:  # noqa: BLE001
+                pass
+    lowered = message.lower()
+    status_l = status.lower()
+    if "deadline" in status_l or "deadline exceeded" in lowered:
+        return BackendTimeoutError(f"The model {model!r} did not answer in time.")
+    if "unknown model" in lowered or "is not ready" in lowered or ("not found" in lowered and "model" in lowered) \
+            or "no available versions" in lowered:
+        return BackendUnavailableError(f"The model {model!r} is not loaded or not ready in Triton.")
+    if (status.upper().removeprefix("STATUSCODE.") in _GRPC_UNAVAILABLE or "unavailable" in status_l
+            or any(w in lowered for w in _CONNECTION_WORDS) or _is_connection_error(err)):
+        return BackendUnavailableError(f"The Triton server for model {model!r} is unreachable.")
+    if "cancelled" in status_l:
+        return BackendUnavailableError(f"The request to model {model!r} was cancelled by Triton.")
+    logger.warning("triton error for model %s: %s %s", model, status, message[:500])
+    # Triton's message can carry the backend's own exception text (a model's RuntimeError, file paths):
+    # it goes to the log, never to the client. The gateway validates requests before Triton sees them,
+    # so what reaches here is the server side's failure.
+    return BackendError(f"Triton failed the request for model {model!r}; the gateway's log has the details.")
+
+
+def _is_connection_error(err: BaseException) -> bool:
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - aiohttp comes with tritonclient[http]
+        return isinstance(err, ConnectionError)
+    return isinstance(err, ConnectionError | aiohttp.ClientConnectionError | aiohttp.ServerDisconnectedError)
