@@ -32,7 +32,6 @@ from tests.unit.fakes import FakeBackend, llm_only_config
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
-SPEC_DIR = REPO.parent / "shared" / "openai-spec"
 MODEL = "smollm2-135m-instruct"
 PREPROCESS = Preprocessor(CPUWorkers(1))
 SMOLLM2_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"

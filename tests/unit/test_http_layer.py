@@ -22,7 +22,6 @@ from tests.unit.fakes import FakeBackend, llm_only_config
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
-SPEC_DIR = REPO.parent / "shared" / "openai-spec"
 MODEL = "smollm2-135m-instruct"
 KEYS = ["k1", "k2"]
 AUTH = {"Authorization": "Bearer k1"}

@@ -1,0 +1,1 @@
+"""OpenAI's OpenAPI description (vendored, MIT) and our validator for it; see README.md."""
