@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 DOCKER = REPO / "docker"
 K8S = REPO / "deploy" / "kubernetes"
 GATEWAY_DOCKERFILE = DOCKER / "Dockerfile"

@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from openai_api.config import load_config
-from tests.conftest import requires_models
 from tests.deploy.helpers import (
     COMPOSE_FILE,
     COMPOSE_MODEL_CONFIG,
@@ -24,6 +23,7 @@ from tests.deploy.helpers import (
     graceful_shutdown_seconds,
     localize_model_config,
 )
+from tests.helpers import requires_models
 
 _VAR = re.compile(r"\$\{(\w+)(?::?-([^}]*))?\}")
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import requires_models
 from tests.deploy.helpers import (
     COMPOSE_MODEL_CONFIG,
     GATEWAY_DOCKERFILE,
@@ -25,15 +23,10 @@ from tests.deploy.helpers import (
     localize_model_config,
     replace_option,
 )
+from tests.helpers import free_port, requires_models
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> int:
@@ -63,7 +56,7 @@ def test_image_command_line_starts_and_stops_cleanly(tmp_path: Path) -> None:
                                    REPO / "models", triton_url="127.0.0.1:1")
     config_file = tmp_path / "model_config.json"
     config_file.write_text(json.dumps(config), encoding="utf-8")
-    port = _free_port()
+    port = free_port()
     argv = replace_option(argv, "--host", "127.0.0.1")
     argv = replace_option(argv, "--port", str(port))
     argv = replace_option(argv, "--config-file", str(config_file))

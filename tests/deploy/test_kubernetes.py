@@ -13,7 +13,6 @@ import yaml
 
 from openai_api.cli import parse_args
 from openai_api.config import load_config
-from tests.conftest import requires_models
 from tests.deploy.helpers import (
     GATEWAY_DOCKERFILE,
     K8S,
@@ -22,6 +21,7 @@ from tests.deploy.helpers import (
     graceful_shutdown_seconds,
     localize_model_config,
 )
+from tests.helpers import requires_models
 
 MANIFESTS = sorted(p for p in K8S.glob("*.yaml") if p.name != "kustomization.yaml")
 # The oldest Kubernetes minor still commonly offered by managed services, and the newest schema shipped.

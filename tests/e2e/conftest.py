@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -22,16 +21,11 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
+from tests.helpers import free_port
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
 TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "all-minilm-l6-v2", "minilm-rerank"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class GatewayServer:

@@ -13,8 +13,8 @@ import pytest
 
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
-from tests.conftest import MODELS, REPO
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
+from tests.helpers import MODELS, REPO
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 

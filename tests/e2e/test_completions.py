@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from openai_api.text.tokenizer import TextTokenizer
-from tests.conftest import MODELS
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
+from tests.helpers import MODELS
 
 PROMPT = "The capital of France is"
 

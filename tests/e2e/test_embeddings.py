@@ -11,8 +11,8 @@ import openai
 import pytest
 
 from openai_api.text.tokenizer import TextTokenizer
-from tests.conftest import MODELS
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
+from tests.helpers import MODELS
 
 EMB = "all-minilm-l6-v2"
 

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer
 from tritonclient.grpc import InferInput
 
 from openai_api.embedded.launcher import EmbeddedTriton
-from tests.conftest import MODELS as MODELS_DIR
+from tests.helpers import MODELS as MODELS_DIR
 
 TRT = "smollm2-135m-instruct"
 VLLM = "smollm2-vllm"

@@ -27,8 +27,8 @@ import pytest
 from openai_api.config import BUNDLED_CONFIG, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
-from tests.conftest import requires_models
 from tests.e2e.conftest import API_KEY, GatewayServer
+from tests.helpers import requires_models
 
 LOGGER = "openai_api.embedded.launcher"
 EMB = "all-minilm-l6-v2"

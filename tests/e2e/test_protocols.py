@@ -20,8 +20,8 @@ from tokenizers import Tokenizer
 from tritonclient.grpc import InferInput
 
 from openai_api.embedded.launcher import EmbeddedTriton
-from tests.conftest import MODELS as MODELS_DIR
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer, read_ref_stats
+from tests.helpers import MODELS as MODELS_DIR
 
 VLLM = f"{LLM}-vllm"
 FT = f"{LLM}-ft"

@@ -31,7 +31,8 @@ from openai_api.config import BUNDLED_CONFIG, GatewayConfig, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
 from openai_api.settings import Settings
-from tests.e2e.conftest import API_KEY, LLM, STATS_ENV, GatewayServer, free_port, read_ref_stats
+from tests.e2e.conftest import API_KEY, LLM, STATS_ENV, GatewayServer, read_ref_stats
+from tests.helpers import free_port
 
 EMBEDDING = "all-minilm-l6-v2"
 MODELS = [LLM, EMBEDDING]

@@ -18,9 +18,9 @@ import pytest
 
 from openai_api.config import BUNDLED_CONFIG
 from openai_api.embedded.launcher import EmbeddedTriton
-from tests.e2e.conftest import LLM, free_port
+from tests.e2e.conftest import LLM
+from tests.helpers import REPO, free_port
 
-REPO = Path(__file__).resolve().parents[2]
 KEY = "shutdown-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 

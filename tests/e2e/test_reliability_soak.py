@@ -6,12 +6,12 @@ exit afterwards."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 from openai_api.embedded.launcher import EmbeddedTriton
+from tests.helpers import REPO
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "soak.py"
+SCRIPT = REPO / "scripts" / "soak.py"
 
 
 def load_soak() -> ModuleType:

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,11 +21,11 @@ from tokenizers import Tokenizer
 from tritonclient.utils import InferenceServerException
 
 from openai_api.embedded.launcher import EmbeddedTriton
+from tests.helpers import PREPARED_MODELS as MODELS_DIR
+from tests.helpers import requires_models
 
 logger = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MODELS_DIR = Path(os.environ.get("OPENAI_API_MODELS_DIR", REPO_ROOT / "models"))
 TOKENIZER_PATH = MODELS_DIR / "all-minilm-l6-v2" / "tokenizer.json"
 EMBED = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
@@ -64,7 +62,7 @@ ARTICLES = {
 # MiniLM bi-encoder cosines (sentence-transformers pooling) of QUERY with each article.
 EXPECTED_COSINE = {"1": 0.679, "12": 0.420, "3": 0.593, "7": 0.374}
 
-pytestmark = pytest.mark.skipif(not TOKENIZER_PATH.is_file(), reason=f"no prepared model at {TOKENIZER_PATH}")
+pytestmark = requires_models(EMBED, root=MODELS_DIR)
 
 
 @pytest.fixture(scope="module")

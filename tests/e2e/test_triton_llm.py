@@ -23,9 +23,8 @@ from tokenizers import Tokenizer
 from tritonclient.grpc import InferInput
 
 from openai_api.embedded.launcher import EmbeddedTriton
+from tests.helpers import PREPARED_MODELS as MODELS_DIR
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-MODELS_DIR = Path(os.environ.get("OPENAI_API_MODELS_DIR", REPO_ROOT / "models"))
 MODEL = "smollm2-135m-instruct"
 EOS = 2  # <|im_end|>
 TIMEOUT_S = 120.0

@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,17 +27,16 @@ from openai_api.text.tokenizer import TextTokenizer
 from openai_api.text.workers import CPUWorkers
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.llm import LLMBackend
+from tests.helpers import MODELS, missing_models
 from tests.unit.fakes import FakeBackend, llm_only_config
 
-REPO = Path(__file__).resolve().parents[2]
-SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
 MODEL = "smollm2-135m-instruct"
+SMOLLM2_DIR = MODELS / MODEL
 PREPROCESS = Preprocessor(CPUWorkers(1))
 SMOLLM2_SYSTEM = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
 
-if not (SMOLLM2_DIR / "tokenizer.json").is_file():
-    pytest.skip(f"SmolLM2 tokenizer not found at {SMOLLM2_DIR} (run the set-up script to fetch it)",
-                allow_module_level=True)
+if reason := missing_models(MODEL):
+    pytest.skip(reason, allow_module_level=True)
 
 
 def _conforms(backend: FakeBackend) -> LLMBackend:

@@ -14,8 +14,7 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
 from openai_api.config import BUNDLED_TEMPLATES, ConfigError, GatewayConfig, load_config
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 # The example config of the seed system's manual (shared/seeds/002), verbatim but for the `path`s,
 # which the fixture points at temporary tokenizer folders.

@@ -17,6 +17,7 @@ import uvicorn
 from openai_api.app import create_app
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
+from tests.helpers import free_port
 from tests.unit.fakes import llm_only_config
 
 HEADER_TIMEOUT = 1.0
@@ -28,9 +29,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     config = llm_only_config(tmp_path_factory.mktemp("cfg"), url="127.0.0.1:1")
     settings = Settings(config_file=Path("."), header_timeout_s=HEADER_TIMEOUT, max_connections=MAX_CONNECTIONS)
     app = create_app(config, settings)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     srv = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()

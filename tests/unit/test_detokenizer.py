@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 import pytest
 
 from openai_api.text.detokenizer import IncrementalDetokenizer
 from openai_api.text.tokenizer import TextTokenizer
+from tests.helpers import MODELS, missing_models
 
-REPO = Path(__file__).resolve().parents[2]
-SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
+SMOLLM2_DIR = MODELS / "smollm2-135m-instruct"
 
-if not (SMOLLM2_DIR / "tokenizer.json").is_file():
-    pytest.skip(f"SmolLM2 tokenizer not found at {SMOLLM2_DIR} (run the set-up script to fetch it)",
-                allow_module_level=True)
+if reason := missing_models(SMOLLM2_DIR.name):
+    pytest.skip(reason, allow_module_level=True)
 
 REPLACEMENT = "\ufffd"
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,18 +17,16 @@ from openai_api.config import BUNDLED_CONFIG, GatewayConfig
 from openai_api.errors import BackendUnavailableError
 from openai_api.settings import Settings
 from openai_api.triton.llm import LLMBackend
+from tests.helpers import missing_models
 from tests.unit.fakes import FakeBackend, llm_only_config
 
-REPO = Path(__file__).resolve().parents[2]
-SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
 MODEL = "smollm2-135m-instruct"
 KEYS = ["k1", "k2"]
 AUTH = {"Authorization": "Bearer k1"}
 CHAT = "/v1/chat/completions"
 
-if not (SMOLLM2_DIR / "tokenizer.json").is_file():
-    pytest.skip(f"SmolLM2 tokenizer not found at {SMOLLM2_DIR} (run the set-up script to fetch it)",
-                allow_module_level=True)
+if reason := missing_models(MODEL):
+    pytest.skip(reason, allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

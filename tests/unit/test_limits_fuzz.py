@@ -4,13 +4,12 @@ no 5xx, and every status, content type and body is what the schema documents."""
 from __future__ import annotations
 
 import importlib.util
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import requires_models
+from tests.helpers import REPO, requires_models
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "fuzz.py"
+SCRIPT = REPO / "scripts" / "fuzz.py"
 pytest.importorskip("schemathesis")
 
 

@@ -6,15 +6,15 @@ import importlib.util
 import random
 import sys
 import types
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
+
 MODEL_FILES = {
-    "all-minilm-l6-v2": REPO_ROOT / "triton_models" / "all-minilm-l6-v2" / "1" / "model.py",
-    "minilm-rerank": REPO_ROOT / "triton_models" / "minilm-rerank" / "1" / "model.py",
+    "all-minilm-l6-v2": REPO / "triton_models" / "all-minilm-l6-v2" / "1" / "model.py",
+    "minilm-rerank": REPO / "triton_models" / "minilm-rerank" / "1" / "model.py",
 }
 
 

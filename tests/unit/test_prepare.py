@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
 
 import pytest
 
-from openai_api.embedded.prepare import MARKER, MINILM_NAME, SMOLLM2_NAME, default_models_dir, prepare_models
-
-REAL = Path(os.environ.get("OPENAI_API_MODELS_DIR", default_models_dir()))
+from openai_api.embedded.prepare import MARKER, MINILM_NAME, SMOLLM2_NAME, prepare_models
 
 
 def _check_smollm2(folder: Path) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from openai_api.text.templates import ChatTemplate, RenderLimits, TemplateBudgetError, TemplateError
+from tests.helpers import MODELS, REPO, requires_models
 
-REPO = Path(__file__).resolve().parents[2]
 TEMPLATES = REPO / "chat_templates"
-SMOLLM2_DIR = REPO / "models" / "smollm2-135m-instruct"
+SMOLLM2_DIR = MODELS / "smollm2-135m-instruct"
 
 # Verbatim copy of HuggingFaceTB/SmolLM2-135M-Instruct's chat_template.jinja, so the parity test runs
 # even where the (git-ignored) model folder is absent; test_smollm2_reference_copy_is_verbatim keeps it
@@ -165,10 +165,9 @@ def test_smollm2_matches_transformers(conversation: list[dict[str, Any]]) -> Non
     assert load("smollm2").render(conversation) == rendered[0]
 
 
+@requires_models(SMOLLM2_DIR.name, files=["chat_template.jinja"])
 def test_smollm2_reference_copy_is_verbatim() -> None:
     model_template = SMOLLM2_DIR / "chat_template.jinja"
-    if not model_template.is_file():
-        pytest.skip("SmolLM2 model folder not present")
     assert model_template.read_text(encoding="utf-8") == SMOLLM2_REFERENCE
     from_dir = ChatTemplate.from_tokenizer_dir(SMOLLM2_DIR)
     assert from_dir is not None

@@ -1,0 +1,56 @@
+"""What every test tier shares, defined once: repository paths, a free local port, the skip for prepared
+models that are not there, and the OpenAI schema validator (vendored in tests/openai_spec/)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+# Prepared weights as scripts/setup.sh lays them out in the clone.
+MODELS = REPO / "models"
+# Where the launcher and the reference Triton models read them: $OPENAI_API_MODELS_DIR, else MODELS.
+PREPARED_MODELS = Path(os.environ.get("OPENAI_API_MODELS_DIR", MODELS))
+OPENAI_SPEC = REPO / "tests" / "openai_spec"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def missing_models(*names: str, files: Iterable[str] = ("tokenizer.json",), root: Path = MODELS) -> str | None:
+    """Why a test needing these prepared models (each folder under `root` holding `files`) must skip;
+    None when they are all there. For a module that others import from, skip its import too:
+
+        if reason := missing_models(MODEL):
+            pytest.skip(reason, allow_module_level=True)
+    """
+    needed = tuple(files)
+    missing = [n for n in names if not all((root / n / f).is_file() for f in needed)]
+    if not missing:
+        return None
+    where = "" if root == MODELS else f" in {root}"
+    return f"prepared models missing{where}: {missing} (run scripts/setup.sh)"
+
+
+def requires_models(*names: str, files: Iterable[str] = ("tokenizer.json",),
+                    root: Path = MODELS) -> pytest.MarkDecorator:
+    """Skip the test (or the module, as `pytestmark`) unless these prepared models are there."""
+    reason = missing_models(*names, files=files, root=root)
+    return pytest.mark.skipif(reason is not None, reason=reason or "")
+
+
+def openai_validator() -> Callable[[str, Any], None]:
+    """`validate(schema_name, payload)` against OpenAI's published OpenAPI description; raises
+    ValueError listing every violation, KeyError for an unknown schema name."""
+    from tests.openai_spec.validate import validate
+
+    return validate
