@@ -22,6 +22,8 @@ from tests.unit.fakes import llm_only_config
 
 HEADER_TIMEOUT = 1.0
 MAX_CONNECTIONS = 40
+# How much later than the timeout a close may come on a busy shared machine: still a bounded time.
+SLACK = 6.0
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +62,8 @@ def test_silent_connections_are_closed_within_the_header_timeout(server: tuple[s
     try:
         assert health(server) == 200  # served meanwhile
         t0 = time.monotonic()
-        assert all(closed_within(s, HEADER_TIMEOUT + 2) for s in socks)
-        assert time.monotonic() - t0 < HEADER_TIMEOUT + 2
+        assert all(closed_within(s, HEADER_TIMEOUT + SLACK) for s in socks)
+        assert time.monotonic() - t0 < HEADER_TIMEOUT + SLACK
     finally:
         for s in socks:
             s.close()
@@ -78,10 +80,10 @@ def test_headers_sent_slowly_are_cut_at_the_header_timeout(server: tuple[str, in
                 closed = True
                 break
             time.sleep(0.1)
-            if time.monotonic() - t0 > HEADER_TIMEOUT + 2:
+            if time.monotonic() - t0 > HEADER_TIMEOUT + SLACK:
                 break
         assert closed or closed_within(s, 1.0)
-        assert time.monotonic() - t0 < HEADER_TIMEOUT + 3
+        assert time.monotonic() - t0 < HEADER_TIMEOUT + SLACK + 1
 
 
 def test_connections_past_the_cap_are_closed_at_once_and_service_returns(server: tuple[str, int]) -> None:
@@ -103,7 +105,7 @@ def test_a_keep_alive_connection_with_a_slow_second_request_is_cut(server: tuple
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 200")
         s.sendall(b"GET /health HTTP/1.1\r\nHost")  # the next request starts, and stops
-        assert closed_within(s, HEADER_TIMEOUT + 2)
+        assert closed_within(s, HEADER_TIMEOUT + SLACK)
 
 
 def test_rejections_are_counted(server: tuple[str, int]) -> None:
