@@ -8,19 +8,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from openai_api.errors import GatewayError, InvalidRequestError, error_response_bytes
+from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
     collect_choices,
-    generate_text,
-    merge_streams,
     resolve_max_tokens,
 )
 from openai_api.services.preprocess import Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
-from openai_api.services.streaming import DONE, ChatChunkEncoder, usage_dict
+from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
 
 logger = logging.getLogger(__name__)
@@ -62,6 +60,15 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 # Template variables the gateway sets from the request itself; `chat_template_kwargs` may not override them.
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
                                       "bos_token", "eos_token", "limits", "self"})
+
+
+def logprob_entries(rt: LLMRuntime, ids: list[int], lps: list[float] | None) -> list[dict[str, Any]]:
+    """Chat `logprobs.content` entries: the sampled token, its log-prob and bytes (no alternatives)."""
+    out = []
+    for t, lp in zip(ids, lps or [0.0] * len(ids), strict=False):
+        tok = rt.tokenizer.decode([t], skip_special_tokens=False)
+        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+    return out
 
 
 class ChatService:
@@ -123,7 +130,9 @@ class ChatService:
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._stream(rt, greqs, stops, plan, completion_id, created, req.model, include_usage)
+            encoder = ChatStreamEncoder(rt, ChatChunkEncoder(completion_id, created, req.model), plan, req.n,
+                                        req.logprobs, include_usage)
+            return sse_stream(rt, greqs, stops, encoder, len(prompt_ids), completion_id)
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
@@ -140,59 +149,47 @@ class ChatService:
                     message = {"role": "assistant", "content": content, "refusal": None,
                                "tool_calls": [c.to_openai() for c in calls]}
                     finish = "tool_calls"
-            logprobs = {"content": self._logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
+            logprobs = {"content": logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         return {"id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage_dict(len(prompt_ids), completion_tokens)}
 
-    @staticmethod
-    def _logprob_entries(rt: LLMRuntime, ids: list[int], lps: list[float] | None) -> list[dict[str, Any]]:
-        out = []
-        for t, lp in zip(ids, lps or [0.0] * len(ids), strict=False):
-            tok = rt.tokenizer.decode([t], skip_special_tokens=False)
-            out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
-        return out
 
-    async def _stream(self, rt: LLMRuntime, greqs: list[Any], stops: list[str], plan: ToolPlan, completion_id: str,
-                      created: int, model: str, include_usage: bool) -> AsyncIterator[bytes]:
-        enc = ChatChunkEncoder(completion_id, created, model)
-        prompt_tokens = len(greqs[0].prompt_ids)
-        if len(greqs) == 1:
-            events: AsyncIterator[tuple[int, TextEvent]] = _tagged(generate_text(rt, greqs[0], stops))
-        else:
-            events = merge_streams([generate_text(rt, g, stops) for g in greqs])
-        produced = [0] * len(greqs)
-        tools = [_StreamTools(plan) for _ in greqs] if plan.parser is not None else None
-        with_lp = greqs[0].return_logprobs
-        started = False
-        try:
-            async for i, ev in events:
-                if not started:
-                    started = True
-                    yield b"".join(enc.role(j) for j in range(len(greqs)))
-                if tools is not None:
-                    for chunk in tools[i].push(enc, i, ev.text, ev.finish_reason is not None):
-                        yield chunk
-                elif with_lp and (ev.text or ev.token_ids):
-                    yield enc.delta(i, {"content": ev.text},
-                                    {"content": self._logprob_entries(rt, ev.token_ids, ev.logprobs), "refusal": None})
-                elif ev.text:
-                    yield enc.content(i, ev.text)
-                if ev.finish_reason:
-                    produced[i] = ev.completion_tokens
-                    reason = "tool_calls" if tools is not None and tools[i].calls else ev.finish_reason
-                    yield enc.finish(i, reason)
-        except GatewayError as e:
-            if not started:
-                raise
-            logger.warning("stream %s ended by backend error: %s", completion_id, e.message)
-            yield b"data: " + error_response_bytes(e) + b"\n\n"
-            return
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-        if include_usage:
-            yield enc.usage(prompt_tokens, sum(produced))
-        yield DONE
+
+class ChatStreamEncoder:
+    """`chat.completion.chunk` events (the envelope is `services.streaming.sse_stream`): the role chunks
+    open the stream, then per choice content deltas (with log-probs when asked for) or tool-call deltas,
+    its finish chunk, and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`."""
+
+    def __init__(self, rt: LLMRuntime, chunks: ChatChunkEncoder, plan: ToolPlan, n: int, logprobs: bool,
+                 include_usage: bool) -> None:
+        self.rt = rt
+        self.chunks = chunks
+        self.n = n
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+        self.tools = [_StreamTools(plan) for _ in range(n)] if plan.parser is not None else None
+
+    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
+        enc = self.chunks
+        out = [enc.role(j) for j in range(self.n)] if first else []
+        if self.tools is not None:
+            out += self.tools[index].push(enc, index, ev.text, ev.finish_reason is not None)
+        elif self.logprobs and (ev.text or ev.token_ids):
+            out.append(enc.delta(index, {"content": ev.text},
+                                 {"content": logprob_entries(self.rt, ev.token_ids, ev.logprobs), "refusal": None}))
+        elif ev.text:
+            out.append(enc.content(index, ev.text))
+        if ev.finish_reason:
+            called = self.tools is not None and self.tools[index].calls
+            out.append(enc.finish(index, "tool_calls" if called else ev.finish_reason))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return error_event(err)
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return (self.chunks.usage(prompt_tokens, completion_tokens) + DONE) if self.include_usage else DONE
 
 
 class _StreamTools:
@@ -224,11 +221,3 @@ class _StreamTools:
                                                              "function": {"name": call.name, "arguments": ""}}]}))
                 out.append(enc.delta(index, {"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}))
         return out
-
-
-async def _tagged(it: AsyncIterator[TextEvent]) -> AsyncIterator[tuple[int, TextEvent]]:
-    try:
-        async for ev in it:
-            yield 0, ev
-    finally:
-        await it.aclose()  # type: ignore[attr-defined]

@@ -8,19 +8,17 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from openai_api.errors import GatewayError, InvalidRequestError, error_response_bytes
+from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import CompletionRequest
 from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
     collect_choices,
-    generate_text,
-    merge_streams,
     resolve_max_tokens,
 )
 from openai_api.services.preprocess import Preprocessor, encode_prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
-from openai_api.services.streaming import DONE, CompletionChunkEncoder, usage_dict
+from openai_api.services.streaming import DONE, CompletionChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.triton.llm import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -57,6 +55,17 @@ def _text_size(prompt: Any) -> int:
     return sum(len(p) for p in prompt if isinstance(p, str)) if isinstance(prompt, list) else 0
 
 
+def completion_logprobs(rt: LLMRuntime, ids: list[int], lps: list[float] | None, offset: int) -> dict[str, Any]:
+    """Legacy completions `logprobs`: each sampled token, its log-prob and its text offset."""
+    tokens = [rt.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    offsets = []
+    for tok in tokens:
+        offsets.append(offset)
+        offset += len(tok)
+    return {"tokens": tokens, "token_logprobs": list(lps or [0.0] * len(ids)), "top_logprobs": None,
+            "text_offset": offsets}
+
+
 class CompletionsService:
     def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
@@ -76,15 +85,6 @@ class CompletionsService:
         if req.logprobs == 0 and not rt.backend.supports("return_logprobs"):
             raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
                                       param="logprobs", code="unsupported_parameter")
-
-    def _logprobs(self, rt: LLMRuntime, ids: list[int], lps: list[float] | None, offset: int) -> dict[str, Any]:
-        tokens = [rt.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-        offsets = []
-        for tok in tokens:
-            offsets.append(offset)
-            offset += len(tok)
-        return {"tokens": tokens, "token_logprobs": list(lps or [0.0] * len(ids)), "top_logprobs": None,
-                "text_offset": offsets}
 
     async def create(self, req: CompletionRequest, request_id: str) -> dict[str, Any] | AsyncIterator[bytes]:
         rt = self.registry.llm(req.model)
@@ -107,8 +107,9 @@ class CompletionsService:
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return self._stream(rt, greqs, stops, echoes, completion_id, created, req.model, include_usage,
-                                prompt_tokens)
+            encoder = CompletionStreamEncoder(rt, CompletionChunkEncoder(completion_id, created, req.model), echoes,
+                                              greqs[0].return_logprobs, include_usage)
+            return sse_stream(rt, greqs, stops, encoder, prompt_tokens, completion_id)
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
@@ -117,42 +118,40 @@ class CompletionsService:
         completion_tokens = 0
         for k, (text, finish, produced, ids, lps) in enumerate(results):
             completion_tokens += produced
-            logprobs = self._logprobs(rt, ids, lps, len(echoes[k])) if greqs[k].return_logprobs else None
+            logprobs = completion_logprobs(rt, ids, lps, len(echoes[k])) if greqs[k].return_logprobs else None
             choices.append({"index": k, "text": echoes[k] + text, "logprobs": logprobs, "finish_reason": finish})
         return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage_dict(prompt_tokens, completion_tokens)}
 
-    async def _stream(self, rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], echoes: list[str],
-                      completion_id: str, created: int, model: str, include_usage: bool,
-                      prompt_tokens: int) -> AsyncIterator[bytes]:
-        enc = CompletionChunkEncoder(completion_id, created, model)
-        events: AsyncIterator[tuple[int, TextEvent]] = merge_streams([generate_text(rt, g, stops) for g in greqs])
-        produced = [0] * len(greqs)
-        offsets = [len(e) for e in echoes]
-        with_lp = greqs[0].return_logprobs
-        started = False
-        try:
-            async for i, ev in events:
-                if not started:
-                    started = True
-                    echoed = b"".join(enc.text(k, e) for k, e in enumerate(echoes) if e)
-                    if echoed:
-                        yield echoed
-                if ev.text or (with_lp and ev.token_ids):
-                    lp = self._logprobs(rt, ev.token_ids, ev.logprobs, offsets[i]) if with_lp else None
-                    offsets[i] += len(ev.text)
-                    yield enc.text(i, ev.text, lp)
-                if ev.finish_reason:
-                    produced[i] = ev.completion_tokens
-                    yield enc.finish(i, ev.finish_reason)
-        except GatewayError as e:
-            if not started:
-                raise
-            logger.warning("stream %s ended by backend error: %s", completion_id, e.message)
-            yield b"data: " + error_response_bytes(e) + b"\n\n"
-            return
-        finally:
-            await events.aclose()  # type: ignore[attr-defined]
-        if include_usage:
-            yield enc.usage(prompt_tokens, sum(produced))
-        yield DONE
+
+class CompletionStreamEncoder:
+    """`text_completion` stream events (the envelope is `services.streaming.sse_stream`): echoed prompts
+    open the stream, then per choice text deltas (with log-probs and their offsets when asked for) and a
+    finish chunk, and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`."""
+
+    def __init__(self, rt: LLMRuntime, chunks: CompletionChunkEncoder, echoes: list[str], logprobs: bool,
+                 include_usage: bool) -> None:
+        self.rt = rt
+        self.chunks = chunks
+        self.echoes = echoes
+        self.offsets = [len(e) for e in echoes]
+        self.logprobs = logprobs
+        self.include_usage = include_usage
+
+    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
+        enc = self.chunks
+        out = [enc.text(k, e) for k, e in enumerate(self.echoes) if e] if first else []
+        if ev.text or (self.logprobs and ev.token_ids):
+            lp = completion_logprobs(self.rt, ev.token_ids, ev.logprobs, self.offsets[index]) if self.logprobs \
+                else None
+            self.offsets[index] += len(ev.text)
+            out.append(enc.text(index, ev.text, lp))
+        if ev.finish_reason:
+            out.append(enc.finish(index, ev.finish_reason))
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return error_event(err)
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        return (self.chunks.usage(prompt_tokens, completion_tokens) + DONE) if self.include_usage else DONE

@@ -1,7 +1,8 @@
-"""The generation core shared by chat and completions: token ids from an adapter become safe text.
+"""The generation core shared by chat and completions: a request's sequences, and token ids from the
+backend turned into safe text.
 
 Per token it does O(1) work: incremental detokenization, then the stop-string matcher over the
-new text plus a bounded held-back tail. A stop match closes the adapter's iterator, which cancels
+new text plus a bounded held-back tail. A stop match closes the backend's iterator, which cancels
 the Triton request so the model stops spending compute on text nobody will see.
 """
 
@@ -17,7 +18,7 @@ from openai_api.schemas.openai import _Sampling
 from openai_api.services.registry import LLMRuntime
 from openai_api.text.detokenizer import IncrementalDetokenizer
 from openai_api.text.stops import StopStringMatcher
-from openai_api.triton.llm import GenerationRequest
+from openai_api.triton.llm import GenerationChunk, GenerationRequest
 
 
 @dataclass(slots=True)
@@ -34,35 +35,72 @@ class TextEvent:
     logprobs: list[float] | None = None
 
 
-async def generate_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> AsyncIterator[TextEvent]:
-    detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids)
-    matcher = StopStringMatcher([*rt.stop_strings, *stops])
-    produced = 0
-    want_lp = greq.return_logprobs
-    pending_ids: list[int] = []
-    pending_lp: list[float] = []
+class SequenceText:
+    """One sequence's text as Triton produces it: chunks of token ids (or text) in, text safe to send out.
+
+    `push(chunk)` detokenizes incrementally and runs the stop-string matcher over the new text; it returns
+    a `TextEvent` with new text, or None while everything new is held back (a partial character, the
+    possible start of a stop string). When a stop string matched, the event carries `finish_reason`
+    "stop" and `stopped` is set: the caller closes the backend's iterator, which cancels the Triton
+    request. `finish()` is the end of the backend's stream: the held-back tail and the finish reason.
+    Push-based, so that on the per-token path it adds a call, not an async generator layer.
+    """
+
+    __slots__ = ("_detok", "_matcher", "_max_tokens", "_pending_ids", "_pending_lp", "_tokenizer", "_want_lp",
+                 "produced", "stopped")
+
+    def __init__(self, rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> None:
+        self._detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids)
+        self._matcher = StopStringMatcher([*rt.stop_strings, *stops])
+        self._tokenizer = rt.tokenizer
+        self._max_tokens = greq.max_tokens
+        self._want_lp = greq.return_logprobs
+        self._pending_ids: list[int] = []
+        self._pending_lp: list[float] = []
+        self.produced = 0
+        self.stopped = False
+
+    def push(self, chunk: GenerationChunk) -> TextEvent | None:
+        if chunk.text is not None:
+            self.produced += chunk.num_tokens if chunk.num_tokens is not None else len(
+                self._tokenizer.encode(chunk.text))
+            text = self._matcher.push(chunk.text)
+        else:
+            self.produced += len(chunk.token_ids)
+            text = self._matcher.push(self._detok.steps(chunk.token_ids))
+        if self._want_lp:
+            self._pending_ids += chunk.token_ids
+            self._pending_lp += chunk.logprobs or [0.0] * len(chunk.token_ids)
+        if self._matcher.stopped:
+            self.stopped = True
+            return self._event(text, "stop")
+        return self._event(text, None) if text else None
+
+    def finish(self) -> TextEvent:
+        reason = "length" if self.produced >= self._max_tokens else "stop"
+        return self._event(self._matcher.flush(), reason)
+
+    def _event(self, text: str, finish_reason: str | None) -> TextEvent:
+        if not self._want_lp:
+            return TextEvent(text, finish_reason, self.produced)
+        ev = TextEvent(text, finish_reason, self.produced, self._pending_ids, self._pending_lp)
+        self._pending_ids, self._pending_lp = [], []
+        return ev
+
+
+async def sequence_events(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> AsyncIterator[TextEvent]:
+    """A sequence's `TextEvent`s, the last one carrying its finish reason; closing early (or a stop
+    string) closes the backend's iterator, which cancels the Triton request."""
+    seq = SequenceText(rt, greq, stops)
     chunks = rt.backend.generate(greq)
     try:
         async for chunk in chunks:
-            if chunk.text is not None:
-                produced += chunk.num_tokens if chunk.num_tokens is not None else len(
-                    rt.tokenizer.encode(chunk.text))
-                text = matcher.push(chunk.text)
-            else:
-                produced += len(chunk.token_ids)
-                text = matcher.push(detok.steps(chunk.token_ids))
-            if want_lp:
-                pending_ids += chunk.token_ids
-                pending_lp += chunk.logprobs or [0.0] * len(chunk.token_ids)
-            if matcher.stopped:
-                yield TextEvent(text, "stop", produced, pending_ids, pending_lp if want_lp else None)
-                return
-            if text:
-                yield TextEvent(text, None, produced, pending_ids, pending_lp if want_lp else None)
-                if want_lp:
-                    pending_ids, pending_lp = [], []
-        yield TextEvent(matcher.flush(), "length" if produced >= greq.max_tokens else "stop", produced, pending_ids,
-                        pending_lp if want_lp else None)
+            ev = seq.push(chunk)
+            if ev is not None:
+                yield ev
+                if seq.stopped:
+                    return
+        yield seq.finish()
     finally:
         await chunks.aclose()  # type: ignore[attr-defined]
 
@@ -82,7 +120,7 @@ async def collect_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]
     ids: list[int] = []
     lps: list[float] = []
     finish, produced = "stop", 0
-    async for ev in generate_text(rt, greq, stops):
+    async for ev in sequence_events(rt, greq, stops):
         parts.append(ev.text)
         ids += ev.token_ids
         lps += ev.logprobs or []
@@ -153,32 +191,3 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         bad_words=rt.bad_token_words,
         timeout_s=rt.config.timeout_s,
     )
-
-
-async def merge_streams(streams: list[AsyncIterator[TextEvent]]) -> AsyncIterator[tuple[int, TextEvent]]:
-    """Interleave several choices' events as they arrive (n > 1 streaming), tagged with the choice index."""
-    queue: asyncio.Queue[tuple[int, TextEvent | BaseException | None]] = asyncio.Queue()
-
-    async def pump(i: int, it: AsyncIterator[TextEvent]) -> None:
-        try:
-            async for ev in it:
-                await queue.put((i, ev))
-            await queue.put((i, None))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
-            await queue.put((i, e))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        live = len(tasks)
-        while live:
-            i, item = await queue.get()
-            if item is None:
-                live -= 1
-            elif isinstance(item, BaseException):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)

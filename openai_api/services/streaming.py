@@ -1,13 +1,142 @@
-"""Pre-built SSE bytes for the per-token hot path: one `orjson.dumps` of the new text per chunk and
-byte concatenation for the rest, never a model object per chunk."""
+"""The one streaming envelope (chat, completions, and any API that streams generated text), and the
+pre-built SSE bytes of the per-token hot path.
+
+`sse_stream` drives a request's sequences and hands each `TextEvent` to the API's `StreamEncoder`, which
+turns it into that API's events; the envelope owns what every streaming API shares: the order of
+events, the usage count, an error after the first byte becoming a final error event (before it, the
+error is raised, so the HTTP layer can still answer with a status code), and closing the Triton
+streams when the client leaves or a stop string matched. Per token, with one choice, it is one async
+generator layer between the backend and the SSE writer.
+
+The encoders build bytes directly: one `orjson.dumps` of the new text per chunk and byte concatenation
+for the rest, never a model object per chunk.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
 
 import orjson
 
+from openai_api.errors import GatewayError, error_response_bytes
+from openai_api.services.generation import SequenceText, TextEvent, sequence_events
+from openai_api.services.registry import LLMRuntime
+from openai_api.triton.llm import GenerationRequest
+
+logger = logging.getLogger(__name__)
+
 DONE = b"data: [DONE]\n\n"
+
+
+class StreamEncoder(Protocol):
+    """One API's events for a streamed generation (see `sse_stream`)."""
+
+    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
+        """The events for choice `index`'s new text, and its finish when `ev.finish_reason` is set;
+        `first`: the stream's first event (prepend whatever opens the stream). b"" for nothing."""
+        ...
+
+    def error(self, err: GatewayError) -> bytes:
+        """The final event of a stream that failed after its first byte."""
+        ...
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        """What closes a complete stream (usage, [DONE], ...)."""
+        ...
+
+
+async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], encoder: StreamEncoder,
+                     prompt_tokens: int, stream_id: str = "") -> AsyncIterator[bytes]:
+    """The SSE bytes of `greqs` (the request's choices) as `encoder` spells them.
+
+    Nothing is yielded before a sequence produced text or finished, so a backend error before that is
+    raised to the caller (a proper status code); after it, it ends the stream with `encoder.error`.
+    Closing this iterator cancels every Triton request still running.
+    """
+    produced = [0] * len(greqs)
+    started = False
+    try:
+        if len(greqs) == 1:
+            # The hot path, inline: backend chunks -> text -> bytes, no generator layer of its own.
+            seq = SequenceText(rt, greqs[0], stops)
+            chunks = rt.backend.generate(greqs[0])
+            try:
+                async for chunk in chunks:
+                    ev = seq.push(chunk)
+                    if ev is None:
+                        continue
+                    data = encoder.event(0, ev, not started)
+                    started = True
+                    if seq.stopped:
+                        produced[0] = ev.completion_tokens
+                        yield data
+                        break
+                    if data:
+                        yield data
+                else:
+                    ev = seq.finish()
+                    produced[0] = ev.completion_tokens
+                    data = encoder.event(0, ev, not started)
+                    started = True
+                    yield data
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
+        else:
+            events = merge_choices([sequence_events(rt, g, stops) for g in greqs])
+            try:
+                async for i, ev in events:
+                    if ev.finish_reason:
+                        produced[i] = ev.completion_tokens
+                    data = encoder.event(i, ev, not started)
+                    started = True
+                    if data:
+                        yield data
+            finally:
+                await events.aclose()  # type: ignore[attr-defined]
+    except GatewayError as e:
+        if not started:
+            raise
+        logger.warning("stream %s ended by backend error: %s", stream_id, e.message)
+        yield encoder.error(e)
+        return
+    yield encoder.end(prompt_tokens, sum(produced))
+
+
+async def merge_choices(streams: list[AsyncIterator[TextEvent]]) -> AsyncIterator[tuple[int, TextEvent]]:
+    """Interleave several choices' events as they arrive (n > 1), tagged with the choice index."""
+    queue: asyncio.Queue[tuple[int, TextEvent | BaseException | None]] = asyncio.Queue()
+
+    async def pump(i: int, it: AsyncIterator[TextEvent]) -> None:
+        try:
+            async for ev in it:
+                await queue.put((i, ev))
+            await queue.put((i, None))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the consumer
+            await queue.put((i, e))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def error_event(err: GatewayError) -> bytes:
+    """An error after the stream started, as OpenAI's chat/completions streams carry it."""
+    return b"data: " + error_response_bytes(err) + b"\n\n"
 
 
 def sse(payload: dict[str, Any]) -> bytes:
