@@ -1,78 +1,271 @@
-"""Process-wide settings (CLI flags and environment), separate from the model config file.
+"""Process-wide settings: every one declared once, here, with its default, its one line of why, its CLI
+flag and its environment variable.
 
-Every limit has a default that a real deployment can live with and one line of why; each one has a
-CLI flag (see `openai_api.cli`).
+`Settings` is the one model. Each field carries an `Option` (help text, flag, unit); from them come the
+argparse parser (`add_arguments`), the environment (`OPENAI_API_<FIELD>`, e.g. `OPENAI_API_MAX_IN_FLIGHT=64`;
+lists comma-separated), and the README's table of flags (`markdown_table`, checked by a test). Precedence:
+a flag given on the command line, then the environment, then the default. The model config file
+(`model_config.json`, see `openai_api.config`) is separate: settings are how this process runs, the
+config is which models it serves.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from openai_api.config import BUNDLED_CONFIG
+
+ENV_PREFIX = "OPENAI_API_"
+UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
-@dataclass
-class Settings:
-    config_file: Path
-    api_keys: list[str] = field(default_factory=list)
-    host: str = "localhost"
-    port: int = 5100
-    # Routes that stay reachable without a key; everything else in the route table is guarded
-    # (/metrics included: Prometheus sends the key with `authorization: {credentials: KEY}`).
-    open_paths: frozenset[str] = frozenset({"/health", "/health/ready", "/ping"})
-    cors_origins: list[str] = field(default_factory=list)
+@dataclass(frozen=True, slots=True)
+class Option:
+    """How a setting appears outside the code. `flag` defaults to `--field-name`; `unit` converts the flag's
+    and the environment's value into the field's (1000 ms -> 1 s: 0.001); `env` overrides the variable's
+    name; `negate` makes a boolean that defaults to true a `--no-...` flag; `shown_default` is what the docs
+    say when the default is computed."""
 
-    # --- request limits --------------------------------------------------------------------------
-    # 2,048 embedding inputs of ~8 KB each fit; anything bigger is abuse, and the body is held in memory.
-    max_body_bytes: int = 16 * 1024 * 1024
-    # Far more turns than any context window holds; bounds the template-rendering work per request.
-    max_messages: int = 2048
-    # OpenAI's own maximum number of inputs per embeddings request.
-    max_embedding_inputs: int = 2048
-    # Cohere's documented maximum number of documents per rerank request.
-    max_rerank_documents: int = 1000
+    help: str
+    group: str = "server"
+    flag: str | None = None
+    metavar: str | None = None
+    unit: float = 1.0
+    env: str | None = None
+    negate: bool = False
+    shown_default: str | None = None
 
-    # --- connections --------------------------------------------------------------------------------
-    # A connection must send its request line and headers within this long of opening (or of starting
-    # its next request), or it is closed: silent and slow-header connections cannot pile up.
-    header_timeout_s: float = 10.0
-    # Open connections beyond this are closed at once; kept below the process's open-files limit.
-    max_connections: int = 10000
 
-    # --- overload ----------------------------------------------------------------------------------
-    # Requests (POSTs) in flight in the whole gateway; past it an immediate 429, never a queue.
-    max_in_flight: int = 512
-    # Requests in flight per model; a Triton LLM instance batches tens to a few hundred sequences.
-    max_in_flight_per_model: int = 256
-    # What a 429 tells the client to wait (Retry-After, seconds).
-    retry_after_s: int = 1
+GROUPS = {"server": "server", "triton": "embedded Triton", "limits": "limits, overload and timeouts",
+          "streaming": "streaming", "logging": "logging"}
 
-    # --- CPU work off the event loop ---------------------------------------------------------------
-    # Threads that render templates and tokenize big inputs; bounded so a burst of big requests cannot
-    # take every core from the event loop.
-    cpu_workers: int = field(default_factory=lambda: min(4, os.cpu_count() or 1))
-    # One chat-template render may take this long and build values (the prompt included) of at most
-    # this many characters; past either, the request is a 400. Twice the largest body a request may send.
-    template_timeout_s: float = 10.0
-    template_max_chars: int = 32 * 1024 * 1024
 
-    # --- timeouts ----------------------------------------------------------------------------------
-    # A generation that had a response from Triton and then none for this long is ended (504 before the
-    # first byte, an SSE error event after). Before the first response only a Triton that also fails a
-    # liveness probe is (see `StallGuard`): queueing and one-piece answers may take minutes. None or 0: off.
-    stream_idle_timeout_s: float | None = 60.0
+class Settings(BaseModel):
+    """How this gateway process runs. Construct it with keywords (tests do), or from the command line and
+    the environment with `from_args`."""
 
-    # --- streaming -----------------------------------------------------------------------------------
-    # SSE events arriving within this long of the previous socket write go out together in the next
-    # one (each still its own event). A write costs more CPU than all the gateway's per-token work, so
-    # an engine streaming faster than this saves most of them; slower streams and the first token are
-    # never held back. At most this much delay on a fast stream; 0 writes every event at once.
-    stream_flush_interval_s: float = 0.002
-    # On SIGTERM: new requests get 503 while requests in flight get this long to finish.
-    shutdown_grace_s: float = 30.0
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    # --- logging -------------------------------------------------------------------------------------
-    # Prompts and completions never reach the logs unless asked for (debug level only, even then).
-    log_prompts: bool = False
-    # One structured access-log line per request (logger `openai_api.access`).
-    access_log: bool = True
+    # --- server ------------------------------------------------------------------------------------------
+    config_file: Annotated[Path, Option("the model config JSON", metavar="FILE",
+                                        shown_default="the bundled model_config.json")] = BUNDLED_CONFIG
+    host: Annotated[str, Option("address to listen on", metavar="HOST")] = "localhost"
+    port: Annotated[int, Option("port to listen on", metavar="PORT")] = 5100
+    api_keys: Annotated[list[str], Option(
+        "accept this API key (repeatable; the environment takes a comma-separated list). With keys set, every "
+        "route except /health and /health/ready needs `Authorization: Bearer KEY`", flag="--api-key",
+        metavar="KEY", env="OPENAI_API_KEYS")] = Field(default_factory=list)
+    cors_origins: Annotated[list[str], Option(
+        "allow cross-origin requests from ORIGIN (repeatable)", flag="--cors-origin", metavar="ORIGIN",
+        shown_default="CORS off")] = Field(default_factory=list)
+
+    # --- the embedded Triton ---------------------------------------------------------------------------------
+    embedded_triton: Annotated[bool, Option(
+        "prepare the bundled models and start tritonserver (from the nvidia-pytriton wheel) with "
+        "--model-repository, pointing every configured model at it; it is supervised (restarted if it dies)",
+        group="triton")] = False
+    model_repository: Annotated[Path | None, Option("model repository of the embedded Triton", group="triton",
+                                                    metavar="DIR", shown_default="triton_models/")] = None
+    triton_grpc_port: Annotated[int | None, Option("gRPC port of the embedded Triton", group="triton",
+                                                   metavar="PORT", shown_default="a free one")] = None
+    triton_http_port: Annotated[int | None, Option("HTTP port of the embedded Triton", group="triton",
+                                                   metavar="PORT", shown_default="a free one")] = None
+
+    # --- limits, overload and timeouts -----------------------------------------------------------------------
+    max_body_bytes: Annotated[int, Option(
+        "largest request body (Content-Length, or counted while a chunked body streams); 413 past it. 2,048 "
+        "embedding inputs of ~8 KB fit; the body is held in memory", group="limits", metavar="N")] = 16 * 1024 * 1024
+    max_messages: Annotated[int, Option(
+        "chat messages per request; 400 past it (more turns than any context holds; bounds template work)",
+        group="limits", metavar="N")] = 2048
+    max_embedding_inputs: Annotated[int, Option("inputs per embeddings request (OpenAI's own limit); 400 past it",
+                                                group="limits", metavar="N")] = 2048
+    max_rerank_documents: Annotated[int, Option("documents per rerank request (Cohere's limit); 400 past it",
+                                                group="limits", metavar="N")] = 1000
+    max_in_flight: Annotated[int, Option(
+        "requests (POSTs) in flight in the gateway, a request that fans out counting once per Triton sequence; "
+        "an immediate 429 with Retry-After past it, never a queue", group="limits", metavar="N")] = 512
+    max_in_flight_per_model: Annotated[int, Option(
+        "generations (Triton sequences) in flight per model: a request takes one per prompt x n; an immediate "
+        "429 past it, a 400 (too_many_sequences) for a request that could never fit. A Triton LLM instance "
+        "batches tens to a few hundred sequences", group="limits", metavar="N")] = 256
+    retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
+                                         metavar="SECONDS")] = 1
+    header_timeout_s: Annotated[float, Option(
+        "a connection whose request line and headers are not complete this long after it opened (or began its "
+        "next request) is closed, so silent and slow-header connections cannot pile up; 0 = never",
+        group="limits", flag="--header-timeout", metavar="SECONDS")] = 10.0
+    max_connections: Annotated[int, Option(
+        "open connections beyond this are closed at once (kept below the open-files limit, which is raised to "
+        "fit); 0 = no cap", group="limits", metavar="N")] = 10000
+    cpu_workers: Annotated[int, Option(
+        "threads that render chat templates and tokenize big inputs off the event loop; bounded so a burst of "
+        "big requests cannot take every core from it", group="limits", metavar="N",
+        shown_default="up to 4 (cores)")] = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
+    template_timeout_s: Annotated[float, Option(
+        "longest one chat-template render may take; past it the request is a 400 (template_limit_exceeded)",
+        group="limits", flag="--template-timeout", metavar="SECONDS")] = 10.0
+    template_max_chars: Annotated[int, Option(
+        "largest value (the prompt included) one chat-template render may build (twice the largest body); past "
+        "it, a 400", group="limits", metavar="N")] = 32 * 1024 * 1024
+    stream_idle_timeout_s: Annotated[float | None, Option(
+        "a generation that had a response from Triton and then none for this long ends with a 504 (or an SSE "
+        "error event once streaming); before its first response silence is normal (queued, prefilling, or a "
+        "one-piece answer) and only a Triton that also fails a ServerLive probe ends it; 0 = never",
+        group="limits", flag="--stream-idle-timeout", metavar="SECONDS")] = 60.0
+    shutdown_grace_s: Annotated[float, Option(
+        "on SIGTERM, how long requests in flight may finish while new ones get 503; then streams still running "
+        "get a final shutting_down error event", group="limits", flag="--shutdown-grace", metavar="SECONDS")] = 30.0
+
+    # --- streaming -------------------------------------------------------------------------------------------
+    stream_flush_interval_s: Annotated[float, Option(
+        "SSE events arriving within this many milliseconds of the previous socket write share the next write "
+        "(each stays its own event); the first event and slower streams are never held back; 0 = one write per "
+        "event. A write costs more CPU than all of the gateway's per-token work", group="streaming",
+        flag="--stream-flush-interval", metavar="MS", unit=0.001)] = 0.002
+
+    # --- logging ---------------------------------------------------------------------------------------------
+    verbose: Annotated[bool, Option("log more about requests, models and Triton (debug level)",
+                                    group="logging")] = False
+    uvicorn_log_level: Annotated[Literal["critical", "error", "warning", "info", "debug", "trace"], Option(
+        "uvicorn's own log level", group="logging")] = "info"
+    access_log: Annotated[bool, Option(
+        "one structured access-log line per request (logger openai_api.access)", group="logging",
+        flag="--no-access-log", negate=True)] = True
+    log_prompts: Annotated[bool, Option(
+        "with --verbose, log request bodies (prompts) at debug level; never otherwise", group="logging")] = False
+
+    # Routes that stay reachable without a key; everything else in the route table is guarded (/metrics
+    # included: Prometheus sends the key with `authorization: {credentials: KEY}`). Not a setting.
+    open_paths: frozenset[str] = Field(default=frozenset({"/health", "/health/ready", "/ping"}), exclude=True)
+
+    @model_validator(mode="after")
+    def _normalise(self) -> Settings:
+        if self.stream_idle_timeout_s is not None and self.stream_idle_timeout_s <= 0:
+            object.__setattr__(self, "stream_idle_timeout_s", None)
+        if self.log_prompts and not self.verbose:
+            object.__setattr__(self, "log_prompts", False)  # prompts reach the logs only when asked twice
+        object.__setattr__(self, "stream_flush_interval_s", max(self.stream_flush_interval_s, 0.0))
+        return self
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
+        """Settings from parsed flags (`add_arguments`) over the environment over the defaults. A bad value
+        raises ValueError naming the flag or variable and why."""
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, opt in options():
+            given = getattr(args, name, None)
+            if get_origin(cls.model_fields[name].annotation) is list:
+                merged = list(given or [])
+                raw = env.get(env_name(name, opt))
+                merged += [v.strip() for v in raw.split(",") if v.strip()] if raw else []
+                if merged:
+                    values[name] = merged
+                continue
+            if given is not None:
+                values[name] = given * opt.unit if opt.unit != 1.0 else given
+                continue
+            raw = env.get(env_name(name, opt))
+            if raw is not None and raw != "":
+                values[name] = _from_env(name, opt, raw)
+        try:
+            return cls(**values)
+        except ValidationError as e:
+            err = e.errors()[0]
+            name = str(err["loc"][0]) if err["loc"] else ""
+            opt = dict(options()).get(name)
+            where = f"{flag_of(name, opt)} / {env_name(name, opt)}" if opt else "settings"
+            raise ValueError(f"{where}: {err['msg']}") from None
+
+
+def _from_env(name: str, opt: Option, raw: str) -> Any:
+    if Settings.model_fields[name].annotation is bool:
+        return raw.strip().lower() in ("1", "true", "yes", "on")
+    if opt.unit != 1.0:
+        try:
+            return float(raw) * opt.unit
+        except ValueError:
+            raise ValueError(f"{env_name(name, opt)}: not a number: {raw!r}") from None
+    return raw  # pydantic converts and validates (int, float, Path, Literal)
+
+
+def options() -> list[tuple[str, Option]]:
+    """(field name, Option) of every setting, in declaration order."""
+    out = []
+    for name, field in Settings.model_fields.items():
+        opt = next((m for m in field.metadata if isinstance(m, Option)), None)
+        if opt is not None:
+            out.append((name, opt))
+    return out
+
+
+def flag_of(name: str, opt: Option | None) -> str:
+    return (opt.flag if opt and opt.flag else "--" + name.replace("_", "-"))
+
+
+def env_name(name: str, opt: Option | None) -> str:
+    return opt.env if opt and opt.env else ENV_PREFIX + name.upper()
+
+
+def _base_type(annotation: Any) -> Any:
+    """`int` for `int | None`: the type a flag's text converts to."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def _shown_default(name: str, opt: Option) -> str:
+    if opt.shown_default is not None:
+        return opt.shown_default
+    field = Settings.model_fields[name]
+    default = field.get_default(call_default_factory=True)
+    if default is None or default == []:
+        return "none"
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if opt.unit != 1.0 and isinstance(default, int | float):
+        return f"{default / opt.unit:g}"
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every setting as a flag (its default None: `from_args` tells "not given" from a value)."""
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items() if key != "server"}
+    for name, opt in options():
+        target: Any = parser if opt.group == "server" else groups[opt.group]
+        field = Settings.model_fields[name]
+        annotation = field.annotation
+        help_text = f"{opt.help} (default: {_shown_default(name, opt)}; env {env_name(name, opt)})"
+        flag = flag_of(name, opt)
+        if annotation is bool:
+            target.add_argument(flag, dest=name, action="store_const", const=not opt.negate, default=None,
+                                help=help_text)
+        elif get_origin(annotation) is list:
+            target.add_argument(flag, dest=name, action="append", default=None, metavar=opt.metavar, help=help_text)
+        elif get_origin(annotation) is Literal:
+            target.add_argument(flag, dest=name, choices=get_args(annotation), default=None, help=help_text)
+        else:
+            kind = _base_type(annotation)
+            convert = {int: int, float: float, Path: Path, str: str}.get(kind, str)
+            target.add_argument(flag, dest=name, type=convert, default=None, metavar=opt.metavar, help=help_text)
+
+
+def markdown_table() -> str:
+    """The README's table of flags, generated from the settings (a test keeps the README in step)."""
+    lines = ["| flag | environment | default | |", "|---|---|---|---|"]
+    for name, opt in options():
+        flag = flag_of(name, opt) + (f" {opt.metavar}" if opt.metavar else "")
+        text = opt.help.replace("|", "\\|")
+        lines.append(f"| `{flag}` | `{env_name(name, opt)}` | `{_shown_default(name, opt)}` | {text} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m openai_api.settings: the README's table of flags
+    print(markdown_table())

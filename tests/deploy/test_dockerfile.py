@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from openai_api.cli import parse_args
+from openai_api.settings import Settings
 from tests.deploy.helpers import (
     GATEWAY_DOCKERFILE,
     REPO,
@@ -137,14 +138,14 @@ def test_gateway_healthcheck_probes_health(gateway: Dockerfile) -> None:
 def test_gateway_entrypoint_and_cmd(gateway: Dockerfile) -> None:
     entrypoint, cmd = gateway.entrypoint(), gateway.cmd()
     assert entrypoint[0] == "openai-api"
-    args = parse_args(entrypoint[1:] + cmd)
+    args = Settings.from_args(parse_args(entrypoint[1:] + cmd), {})
     assert (args.host, args.port, str(args.config_file)) == ("0.0.0.0", 5100, "/config/model_config.json")
     # `docker run IMAGE --config-file /config/model_config.json` replaces CMD: the gateway must still
     # listen on every interface of the container and on the port the image EXPOSEs and health-checks.
-    args = parse_args([*entrypoint[1:], "--config-file", "/config/model_config.json"])
+    args = Settings.from_args(parse_args([*entrypoint[1:], "--config-file", "/config/model_config.json"]), {})
     assert (args.host, args.port) == ("0.0.0.0", 5100)
     # ... and a later --port wins.
-    assert parse_args([*entrypoint[1:], "--port", "8000"]).port == 8000
+    assert Settings.from_args(parse_args([*entrypoint[1:], "--port", "8000"]), {}).port == 8000
     exposed = {p.split("/")[0] for ins in gateway.all("EXPOSE", gateway.final_stage) for p in ins.args.split()}
     assert option_value(entrypoint + cmd, "--port") in exposed
 

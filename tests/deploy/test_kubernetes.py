@@ -13,6 +13,7 @@ import yaml
 
 from openai_api.cli import parse_args
 from openai_api.config import load_config
+from openai_api.settings import Settings
 from tests.deploy.helpers import (
     GATEWAY_DOCKERFILE,
     K8S,
@@ -135,7 +136,7 @@ def test_config_and_keys(pod: dict[str, Any], container: dict[str, Any],
     # Image ENTRYPOINT + the container's args = the command line the gateway gets.
     entrypoint = Dockerfile.parse(GATEWAY_DOCKERFILE).entrypoint()
     assert "command" not in container, "keep the image ENTRYPOINT"
-    args = parse_args(entrypoint[1:] + container["args"])
+    args = Settings.from_args(parse_args(entrypoint[1:] + container["args"]), {})
     assert (args.host, str(args.config_file)) == ("0.0.0.0", "/config/model_config.json")
     assert container["ports"][0]["containerPort"] == args.port
     env = {e["name"]: e for e in container["env"]}
