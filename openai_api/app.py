@@ -6,7 +6,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -14,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from openai_api import __version__
 from openai_api.config import GatewayConfig
 from openai_api.errors import GatewayError
+from openai_api.http.deps import AppState
 from openai_api.http.fastpath import JSONRouteMiddleware
 from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddleware
@@ -21,17 +21,8 @@ from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
 from openai_api.http.routers import chat, completions, embeddings, health, metrics, models, rerank
 from openai_api.observability import Metrics
-from openai_api.services.chat import ChatService
-from openai_api.services.completions import CompletionsService
-from openai_api.services.embeddings import EmbeddingsService
-from openai_api.services.models import HealthService, ModelsService
-from openai_api.services.preprocess import Preprocessor
-from openai_api.services.registry import ModelRegistry
-from openai_api.services.rerank import RerankService
+from openai_api.services.container import build_services
 from openai_api.settings import Settings
-from openai_api.text.templates import RenderLimits
-from openai_api.text.workers import CPUWorkers
-from openai_api.triton.client import TritonClientPool
 from openai_api.triton.replicas import ReplicaProber
 
 logger = logging.getLogger(__name__)
@@ -42,35 +33,15 @@ STARTUP_CHECK_TIMEOUT_S = 10.0
 HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v2/rerank")
 
 
-@dataclass
-class Services:
-    registry: ModelRegistry
-    chat: ChatService
-    models: ModelsService
-    health: HealthService
-    embeddings: EmbeddingsService
-    rerank: RerankService
-    completions: CompletionsService
-    preprocess: Preprocessor
-
-
-def build_services(config: GatewayConfig, pool: TritonClientPool, settings: Settings, metrics: Metrics) -> Services:
-    registry = ModelRegistry(config, pool, metrics, settings.stream_idle_timeout_s)
-    pre = Preprocessor(CPUWorkers(settings.cpu_workers),
-                       RenderLimits(settings.template_timeout_s, settings.template_max_chars))
-    return Services(registry=registry, chat=ChatService(registry, pre), models=ModelsService(registry),
-                    health=HealthService(registry), embeddings=EmbeddingsService(registry, pre),
-                    rerank=RerankService(registry, pre), completions=CompletionsService(registry, pre),
-                    preprocess=pre)
-
-
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
-    pool = TritonClientPool()
+    """The gateway as an ASGI app: its `AppState` (services, metrics, lifecycle, limiter) is
+    `app.state.gateway`, reached by the routers through the typed dependencies in `http.deps`."""
     metrics_ = Metrics()
-    svc = build_services(config, pool, settings, metrics_)
+    svc = build_services(config, settings, metrics_)
     lifecycle = Lifecycle()
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
                               models={*svc.registry.llms, *svc.registry.encoders}, metrics=metrics_)
+    state = AppState(settings=settings, services=svc, metrics=metrics_, lifecycle=lifecycle, limiter=limiter)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -87,19 +58,14 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
                 logger.warning("model %s: %s", name, e.message)
             except TimeoutError:
                 logger.warning("model %s: Triton did not answer the config check in time", name)
-        prober = ReplicaProber(pool, list(svc.registry.replicas.values()))
+        prober = ReplicaProber(svc.registry.pool, list(svc.registry.replicas.values()))
         prober.start()
         yield
         await prober.stop()
-        await pool.close()
-        svc.preprocess.workers.close()
+        await svc.close()
 
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
-    app.state.services = svc
-    app.state.settings = settings
-    app.state.metrics = metrics_
-    app.state.lifecycle = lifecycle
-    app.state.limiter = limiter
+    app.state.gateway = state
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, embeddings.router, rerank.router, models.router)
     for r in api_routers:

@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     len(config.all_models()), "required" if settings.api_keys else "off")
         # uvicorn's own access log is off: the gateway writes one structured line per request instead.
         server = DrainingServer(uvicorn_config(app, settings, log_level=settings.uvicorn_log_level),
-                                lifecycle=app.state.lifecycle, limiter=app.state.limiter,
-                                grace_s=settings.shutdown_grace_s)
+                                lifecycle=app.state.gateway.lifecycle, grace_s=settings.shutdown_grace_s)
         server.run()
         logger.info("gateway stopped")
         return 0

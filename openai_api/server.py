@@ -18,18 +18,16 @@ import uvicorn
 from fastapi import FastAPI
 
 from openai_api.http.connections import guarded_protocol, raise_fd_limit
-from openai_api.http.limits import InFlightLimiter, Lifecycle
+from openai_api.http.limits import Lifecycle
 from openai_api.settings import Settings
 
 logger = logging.getLogger("openai_api")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, *, lifecycle: Lifecycle, limiter: InFlightLimiter,
-                 grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, *, lifecycle: Lifecycle, grace_s: float) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
-        self.limiter = limiter
         self.grace_s = grace_s
         self.drain_started: float | None = None
 
@@ -38,7 +36,7 @@ class DrainingServer(uvicorn.Server):
             self.drain_started = time.monotonic()
             self.lifecycle.draining = True
             logger.info("signal %d: draining; %d requests in flight get up to %.0f s, new ones get 503",
-                        sig, self.limiter.total, self.grace_s)
+                        sig, len(self.lifecycle.tasks), self.grace_s)
         elif not self.should_exit:
             logger.info("second signal: ending the drain now")
             self.config.timeout_graceful_shutdown = 1
@@ -49,8 +47,8 @@ class DrainingServer(uvicorn.Server):
     async def on_tick(self, counter: int) -> bool:
         if self.drain_started is not None and not self.should_exit:
             left = self.grace_s - (time.monotonic() - self.drain_started)
-            if self.limiter.total == 0 or left <= 0:
-                if self.limiter.total:
+            if not self.lifecycle.tasks or left <= 0:
+                if self.lifecycle.tasks:
                     cut = self.lifecycle.cut()
                     logger.warning("grace period over: %d requests still in flight are cut (streams get a final "
                                    "shutting_down error event)", cut)
@@ -74,8 +72,8 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
             cap = max(limit - _FD_HEADROOM, 16)
             logger.warning("open-files limit %d: at most %d client connections (--max-connections %d)", limit, cap,
                            settings.max_connections)
-    metrics = getattr(app.state, "metrics", None)
-    on_reject = metrics.rejected_connection if metrics is not None else None
+    state = getattr(app.state, "gateway", None)
+    on_reject = state.metrics.rejected_connection if state is not None else None
     http = guarded_protocol(settings.header_timeout_s or None, cap, on_reject)
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "access_log": False,
                               "timeout_graceful_shutdown": 5, "http": http, **overrides}

@@ -77,7 +77,7 @@ def build_app() -> Any:
     config = load_config(folder / "model_config.json")
     app = create_app(config, Settings(config_file=folder / "model_config.json", max_messages=64,
                                       max_embedding_inputs=64, max_rerank_documents=64))
-    reg = app.state.services.registry
+    reg = app.state.gateway.services.registry
     for rt in reg.llms.values():
         rt.backend.inner = FakeLLM()
     for enc in reg.encoders.values():

@@ -1,25 +1,100 @@
-"""Request-scoped accessors shared by the routers."""
+"""The application's one typed state, and the typed dependencies routers declare to reach it.
+
+`create_app` builds one `AppState` and keeps it as `app.state.gateway`; nothing else lives on
+`app.state`. A router names what it uses in its signature (`chat: ChatSvc`, `admission: AdmissionDep`,
+`ctx: Ctx`), so the HTTP layer's dependence on the services is visible where it is used. Every
+dependency is a plain function of the request: FastAPI resolves them, and so does the fast path
+(`http.fastpath`) for the hot routes, without FastAPI's per-request machinery.
+"""
 
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 
-if TYPE_CHECKING:
-    from openai_api.app import Services
+from openai_api.http.limits import Admission, InFlightLimiter, Lifecycle, request_ticket
+from openai_api.observability import Metrics
+from openai_api.services.chat import ChatService
+from openai_api.services.completions import CompletionsService
+from openai_api.services.container import Services
+from openai_api.services.embeddings import EmbeddingsService
+from openai_api.services.models import HealthService, ModelsService
+from openai_api.services.rerank import RerankService
+from openai_api.settings import Settings
 
 
-def services(request: Request) -> Services:
-    return request.app.state.services  # type: ignore[no-any-return]
+@dataclass
+class AppState:
+    """Everything a request may need beyond its own body, built once per app."""
+
+    settings: Settings
+    services: Services
+    metrics: Metrics
+    lifecycle: Lifecycle
+    limiter: InFlightLimiter
 
 
-def request_id(request: Request) -> str:
+@dataclass(slots=True)
+class RequestContext:
+    """What a route passes to a service besides the body: the request's id (also Triton's request id),
+    and how its SSE writes are coalesced."""
+
+    request_id: str
+    flush_interval_s: float
+
+
+def app_state(request: Request) -> AppState:
+    state: AppState = request.app.state.gateway
+    return state
+
+
+def request_context(request: Request) -> RequestContext:
     rid = request.scope.get("state", {}).get("request_id")
-    return rid if isinstance(rid, str) else uuid.uuid4().hex
+    return RequestContext(rid if isinstance(rid, str) else uuid.uuid4().hex,
+                          app_state(request).settings.stream_flush_interval_s)
 
 
-def flush_interval(request: Request) -> float:
-    """The SSE write-coalescing interval (`Settings.stream_flush_interval_s`); 0 without settings."""
-    return float(getattr(getattr(request.app.state, "settings", None), "stream_flush_interval_s", 0.0))
+def admission(request: Request) -> Admission:
+    return Admission(request_ticket(request.scope), app_state(request).settings)
+
+
+def chat_service(request: Request) -> ChatService:
+    return app_state(request).services.chat
+
+
+def completions_service(request: Request) -> CompletionsService:
+    return app_state(request).services.completions
+
+
+def embeddings_service(request: Request) -> EmbeddingsService:
+    return app_state(request).services.embeddings
+
+
+def rerank_service(request: Request) -> RerankService:
+    return app_state(request).services.rerank
+
+
+def models_service(request: Request) -> ModelsService:
+    return app_state(request).services.models
+
+
+def health_service(request: Request) -> HealthService:
+    return app_state(request).services.health
+
+
+def metrics(request: Request) -> Metrics:
+    return app_state(request).metrics
+
+
+Ctx = Annotated[RequestContext, Depends(request_context)]
+AdmissionDep = Annotated[Admission, Depends(admission)]
+ChatSvc = Annotated[ChatService, Depends(chat_service)]
+CompletionsSvc = Annotated[CompletionsService, Depends(completions_service)]
+EmbeddingsSvc = Annotated[EmbeddingsService, Depends(embeddings_service)]
+RerankSvc = Annotated[RerankService, Depends(rerank_service)]
+ModelsSvc = Annotated[ModelsService, Depends(models_service)]
+HealthSvc = Annotated[HealthService, Depends(health_service)]
+MetricsDep = Annotated[Metrics, Depends(metrics)]

@@ -7,8 +7,9 @@ already buffered the body), and for `POST <one of its paths>` with an `applicati
 
 1. validates the body with the route's pydantic model straight from bytes (`model_validate_json`,
    Rust parser);
-2. calls the route's own endpoint function, `endpoint(body=..., request=...)`, and sends the
-   `Response` it returns;
+2. calls the route's own endpoint function with the body and its dependencies (each
+   `Annotated[T, Depends(fn)]` parameter gets `fn(request)`, as FastAPI would give it; `http.deps`
+   holds them all, plain functions of the request), and sends the `Response` it returns;
 3. maps exceptions with the app's own handlers, as Starlette's route wrapper does (a handled
    exception after the response started is a RuntimeError; `Exception` itself goes up to the
    server-error middleware, which answers 500). Whether the response started is read from the
@@ -23,10 +24,12 @@ as the router would, so metrics label it by its template.
 
 from __future__ import annotations
 
+import inspect
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from fastapi import params
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -39,20 +42,40 @@ Endpoint = Callable[..., Awaitable[Response]]
 ExceptionHandler = Callable[[Request, Exception], Any]
 
 
+Dependency = Callable[[Request], Any]
+
+
 class _Route:
-    __slots__ = ("api_route", "endpoint", "model")
+    __slots__ = ("api_route", "deps", "endpoint", "model", "wants_request")
 
-    def __init__(self, api_route: APIRoute, model: type[BaseModel], endpoint: Endpoint) -> None:
+    def __init__(self, api_route: APIRoute, endpoint: Endpoint) -> None:
         self.api_route = api_route
-        self.model = model
         self.endpoint = endpoint
+        self.model, self.deps, self.wants_request = _signature(endpoint)
 
 
-def _body_model(endpoint: Endpoint) -> type[BaseModel]:
-    model = typing.get_type_hints(endpoint).get("body")
+def _signature(endpoint: Endpoint) -> tuple[type[BaseModel], tuple[tuple[str, Dependency], ...], bool]:
+    """The endpoint's pydantic `body` model, its `Annotated[T, Depends(fn)]` parameters, and whether it
+    takes the `request` itself. Anything else is refused at start-up: the fast path must call the
+    endpoint exactly as FastAPI would."""
+    hints = typing.get_type_hints(endpoint, include_extras=True)
+    model = hints.get("body")
     if not (isinstance(model, type) and issubclass(model, BaseModel)):
         raise TypeError(f"{endpoint.__qualname__} takes no pydantic `body` parameter")
-    return model
+    deps: list[tuple[str, Dependency]] = []
+    wants_request = False
+    for name in inspect.signature(endpoint).parameters:
+        hint = hints.get(name)
+        if name == "body":
+            continue
+        if hint is Request:
+            wants_request = True
+            continue
+        dep = next((m for m in getattr(hint, "__metadata__", ()) if isinstance(m, params.Depends)), None)
+        if dep is None or dep.dependency is None or len(inspect.signature(dep.dependency).parameters) != 1:
+            raise TypeError(f"{endpoint.__qualname__}: parameter {name!r} is not a dependency of the request alone")
+        deps.append((name, dep.dependency))
+    return model, tuple(deps), wants_request
 
 
 def _is_json(headers: Iterable[tuple[bytes, bytes]]) -> bool:
@@ -69,8 +92,9 @@ class JSONRouteMiddleware:
 
     `routes` are the `APIRoute`s as the app serves them (included without a prefix, so each one's
     `path` is its URL path): for each of `paths`, a `POST` route whose endpoint takes
-    `(body: <pydantic model>, request: Request)`. `handlers` are the app's exception handlers
-    (`FastAPI.exception_handlers`), read when the first request builds the middleware stack."""
+    `body: <pydantic model>` and otherwise only `request: Request` and dependencies of the request.
+    `handlers` are the app's exception handlers (`FastAPI.exception_handlers`), read when the first
+    request builds the middleware stack."""
 
     def __init__(self, app: ASGIApp, *, paths: Iterable[str], routes: Iterable[Any],
                  handlers: Mapping[Any, ExceptionHandler]) -> None:
@@ -79,7 +103,7 @@ class JSONRouteMiddleware:
         self.routes: dict[str, _Route] = {}
         for r in routes:
             if isinstance(r, APIRoute) and r.path in wanted and "POST" in r.methods:
-                self.routes[r.path] = _Route(r, _body_model(r.endpoint), r.endpoint)
+                self.routes[r.path] = _Route(r, r.endpoint)
         missing = wanted - self.routes.keys()
         if missing:
             raise ValueError(f"no POST route for {sorted(missing)}")
@@ -113,7 +137,10 @@ class JSONRouteMiddleware:
         # The request can still give its body (`await request.body()`), as under FastAPI.
         request = Request(scope, _replay(message, receive), send)
         try:
-            response = await route.endpoint(body=body, request=request)
+            kwargs: dict[str, Any] = {name: dep(request) for name, dep in route.deps}
+            if route.wants_request:
+                kwargs["request"] = request
+            response = await route.endpoint(body=body, **kwargs)
             await response(scope, receive, send)
         except Exception as exc:
             handler = self._handler(exc)

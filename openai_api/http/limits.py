@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import Any
 
-from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import (
@@ -33,6 +31,8 @@ from openai_api.errors import (
 )
 from openai_api.http.middleware import send_error
 from openai_api.observability import Metrics, RequestStats, current_stats
+from openai_api.schemas.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RerankRequest
+from openai_api.settings import Settings
 
 prompt_logger = logging.getLogger("openai_api.prompts")
 TICKET_KEY = "admission_ticket"
@@ -92,10 +92,10 @@ class InFlightLimiter:
 
 
 class Ticket:
-    """One request's admission: its global slot (taken by the middleware) and its model slots (by the
-    route). A model slot is one Triton sequence: a request that fans out (completions with several
-    prompts, `n` > 1) takes one per sequence, from its model's limit and from the global one, because
-    each is a request Triton works on and a stream the gateway holds open."""
+    """One request's admission: the slots it holds, taken at once by `admit` and given back by the guard
+    middleware when the response is done. A slot is one Triton sequence: a request that fans out
+    (completions with several prompts, `n` > 1) takes one per sequence, from its model's limit and from
+    the global one, because each is a request Triton works on and a stream the gateway holds open."""
 
     __slots__ = ("limiter", "model", "sequences")
 
@@ -105,31 +105,26 @@ class Ticket:
         self.sequences = 0
 
     def admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
-        """Take `sequences` slots of `model` (and `sequences - 1` more global ones: the request already
-        holds one). More than a limit could ever grant is the client's error (400 naming `param`); more
-        than is free now is a 429."""
+        """Take `sequences` slots of `model` and of the gateway. More than a limit could ever grant is the
+        client's error (400 naming `param`); more than is free now is a 429."""
         lim = self.limiter
-        if self.model is not None or model not in lim.models:
+        if self.sequences or model not in lim.models:
             return  # unknown models get their 404 from the service; they never become a metric label
-        stats = current_stats()
-        if stats is not None:
-            stats.model = model
         most = min(lim.max_per_model, lim.max_total)
         if sequences > most:
             raise InvalidRequestError(
                 f"This request asks for {sequences} generations at once (prompts x n); this server runs at most "
                 f"{most} per model. Send fewer prompts or a smaller n per request.", param=param,
                 code="too_many_sequences")
+        if lim.total + sequences > lim.max_total:
+            raise lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
+                                 "global_limit")
         n = lim.per_model.get(model, 0)
         if n + sequences > lim.max_per_model:
             raise lim.overloaded(f"The model {model!r} is serving its maximum of {lim.max_per_model} generations; "
                                  "retry shortly.", "model_limit")
-        extra = sequences - 1
-        if lim.total + extra > lim.max_total:
-            raise lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
-                                 "global_limit")
         lim.per_model[model] = n + sequences
-        lim.total += extra
+        lim.total += sequences
         self.model = model
         self.sequences = sequences
         gauge = lim.model_gauge(model)
@@ -140,12 +135,46 @@ class Ticket:
         if self.model is not None:
             lim = self.limiter
             lim.per_model[self.model] -= self.sequences
-            lim.total -= self.sequences - 1
+            lim.total -= self.sequences
             gauge = lim.model_gauge(self.model)
             if gauge is not None:
                 gauge.dec(self.sequences)
             self.model = None
             self.sequences = 0
+
+
+class Admission:
+    """One request's admission, decided once by its route after the body was validated (see the module
+    docstring). Without the guard middleware (a bare app in a test) there is no ticket: nothing is counted."""
+
+    __slots__ = ("settings", "ticket")
+
+    def __init__(self, ticket: Ticket | None, settings: Settings) -> None:
+        self.ticket = ticket
+        self.settings = settings
+
+    def _admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+        stats = current_stats()
+        if stats is not None and not stats.model and (self.ticket is None or model in self.ticket.limiter.models):
+            stats.model = model
+        if self.ticket is not None:
+            self.ticket.admit(model, sequences, param)
+
+    def chat(self, body: ChatCompletionRequest) -> None:
+        _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")
+        self._admit(body.model, body.n, "n")
+
+    def completions(self, body: CompletionRequest) -> None:
+        prompts = _prompt_count(body.prompt)
+        self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
+
+    def embeddings(self, body: EmbeddingRequest) -> None:
+        _check_count(_embedding_inputs(body), self.settings.max_embedding_inputs, "input", "inputs")
+        self._admit(body.model)
+
+    def rerank(self, body: RerankRequest) -> None:
+        _check_count(len(body.documents), self.settings.max_rerank_documents, "documents", "documents")
+        self._admit(body.model)
 
 
 def _content_length(scope: Scope) -> bytes | None:
@@ -185,23 +214,12 @@ class GuardMiddleware:
             # Only when asked for (--verbose --log-prompts): request bodies hold prompts.
             prompt_logger.debug("request_id=%s body=%s", scope.get("state", {}).get("request_id", ""),
                                 body[:4096].decode("utf-8", "replace"))
-        counted = scope["method"] == "POST"
-        lim = self.limiter
-        if counted:
-            if lim.total >= lim.max_total:
-                err = lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
-                                     "global_limit")
-                await send_error(send, err)
-                return
-            lim.total += 1
-        ticket = Ticket(lim)
+        ticket = Ticket(self.limiter)
         scope.setdefault("state", {})[TICKET_KEY] = ticket
         try:
             await self._run(scope, body, receive, send)
         finally:
             ticket.release()
-            if counted:
-                lim.total -= 1
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
         """The whole body, or None when the request was answered here (or the client left)."""
@@ -315,13 +333,10 @@ def _completion_tracking(send: Send, stats: RequestStats) -> Send:
     return tracking_send
 
 
-def _ticket(request: Request) -> Ticket | None:
-    state: dict[str, Any] = request.scope.get("state", {})
+def request_ticket(scope: Scope) -> Ticket | None:
+    """The request's ticket, given by the guard middleware (None without it)."""
+    state: dict[str, Any] = scope.get("state", {})
     return state.get(TICKET_KEY)
-
-
-def _settings(request: Request) -> Any:
-    return getattr(request.app.state, "settings", None)
 
 
 def _check_count(count: int, limit: int | None, param: str, what: str) -> None:
@@ -330,29 +345,7 @@ def _check_count(count: int, limit: int | None, param: str, what: str) -> None:
                                   param=param, code="too_many_items")
 
 
-def admit(request: Request, model: str, sequences: int = 1, param: str = "n") -> None:
-    """Take `sequences` slots of `model`'s in-flight limit for this request (429 when full, 400 when it
-    could never fit). Every route that reaches a model calls this (or one of the `admit_*` helpers)
-    before calling its service."""
-    ticket = _ticket(request)
-    if ticket is not None:
-        ticket.admit(model, sequences, param)
-    else:
-        stats = current_stats()
-        if stats is not None and not stats.model:
-            stats.model = model
-
-
-def _limited(attr: str, count_of: Callable[[Any], int], param: str, what: str) -> Callable[[Request, Any], None]:
-    def check(request: Request, body: Any) -> None:
-        settings = _settings(request)
-        _check_count(count_of(body), getattr(settings, attr, None), param, what)
-        admit(request, body.model)
-
-    return check
-
-
-def _embedding_inputs(body: Any) -> int:
+def _embedding_inputs(body: EmbeddingRequest) -> int:
     inp = body.input
     if isinstance(inp, str) or (inp and all(isinstance(x, int) for x in inp)):
         return 1
@@ -364,17 +357,3 @@ def _prompt_count(prompt: Any) -> int:
     if isinstance(prompt, str) or not prompt or all(isinstance(x, int) for x in prompt):
         return 1
     return len(prompt)
-
-
-def admit_chat(request: Request, body: Any) -> None:
-    _check_count(len(body.messages), getattr(_settings(request), "max_messages", None), "messages", "messages")
-    admit(request, body.model, body.n, "n")
-
-
-def admit_completions(request: Request, body: Any) -> None:
-    prompts = _prompt_count(body.prompt)
-    admit(request, body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
-
-
-admit_embeddings = _limited("max_embedding_inputs", _embedding_inputs, "input", "inputs")
-admit_rerank = _limited("max_rerank_documents", lambda b: len(b.documents), "documents", "documents")

@@ -58,7 +58,7 @@ def stream_text(client: openai.OpenAI, **kwargs: Any) -> tuple[str, str | None, 
 
 def test_auto_detects_each_protocol_from_the_triton_config(gateway: GatewayServer, client: openai.OpenAI) -> None:
     client.models.list()  # the app is up: its start-up checks have read every model's config
-    registry = gateway.app.state.services.registry
+    registry = gateway.app.state.gateway.services.registry
     assert {name: registry.llm(name).backend.protocol for name in MODELS} == PROTOCOLS
 
 

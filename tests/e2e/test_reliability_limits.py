@@ -63,7 +63,7 @@ def hold_stream(server: GatewayServer) -> socket.socket:
 
 
 def wait_idle(server: GatewayServer) -> None:
-    limiter = server.app.state.limiter
+    limiter = server.app.state.gateway.limiter
     deadline = time.monotonic() + 30
     while (limiter.total or any(limiter.per_model.values())) and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -123,7 +123,7 @@ def test_fan_out_counts_every_triton_sequence(limited: GatewayServer, client: ht
             assert chunk, data
             data += chunk
         assert data.startswith(b"HTTP/1.1 200"), data[:200]
-        assert limited.app.state.limiter.per_model[LLM] == 2
+        assert limited.app.state.gateway.limiter.per_model[LLM] == 2
         assert_429(client.post("/v1/chat/completions", json={
             "model": LLM, "messages": [{"role": "user", "content": "Hi"}], **short}), "2")
     finally:

@@ -38,13 +38,13 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> GatewayConfig:
 async def shared_app(config: GatewayConfig) -> AsyncIterator[FastAPI]:
     app = create_app(config, Settings(config_file=BUNDLED_CONFIG, api_keys=list(KEYS)))
     yield app
-    await app.state.services.registry.pool.close()
+    await app.state.gateway.services.registry.pool.close()
 
 
 @pytest.fixture
 def app(shared_app: FastAPI) -> FastAPI:
     """The app with a fresh fake backend for this test (the Triton adapter is never called)."""
-    rt = shared_app.state.services.registry.llm(MODEL)
+    rt = shared_app.state.gateway.services.registry.llm(MODEL)
     fake: LLMBackend = FakeBackend([[i] for i in rt.tokenizer.encode("Hello from the fake!")])
     rt.backend = fake
     return shared_app
@@ -273,7 +273,7 @@ async def test_request_id_is_echoed_and_used_for_the_completion(app: FastAPI, cl
     assert r.status_code == 200
     assert r.headers["x-request-id"] == "trace-123"
     assert r.json()["id"] == "chatcmpl-trace-123"
-    fake = app.state.services.registry.llm(MODEL).backend
+    fake = app.state.gateway.services.registry.llm(MODEL).backend
     assert fake.requests[-1].request_id == "trace-123"  # Triton sees the same id
 
 
@@ -316,7 +316,7 @@ async def test_streaming_over_http_is_sse_ending_in_done(client: httpx.AsyncClie
 @pytest.mark.parametrize("stream", [False, True])
 async def test_backend_failure_before_any_token_gets_its_status_code(app: FastAPI, client: httpx.AsyncClient,
                                                                      stream: bool) -> None:
-    rt = app.state.services.registry.llm(MODEL)
+    rt = app.state.gateway.services.registry.llm(MODEL)
     rt.backend = FakeBackend([], fail_at=0, error=BackendUnavailableError("The Triton server is unreachable."))
     r = await client.post(CHAT, json=body(stream=stream), headers=AUTH)
     err = error_of(r, 503)
@@ -342,13 +342,13 @@ async def test_out_of_range_sampling_values_are_a_400_before_triton(app: FastAPI
     r = await client.post(CHAT, json=body(**{field: value}), headers=AUTH)  # min_tokens 25 > max_tokens 20
     err = error_of(r, 400)
     assert err["param"] == field and err["type"] == "invalid_request_error"
-    assert app.state.services.registry.llm(MODEL).backend.requests == []
+    assert app.state.gateway.services.registry.llm(MODEL).backend.requests == []
 
 
 async def test_a_backend_failure_never_sends_triton_text_to_the_client(app: FastAPI, client: httpx.AsyncClient) -> None:
     from openai_api.triton.errors import map_triton_error
 
-    rt = app.state.services.registry.llm(MODEL)
+    rt = app.state.gateway.services.registry.llm(MODEL)
     rt.backend = FakeBackend([[1]], fail_at=0, error=map_triton_error(
         RuntimeError("generation failed: RuntimeError: probability tensor contains inf at /opt/model.py:12"), MODEL))
     err = error_of(await client.post(CHAT, json=body(), headers=AUTH), 502)

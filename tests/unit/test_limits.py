@@ -80,26 +80,41 @@ async def test_chunked_body_is_counted_exact_limit_passes_one_more_byte_is_413()
     assert json.loads(body)["error"]["code"] == "payload_too_large"
 
 
-async def test_global_in_flight_limit_answers_429_with_retry_after() -> None:
+async def test_the_route_admits_once_and_the_guard_gives_the_slots_back() -> None:
+    """Admission is the route's one call (`request_ticket(scope).admit`), global and per model at once; the
+    guard middleware returns the slots when the response is done, a stream's only after its last byte."""
+    from openai_api.errors import GatewayError
+    from openai_api.http.limits import request_ticket
+    from openai_api.http.middleware import send_error
+
     release = asyncio.Event()
 
     async def slow(scope: Any, receive: Any, send: Any) -> None:
         await receive()
+        ticket = request_ticket(scope)
+        assert ticket is not None
+        try:
+            ticket.admit("m")
+        except GatewayError as e:
+            await send_error(send, e)
+            return
         await release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"ok"})
 
-    app = guard(slow, max_total=2)
+    app = GuardMiddleware(slow, max_body_bytes=100, limiter=InFlightLimiter(2, 10, 3, {"m"}), lifecycle=Lifecycle(),
+                          metrics=Metrics())
     first = [asyncio.create_task(call(app, scope(), [{"type": "http.request", "body": b""}])) for _ in range(2)]
     await asyncio.sleep(0.05)
+    assert app.limiter.total == 2 and app.limiter.per_model["m"] == 2
     status, headers, body = await call(app, scope(), [{"type": "http.request", "body": b""}])
     assert status == 429
     assert headers["retry-after"] == "3"
     assert json.loads(body)["error"]["type"] == "rate_limit_error"
     release.set()
     assert [(await t)[0] for t in first] == [200, 200]
-    assert app.limiter.total == 0
-    # Reads are not limited.
+    assert app.limiter.total == 0 and app.limiter.per_model["m"] == 0
+    # A request that takes no slot (a read) is never limited.
     status, _, _ = await call(guard(echo, max_total=0), scope(method="GET"), [{"type": "http.request", "body": b""}])
     assert status == 200
 
@@ -230,7 +245,7 @@ async def test_metrics_and_access_log_over_the_fake_backend(caplog: pytest.LogCa
     with tempfile.TemporaryDirectory() as folder:
         config = llm_only_config(Path(folder))
     app = create_app(config, Settings(config_file=Path("x"), api_keys=["secret-key-123"]))
-    rt = app.state.services.registry.llm("smollm2-135m-instruct")
+    rt = app.state.gateway.services.registry.llm("smollm2-135m-instruct")
     fake = FakeBackend([[i] for i in rt.tokenizer.encode("Hello there, friend")])
     rt.backend.inner = fake  # keep the metrics wrapper, replace the adapter
     auth = {"Authorization": "Bearer secret-key-123", "X-Request-Id": "rid-42"}
@@ -242,7 +257,7 @@ async def test_metrics_and_access_log_over_the_fake_backend(caplog: pytest.LogCa
         assert fake.requests[0].request_id == "rid-42"  # the id Triton gets
         assert (await c.get("/metrics")).status_code == 401
         text = (await c.get("/metrics", headers=auth)).text
-    await app.state.services.registry.pool.close()
+    await app.state.gateway.services.registry.pool.close()
     assert 'openai_api_requests_total{model="smollm2-135m-instruct",route="/v1/chat/completions",status="200"} 1.0' \
         in text
     assert 'openai_api_time_to_first_token_seconds_count{model="smollm2-135m-instruct"} 1.0' in text
@@ -265,7 +280,7 @@ def test_stream_idle_timeout_reaches_every_llm_adapter(tmp_path: Any) -> None:
     from tests.unit.test_http_layer import llm_only_config
 
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, stream_idle_timeout_s=7.5))
-    for rt in app.state.services.registry.llms.values():
+    for rt in app.state.gateway.services.registry.llms.values():
         inner = rt.backend.inner  # under the metrics wrapper
         assert inner.stream_idle_timeout_s == 7.5
 
@@ -274,23 +289,19 @@ def test_fan_out_takes_a_slot_per_sequence_from_both_limits() -> None:
     from openai_api.errors import InvalidRequestError, OverloadedError
     from openai_api.http.limits import Ticket
 
-    lim = InFlightLimiter(max_total=5, max_per_model=4, retry_after_s=1, models={"m"})
-    lim.total = 1  # the middleware's slot for the request itself
+    lim = InFlightLimiter(max_total=5, max_per_model=4, retry_after_s=1, models={"m", "x"})
     t = Ticket(lim)
     t.admit("m", 3)
     assert (lim.total, lim.per_model["m"]) == (3, 3)
     other = Ticket(lim)
-    lim.total += 1
     with pytest.raises(OverloadedError):
         other.admit("m", 2)  # 3 + 2 > 4 for the model
     with pytest.raises(InvalidRequestError) as e:
         other.admit("m", 5, "prompt")  # more than any limit could grant
     assert e.value.param == "prompt" and e.value.code == "too_many_sequences"
-    t.release()
-    assert (lim.total, lim.per_model["m"]) == (2, 0)  # what is left: the two requests' own slots
-    lim.per_model["x"] = 0
-    lim.models.add("x")
-    lim.total = 4
+    assert (lim.total, lim.per_model["m"]) == (3, 3)  # a refused request takes nothing
     with pytest.raises(OverloadedError) as o:
-        Ticket(lim).admit("x", 3)  # the model has room, the server does not: 4 + 2 > 5
-    assert "server" in o.value.message and lim.total == 4
+        other.admit("x", 3)  # the model has room, the server does not: 3 + 3 > 5
+    assert "server" in o.value.message and lim.total == 3
+    t.release()
+    assert (lim.total, lim.per_model["m"]) == (0, 0)

@@ -43,13 +43,13 @@ class LayerCounting(FakeBackend):
 
 async def test_a_streamed_token_passes_at_most_six_generator_layers(tmp_path: Path) -> None:
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path))
-    rt = app.state.services.registry.llm(MODEL)
+    rt = app.state.gateway.services.registry.llm(MODEL)
     fake = LayerCounting([[i] for i in rt.tokenizer.encode("one two three four five six")])
     rt.backend.inner = fake  # behind the real metrics wrapper, as the adapter is
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         r = await c.post("/v1/chat/completions", json={"model": MODEL, "stream": True,
                                                         "messages": [{"role": "user", "content": "Count."}]})
     assert r.status_code == 200 and r.text.rstrip().endswith("data: [DONE]")
-    await app.state.services.registry.pool.close()
+    await app.state.gateway.services.registry.pool.close()
     assert fake.layers and max(fake.layers) == SEEN_IN_TEST, fake.layers
     assert PRODUCTION + 1 <= 6  # with replicas

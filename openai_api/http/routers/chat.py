@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.responses import Response
 
-from openai_api.http.deps import flush_interval, request_id, services
-from openai_api.http.limits import admit_chat
+from openai_api.http.deps import AdmissionDep, ChatSvc, Ctx
 from openai_api.http.responses import service_response
 from openai_api.schemas.openai import ChatCompletionRequest
 
@@ -12,7 +11,6 @@ router = APIRouter()
 
 
 @router.post("/v1/chat/completions", tags=["chat"])
-async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    admit_chat(request, body)
-    return await service_response(await services(request).chat.create(body, request_id(request)),
-                                  flush_interval(request))
+async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
+    admission.chat(body)
+    return await service_response(await chat.create(body, ctx.request_id), ctx.flush_interval_s)

@@ -1,10 +1,9 @@
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from starlette.responses import Response
 
-from openai_api.http.deps import services
-from openai_api.http.limits import admit_rerank
+from openai_api.http.deps import AdmissionDep, RerankSvc
 from openai_api.http.responses import json_response
 from openai_api.schemas.openai import RerankRequest
 
@@ -12,14 +11,14 @@ router = APIRouter()
 
 
 @router.post("/v1/rerank", tags=["rerank"])
-async def rerank(body: RerankRequest, request: Request) -> Response:
+async def rerank(body: RerankRequest, service: RerankSvc, admission: AdmissionDep) -> Response:
     """Seed-system shape (`data`), plus `results` for Cohere v1 / Jina clients."""
-    admit_rerank(request, body)
-    return json_response(await services(request).rerank.create(body))
+    admission.rerank(body)
+    return json_response(await service.create(body))
 
 
 @router.post("/v2/rerank", tags=["rerank"])
-async def rerank_v2(body: RerankRequest, request: Request) -> Response:
+async def rerank_v2(body: RerankRequest, service: RerankSvc, admission: AdmissionDep) -> Response:
     """Cohere v2 shape."""
-    admit_rerank(request, body)
-    return json_response(await services(request).rerank.create_v2(body))
+    admission.rerank(body)
+    return json_response(await service.create_v2(body))

@@ -1,0 +1,48 @@
+"""Every service of one gateway, built together from the model config and the settings."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from openai_api.config import GatewayConfig
+from openai_api.observability import Metrics
+from openai_api.services.chat import ChatService
+from openai_api.services.completions import CompletionsService
+from openai_api.services.embeddings import EmbeddingsService
+from openai_api.services.models import HealthService, ModelsService
+from openai_api.services.preprocess import Preprocessor
+from openai_api.services.registry import ModelRegistry
+from openai_api.services.rerank import RerankService
+from openai_api.settings import Settings
+from openai_api.text.templates import RenderLimits
+from openai_api.text.workers import CPUWorkers
+from openai_api.triton.client import TritonClientPool
+
+
+@dataclass
+class Services:
+    registry: ModelRegistry
+    preprocess: Preprocessor
+    chat: ChatService
+    completions: CompletionsService
+    embeddings: EmbeddingsService
+    rerank: RerankService
+    models: ModelsService
+    health: HealthService
+
+    async def close(self) -> None:
+        self.preprocess.workers.close()
+        await self.registry.pool.close()
+
+
+def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
+                   pool: TritonClientPool | None = None) -> Services:
+    """The registry (each model's tokenizer, template and assembled Triton backend), the preprocessing
+    workers, and one service per endpoint over them."""
+    registry = ModelRegistry(config, pool or TritonClientPool(), metrics, settings.stream_idle_timeout_s)
+    pre = Preprocessor(CPUWorkers(settings.cpu_workers),
+                       RenderLimits(settings.template_timeout_s, settings.template_max_chars))
+    return Services(registry=registry, preprocess=pre, chat=ChatService(registry, pre),
+                    completions=CompletionsService(registry, pre), embeddings=EmbeddingsService(registry, pre),
+                    rerank=RerankService(registry, pre), models=ModelsService(registry),
+                    health=HealthService(registry))
