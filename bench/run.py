@@ -525,7 +525,7 @@ class Bench:
         started = time.time()
         self.results["meta"] = {
             "mode": self.p.name,
-            "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),

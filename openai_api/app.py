@@ -23,6 +23,8 @@ from openai_api.http.routers import chat, completions, embeddings, health, metri
 from openai_api.observability import Metrics
 from openai_api.services.container import build_services
 from openai_api.settings import Settings
+from openai_api.triton.encoder import EncoderBackend
+from openai_api.triton.llm import LLMBackend
 from openai_api.triton.replicas import ReplicaProber
 
 logger = logging.getLogger(__name__)
@@ -48,7 +50,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         # Check each model against Triton's own config now, so a mismatch is reported at start-up
         # rather than on the first request. Triton being down is not fatal: /health/ready says so.
         # Bounded: a hung (not dead) Triton must not keep the gateway from starting.
-        checks = [(rt.name, rt.config.triton_name, rt.backend) for rt in svc.registry.llms.values()]
+        checks: list[tuple[str, str, LLMBackend | EncoderBackend]] = [
+            (rt.name, rt.config.triton_name, rt.backend) for rt in svc.registry.llms.values()]
         checks += [(e.name, e.config.triton_name, e.adapter) for e in svc.registry.encoders.values()]
         for name, triton_name, backend in checks:
             try:

@@ -56,9 +56,9 @@ def main(argv: list[str] | None = None) -> int:
         if settings.embedded_triton:
             from openai_api.embedded.launcher import EmbeddedTriton, TritonLaunchError
 
-            kwargs = {"model_repository": settings.model_repository} if settings.model_repository else {}
             # supervise: a crashed Triton is cleaned up and restarted on the same ports (see the launcher).
-            triton = EmbeddedTriton(**kwargs, models=sorted({m.triton_name for m in config.all_models()}),
+            triton = EmbeddedTriton(settings.model_repository,
+                                    models=sorted({m.triton_name for m in config.all_models()}),
                                     grpc_port=settings.triton_grpc_port, http_port=settings.triton_http_port,
                                     supervise=True)
             try:

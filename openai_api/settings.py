@@ -181,8 +181,8 @@ class Settings(BaseModel):
         except ValidationError as e:
             err = e.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else ""
-            opt = dict(options()).get(name)
-            where = f"{flag_of(name, opt)} / {env_name(name, opt)}" if opt else "settings"
+            option = dict(options()).get(name)
+            where = f"{flag_of(name, option)} / {env_name(name, option)}" if option else "settings"
             raise ValueError(f"{where}: {err['msg']}") from None
 
 

@@ -146,7 +146,8 @@ class _Spawner:
         result = reply.get()
         if isinstance(result, BaseException):
             raise result
-        return result  # type: ignore[no-any-return]
+        proc: subprocess.Popen[bytes] = result
+        return proc
 
     @staticmethod
     def _run(jobs: queue.Queue[tuple[Callable[[], subprocess.Popen[bytes]], queue.Queue[Any]]]) -> None:

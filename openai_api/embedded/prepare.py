@@ -68,7 +68,7 @@ def _marker_matches(folder: Path, source: str, version: str) -> bool:
         data = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
         return False
-    return data.get("source") == source and data.get("version") == version
+    return bool(data.get("source") == source and data.get("version") == version)
 
 
 def _write_marker(folder: Path, source: str, version: str) -> None:

@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
-from typing import Any
+from collections.abc import Callable
+from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 
 
 def guarded_protocol(header_timeout_s: float | None, max_connections: int | None,
-                     on_reject: Any = None) -> type[HttpToolsProtocol]:
+                     on_reject: Callable[[str], None] | None = None) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the header timeout and the connection cap (None: off);
     `on_reject(reason)` is called for each connection closed by either rule (metrics)."""
 
@@ -36,15 +37,16 @@ def guarded_protocol(header_timeout_s: float | None, max_connections: int | None
         _header_timer: asyncio.TimerHandle | None = None
         _refused = False
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            tcp = cast(asyncio.Transport, transport)  # a stream server's transports are
             if max_connections is not None and len(self.connections) >= max_connections:
                 self._refused = True
-                self.transport = transport
-                transport.abort()  # no response: nothing was read, and every byte costs a full server
+                self.transport = tcp
+                tcp.abort()  # no response: nothing was read, and every byte costs a full server
                 if on_reject is not None:
                     on_reject("connection_limit")
                 return
-            super().connection_made(transport)
+            super().connection_made(tcp)
             self._arm()
 
         def connection_lost(self, exc: Exception | None) -> None:

@@ -102,7 +102,7 @@ class JSONRouteMiddleware:
         wanted = set(paths)
         self.routes: dict[str, _Route] = {}
         for r in routes:
-            if isinstance(r, APIRoute) and r.path in wanted and "POST" in r.methods:
+            if isinstance(r, APIRoute) and r.path in wanted and "POST" in (r.methods or ()):
                 self.routes[r.path] = _Route(r, r.endpoint)
         missing = wanted - self.routes.keys()
         if missing:

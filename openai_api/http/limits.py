@@ -178,10 +178,8 @@ class Admission:
 
 
 def _content_length(scope: Scope) -> bytes | None:
-    for k, v in scope["headers"]:
-        if k == b"content-length":
-            return v  # type: ignore[no-any-return]
-    return None
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    return next((v for k, v in headers if k == b"content-length"), None)
 
 
 class GuardMiddleware:

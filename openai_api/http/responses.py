@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
@@ -37,7 +37,8 @@ def error_response(err: GatewayError) -> Response:
                     headers=err.headers or None)
 
 
-async def service_response(result: dict[str, Any] | AsyncIterator[bytes], flush_interval_s: float = 0.0) -> Response:
+async def service_response(result: dict[str, Any] | AsyncGenerator[bytes, None],
+                           flush_interval_s: float = 0.0) -> Response:
     """A dict becomes JSON; a stream is primed with its first event first, so that errors raised before
     anything was sent still become a proper status code instead of a broken 200 stream. Stream events
     arriving within `flush_interval_s` of the previous write share the next write (`http.sse`)."""

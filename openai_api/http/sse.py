@@ -15,10 +15,11 @@ within `interval_s` of the previous write together, once that interval has passe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 
-async def coalesced(first: bytes, source: AsyncIterator[bytes], interval_s: float) -> AsyncIterator[bytes]:
+async def coalesced(first: bytes, source: AsyncGenerator[bytes, None],
+                    interval_s: float) -> AsyncGenerator[bytes, None]:
     """Yield `first`, then `source`'s chunks, joined per write as described above.
 
     `source` runs in a task of its own so it keeps reading (from Triton) while a write is held back.
@@ -33,7 +34,7 @@ async def coalesced(first: bytes, source: AsyncIterator[bytes], interval_s: floa
             async for chunk in source:
                 yield chunk
         finally:
-            await source.aclose()  # type: ignore[attr-defined]
+            await source.aclose()
         return
 
     loop = asyncio.get_running_loop()
@@ -59,7 +60,7 @@ async def coalesced(first: bytes, source: AsyncIterator[bytes], interval_s: floa
         finally:
             done = True
             _wake()
-            await source.aclose()  # type: ignore[attr-defined]
+            await source.aclose()
 
     task = loop.create_task(pump())
     last = -interval_s

@@ -14,10 +14,10 @@ chunk; token counters are added once per sequence.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
-import numpy as np
+from numpy.typing import NDArray
 
 from openai_api.config import EmbeddingModel, LLMModel, RerankModel
 from openai_api.errors import GatewayError
@@ -57,7 +57,7 @@ class InstrumentedLLMBackend:
     async def check(self) -> None:
         await self.inner.check()
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         stats = current_stats()
         clock = time.perf_counter
         last = stats.start if stats is not None else clock()
@@ -80,7 +80,7 @@ class InstrumentedLLMBackend:
             _triton_error(self._metrics, self.model, e)
             raise
         finally:
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()
             prompt = len(request.prompt_ids)
             self._prompt.inc(prompt)
             if produced:
@@ -107,7 +107,7 @@ class InstrumentedEncoder:
     async def check(self) -> None:
         await self.inner.check()
 
-    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray:
+    async def infer(self, features: dict[str, NDArray[Any]]) -> NDArray[Any]:
         try:
             out = await self.inner.infer(features)
         except GatewayError as e:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from openai_api.errors import GatewayError, InvalidRequestError
@@ -106,7 +106,7 @@ class ChatService:
             continue_final_message=req.continue_final_message, tools=plan.tools, bos_token=rt.tokenizer.bos_token,
             eos_token=rt.tokenizer.eos_token, **extra)
 
-    async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncIterator[bytes]:
+    async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
 
         For streams, nothing is yielded before the first tokens arrived from Triton, so a caller that

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from openai_api.errors import GatewayError, InvalidRequestError
@@ -86,7 +86,7 @@ class CompletionsService:
             raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
                                       param="logprobs", code="unsupported_parameter")
 
-    async def create(self, req: CompletionRequest, request_id: str) -> dict[str, Any] | AsyncIterator[bytes]:
+    async def create(self, req: CompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         rt = self.registry.llm(req.model)
         if req.unknown_fields():
             logger.debug("ignoring unknown completion fields: %s", req.unknown_fields())

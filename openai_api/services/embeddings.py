@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 import orjson
+from numpy.typing import NDArray
 
+from openai_api.config import EmbeddingModel
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import EmbeddingRequest
 from openai_api.services.encoding import infer_chunked, special_wrap
@@ -17,38 +19,38 @@ from openai_api.services.registry import EncoderRuntime, ModelRegistry
 
 def _inputs(req: EmbeddingRequest) -> tuple[list[str] | None, list[list[int]] | None]:
     """Normalise `input` to texts or token-id lists, refusing the empty cases OpenAI refuses."""
-    inp = req.input
-    if isinstance(inp, str):
-        inp = [inp]
+    inp: list[Any] = [req.input] if isinstance(req.input, str) else list(req.input)
     if not inp:
         raise InvalidRequestError("'input' must not be empty.", param="input")
     if all(isinstance(x, int) for x in inp):
-        return None, [inp]  # type: ignore[list-item]
+        return None, [inp]
     if all(isinstance(x, str) for x in inp):
         for i, text in enumerate(inp):
             if not text:
                 raise InvalidRequestError(f"input[{i}] is an empty string.", param="input")
-        return inp, None  # type: ignore[return-value]
+        return inp, None
     if all(isinstance(x, list) for x in inp):
         for i, ids in enumerate(inp):
             if not ids:
                 raise InvalidRequestError(f"input[{i}] is an empty list of tokens.", param="input")
-        return None, inp  # type: ignore[return-value]
+        return None, inp
     raise InvalidRequestError("'input' must be a string, a list of strings, a list of token ids, or a list of "
                               "lists of token ids.", param="input")
 
 
-def _pool(out: np.ndarray, mask: np.ndarray, pooling: str) -> np.ndarray:
+def _pool(out: NDArray[Any], mask: NDArray[Any], pooling: str) -> NDArray[Any]:
     if out.ndim == 2:
         return out
     if pooling == "cls":
         return out[:, 0, :]
     m = mask[:, : out.shape[1], None].astype(out.dtype)
-    return (out * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+    pooled: NDArray[Any] = (out * m).sum(axis=1) / np.clip(m.sum(axis=1), 1e-9, None)
+    return pooled
 
 
-def _normalize(v: np.ndarray) -> np.ndarray:
-    return v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+def _normalize(v: NDArray[Any]) -> NDArray[Any]:
+    unit: NDArray[Any] = v / np.clip(np.linalg.norm(v, axis=1, keepdims=True), 1e-12, None)
+    return unit
 
 
 class EmbeddingsService:
@@ -56,7 +58,8 @@ class EmbeddingsService:
         self.registry = registry
         self.preprocess = preprocess
 
-    def _tokenize(self, rt: EncoderRuntime, texts: list[str] | None, ids: list[list[int]] | None) -> list[list[int]]:
+    def _tokenize(self, rt: EncoderRuntime[EmbeddingModel], texts: list[str] | None,
+                  ids: list[list[int]] | None) -> list[list[int]]:
         cfg = rt.config
         prefix, suffix = special_wrap(rt)
         if texts is not None:
@@ -92,7 +95,7 @@ class EmbeddingsService:
 
     async def create(self, req: EmbeddingRequest) -> bytes:
         """The whole response body, already serialised (vectors go from numpy to JSON without lists)."""
-        rt = self.registry.encoder(req.model, "embedding")
+        rt = self.registry.embedding(req.model)
         texts, ids = _inputs(req)
         if req.encoding_format not in ("float", "base64"):
             raise InvalidRequestError("encoding_format must be 'float' or 'base64'.", param="encoding_format")

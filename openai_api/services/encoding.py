@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from openai_api.services.registry import EncoderRuntime
 
 
-def special_wrap(rt: EncoderRuntime) -> tuple[list[int], list[int]]:
+def special_wrap(rt: EncoderRuntime[Any]) -> tuple[list[int], list[int]]:
     """The ids a single sequence is wrapped in ([CLS] ... [SEP] for BERT), read off the tokenizer itself."""
     ids = rt.tokenizer.tokenizer.encode("", add_special_tokens=True).ids
     if len(ids) >= 2:
@@ -17,7 +19,7 @@ def special_wrap(rt: EncoderRuntime) -> tuple[list[int], list[int]]:
     return [], ids
 
 
-def pad_batch(seqs: list[list[int]], type_ids: list[list[int]] | None = None) -> dict[str, np.ndarray]:
+def pad_batch(seqs: list[list[int]], type_ids: list[list[int]] | None = None) -> dict[str, NDArray[Any]]:
     width = max(len(s) for s in seqs)
     ids = np.zeros((len(seqs), width), dtype=np.int64)
     mask = np.zeros((len(seqs), width), dtype=np.int64)
@@ -30,8 +32,8 @@ def pad_batch(seqs: list[list[int]], type_ids: list[list[int]] | None = None) ->
     return {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
 
 
-async def infer_chunked(rt: EncoderRuntime, seqs: list[list[int]],
-                        type_ids: list[list[int]] | None = None) -> list[np.ndarray]:
+async def infer_chunked(rt: EncoderRuntime[Any], seqs: list[list[int]],
+                        type_ids: list[list[int]] | None = None) -> list[NDArray[Any]]:
     """Split into chunks of at most the model's batch size, run them concurrently (Triton's dynamic
     batcher merges them with other requests), and return per-chunk outputs in input order."""
     await rt.adapter.check()

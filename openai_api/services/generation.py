@@ -9,7 +9,7 @@ the Triton request so the model stops spending compute on text nobody will see.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -88,7 +88,8 @@ class SequenceText:
         return ev
 
 
-async def sequence_events(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> AsyncIterator[TextEvent]:
+async def sequence_events(rt: LLMRuntime, greq: GenerationRequest,
+                          stops: list[str]) -> AsyncGenerator[TextEvent, None]:
     """A sequence's `TextEvent`s, the last one carrying its finish reason; closing early (or a stop
     string) closes the backend's iterator, which cancels the Triton request."""
     seq = SequenceText(rt, greq, stops)
@@ -102,7 +103,7 @@ async def sequence_events(rt: LLMRuntime, greq: GenerationRequest, stops: list[s
                     return
         yield seq.finish()
     finally:
-        await chunks.aclose()  # type: ignore[attr-defined]
+        await chunks.aclose()
 
 
 class Collected(NamedTuple):

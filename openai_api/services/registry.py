@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo, RerankModel
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
@@ -20,6 +20,7 @@ from openai_api.triton.replicas import ReplicaSet
 logger = logging.getLogger(__name__)
 
 ModelKind = Literal["llm", "embedding", "rerank"]
+EncoderConfig = TypeVar("EncoderConfig", EmbeddingModel, RerankModel)
 DEFAULT_CONTEXT_LENGTH = 2048
 
 
@@ -45,8 +46,8 @@ class LLMRuntime:
 
 
 @dataclass
-class EncoderRuntime:
-    config: EmbeddingModel | RerankModel
+class EncoderRuntime(Generic[EncoderConfig]):
+    config: EncoderConfig
     tokenizer: TextTokenizer
     adapter: EncoderBackend
 
@@ -92,7 +93,8 @@ class ModelRegistry:
         self.config = config
         self.pool = pool
         self.llms: dict[str, LLMRuntime] = {}
-        self.encoders: dict[str, EncoderRuntime] = {}
+        self.embeddings: dict[str, EncoderRuntime[EmbeddingModel]] = {}
+        self.rerankers: dict[str, EncoderRuntime[RerankModel]] = {}
         # The models served by more than one Triton: their replica sets (probed, shown in /v1/models).
         self.replicas: dict[str, ReplicaSet[Any]] = {}
         for m in config.llm:
@@ -100,12 +102,21 @@ class ModelRegistry:
             self.llms[m.name] = build_llm(m, config.model_info(m.name), backend)
             if replicas is not None:
                 self.replicas[m.name] = replicas
-        for e in [*config.embedding, *config.rerank]:
+        for e in config.embedding:
             adapter, replicas = encoder_backend(e, pool, metrics)
-            self.encoders[e.name] = EncoderRuntime(config=e, tokenizer=TextTokenizer.from_folder(e.path),
-                                                   adapter=adapter)
+            self.embeddings[e.name] = EncoderRuntime(e, TextTokenizer.from_folder(e.path), adapter)
             if replicas is not None:
                 self.replicas[e.name] = replicas
+        for r in config.rerank:
+            adapter, replicas = encoder_backend(r, pool, metrics)
+            self.rerankers[r.name] = EncoderRuntime(r, TextTokenizer.from_folder(r.path), adapter)
+            if replicas is not None:
+                self.replicas[r.name] = replicas
+
+    @property
+    def encoders(self) -> dict[str, EncoderRuntime[EmbeddingModel] | EncoderRuntime[RerankModel]]:
+        """Every embedding and rerank model, by name."""
+        return {**self.embeddings, **self.rerankers}
 
     def kind_of(self, name: str) -> ModelKind | None:
         if name in self.llms:
@@ -127,9 +138,18 @@ class ModelRegistry:
             raise self._wrong_kind(name, kind, "completions") if kind else self._missing(name)
         return rt
 
-    def encoder(self, name: str, kind: Literal["embedding", "rerank"]) -> EncoderRuntime:
-        rt = self.encoders.get(name)
-        if rt is None or rt.config.kind != kind:
-            have = self.kind_of(name)
-            raise self._wrong_kind(name, have, kind) if have else self._missing(name)
+    def _not_an_encoder(self, name: str, kind: str) -> InvalidRequestError | ModelNotFoundError:
+        have = self.kind_of(name)
+        return self._wrong_kind(name, have, kind) if have else self._missing(name)
+
+    def embedding(self, name: str) -> EncoderRuntime[EmbeddingModel]:
+        rt = self.embeddings.get(name)
+        if rt is None:
+            raise self._not_an_encoder(name, "embedding")
+        return rt
+
+    def reranker(self, name: str) -> EncoderRuntime[RerankModel]:
+        rt = self.rerankers.get(name)
+        if rt is None:
+            raise self._not_an_encoder(name, "rerank")
         return rt

@@ -11,8 +11,10 @@ import uuid
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from tokenizers import Tokenizer
 
+from openai_api.config import RerankModel
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import RerankRequest
 from openai_api.services.encoding import infer_chunked
@@ -21,19 +23,22 @@ from openai_api.services.registry import EncoderRuntime, ModelRegistry
 from openai_api.text.tokenizer import invalid_text
 
 
-def _scores(raw: np.ndarray, process: str) -> np.ndarray:
+def _scores(raw: NDArray[Any], process: str) -> NDArray[Any]:
     """`normalize`: sigmoid of a [B, 1] logit (the usual cross-encoder head); `softmax`: probability of
     the last class for [B, C>1] heads, or a softmax across the documents for [B, 1]; `none`: as is."""
     raw = raw.astype(np.float64).reshape(raw.shape[0], -1)
+    scores: NDArray[np.float64]
     if process == "normalize":
-        return 1.0 / (1.0 + np.exp(-raw[:, -1]))
-    if process == "softmax":
-        if raw.shape[1] > 1:
-            e = np.exp(raw - raw.max(axis=1, keepdims=True))
-            return (e / e.sum(axis=1, keepdims=True))[:, -1]
+        scores = 1.0 / (1.0 + np.exp(-raw[:, -1]))
+    elif process == "softmax" and raw.shape[1] > 1:
+        e = np.exp(raw - raw.max(axis=1, keepdims=True))
+        scores = (e / e.sum(axis=1, keepdims=True))[:, -1]
+    elif process == "softmax":
         e = np.exp(raw[:, 0] - raw[:, 0].max())
-        return e / e.sum()
-    return raw[:, -1]
+        scores = e / e.sum()
+    else:
+        scores = raw[:, -1]
+    return scores
 
 
 class RerankService:
@@ -42,7 +47,7 @@ class RerankService:
         self.preprocess = preprocess
         self._pair_tokenizers: dict[str, Tokenizer] = {}
 
-    def _pair_tokenizer(self, rt: EncoderRuntime) -> Tokenizer:
+    def _pair_tokenizer(self, rt: EncoderRuntime[RerankModel]) -> Tokenizer:
         # A private copy: truncation is tokenizer state, and the shared one must stay untruncated.
         tok = self._pair_tokenizers.get(rt.name)
         if tok is None:
@@ -52,7 +57,8 @@ class RerankService:
             self._pair_tokenizers[rt.name] = tok
         return tok
 
-    def _tokenize(self, rt: EncoderRuntime, query: str, docs: list[str]) -> tuple[list[list[int]], list[list[int]]]:
+    def _tokenize(self, rt: EncoderRuntime[RerankModel], query: str,
+                  docs: list[str]) -> tuple[list[list[int]], list[list[int]]]:
         limit = rt.config.max_tokens
         if rt.tokenizer.bound(query, limit)[1]:
             raise InvalidRequestError(f"The query is more than {limit} tokens long, the model's maximum.",
@@ -70,7 +76,7 @@ class RerankService:
 
     async def rank(self, req: RerankRequest) -> tuple[list[tuple[int, float]], int, list[str]]:
         """(index, score) pairs sorted by score, cut to top_n; plus the token count and the texts."""
-        rt = self.registry.encoder(req.model, "rerank")
+        rt = self.registry.reranker(req.model)
         if not req.query.strip():
             raise InvalidRequestError("'query' must not be empty.", param="query")
         docs = req.texts()
@@ -82,7 +88,7 @@ class RerankService:
         ids, types = await self.preprocess.run(chars, self._tokenize, rt, req.query, docs)
         outputs = await infer_chunked(rt, ids, types)
         raw = np.concatenate([o.reshape(o.shape[0], -1) for o in outputs], axis=0)
-        scores = _scores(raw, rt.config.output_config.process)  # type: ignore[union-attr]
+        scores = _scores(raw, rt.config.output_config.process)
         order = sorted(range(len(docs)), key=lambda i: -scores[i])[: req.top_n or len(docs)]
         return [(i, float(scores[i])) for i in order], sum(len(s) for s in ids), docs
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any, Protocol
 
 import orjson
@@ -49,7 +49,7 @@ class StreamEncoder(Protocol):
 
 
 async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], encoder: StreamEncoder,
-                     prompt_tokens: int, stream_id: str = "") -> AsyncIterator[bytes]:
+                     prompt_tokens: int, stream_id: str = "") -> AsyncGenerator[bytes, None]:
     """The SSE bytes of `greqs` (the request's choices) as `encoder` spells them.
 
     Nothing is yielded before a sequence produced text or finished, so a backend error before that is
@@ -83,7 +83,7 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
                     started = True
                     yield data
             finally:
-                await chunks.aclose()  # type: ignore[attr-defined]
+                await chunks.aclose()
         else:
             events = merge_choices([sequence_events(rt, g, stops) for g in greqs])
             try:
@@ -95,7 +95,7 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
                     if data:
                         yield data
             finally:
-                await events.aclose()  # type: ignore[attr-defined]
+                await events.aclose()
     except GatewayError as e:
         if not started:
             raise
@@ -105,11 +105,12 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
     yield encoder.end(prompt_tokens, sum(produced))
 
 
-async def merge_choices(streams: list[AsyncIterator[TextEvent]]) -> AsyncIterator[tuple[int, TextEvent]]:
+async def merge_choices(streams: list[AsyncGenerator[TextEvent, None]]
+                        ) -> AsyncGenerator[tuple[int, TextEvent], None]:
     """Interleave several choices' events as they arrive (n > 1), tagged with the choice index."""
     queue: asyncio.Queue[tuple[int, TextEvent | BaseException | None]] = asyncio.Queue()
 
-    async def pump(i: int, it: AsyncIterator[TextEvent]) -> None:
+    async def pump(i: int, it: AsyncGenerator[TextEvent, None]) -> None:
         try:
             async for ev in it:
                 await queue.put((i, ev))

@@ -439,9 +439,10 @@ class ChatTemplate:
             if not isinstance(final, dict) or final.get("role") != "assistant":
                 raise TemplateError(
                     "continue_final_message requires the final message to be from the assistant")
-            final_content = final.get("content")
-            if not isinstance(final_content, str):
+            content = final.get("content")
+            if not isinstance(content, str):
                 raise TemplateError("continue_final_message requires the final message to have text content")
+            final_content = content
             final["content"] = final_content + tag
             add_generation_prompt = False
 

@@ -83,15 +83,17 @@ class TextTokenizer:
             eos_ids = [raw]
         elif isinstance(raw, list):
             eos_ids = [int(x) for x in raw]
-        if not eos_ids and eos and tok.token_to_id(eos) is not None:
-            eos_ids = [tok.token_to_id(eos)]
+        eos_id = tok.token_to_id(eos) if eos else None
+        if not eos_ids and eos_id is not None:
+            eos_ids = [eos_id]
         pad = gcfg.get("pad_token_id", mcfg.get("pad_token_id"))
         ctx = None
         for key in ("max_position_embeddings", "n_positions", "seq_length", "max_sequence_length"):
             if isinstance(mcfg.get(key), int):
                 ctx = mcfg[key]
                 break
-        defaults = {k: gcfg[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty") if k in gcfg}
+        defaults: dict[str, Any] = {k: gcfg[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")
+                                    if k in gcfg}
         specials = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
         return cls(folder=folder, tokenizer=tok, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids,
                    pad_token_id=pad if isinstance(pad, int) else None, context_length=ctx,

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.client import TritonClientPool
-from openai_api.triton.detect import Protocol, detect_protocol, require_protocol
+from openai_api.triton.detect import PROTOCOLS, Protocol, detect_protocol, require_protocol
 from openai_api.triton.errors import map_triton_error
 from openai_api.triton.fastertransformer import FasterTransformerAdapter
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
@@ -33,6 +33,14 @@ logger = logging.getLogger(__name__)
 
 ADAPTERS: dict[Protocol, type[SpecAdapter]] = {
     "tensorrt_llm": TensorRTLLMAdapter, "vllm": VLLMAdapter, "fastertransformer": FasterTransformerAdapter}
+
+
+def _protocol(name: str) -> Protocol:
+    """A configured protocol name (the config validates it: see `config.LLMProtocol`)."""
+    for p in PROTOCOLS:
+        if p == name:
+            return p
+    raise ValueError(f"unknown protocol {name!r}")
 
 
 async def fetch_model_spec(pool: TritonClientPool, url: str, triton_model: str, version: str,
@@ -78,7 +86,7 @@ class AutoLLMBackend:
                 return self._adapter
             spec = await fetch_model_spec(self.pool, self.url, self.triton_model, self.version, self.model)
             detected = self.configured_protocol == "auto"
-            protocol: Protocol = detect_protocol(spec) if detected else self.configured_protocol  # type: ignore[assignment]
+            protocol = detect_protocol(spec) if detected else _protocol(self.configured_protocol)
             require_protocol(protocol, spec, self.triton_model, detected=detected)
             adapter = ADAPTERS[protocol](self.pool.rpc(self.url), spec, model=self.model,
                                          triton_model=self.triton_model, version=self.version,
@@ -95,12 +103,12 @@ class AutoLLMBackend:
     def supports(self, param: str) -> bool:
         return True if self._adapter is None else self._adapter.supports(param)
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         if self._adapter is not None:
             return self._adapter.generate(request)
         return self._generate_first(request)
 
-    async def _generate_first(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def _generate_first(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         """Until the adapter exists (Triton was down at start-up): resolve, then delegate."""
         chunks = (await self.resolve()).generate(request)
         try:
@@ -109,4 +117,4 @@ class AutoLLMBackend:
         finally:
             # Closing this iterator (client gone, stop string) must close the adapter's, which cancels
             # the Triton stream; `async for` alone would leave it suspended.
-            await chunks.aclose()  # type: ignore[attr-defined]
+            await chunks.aclose()

@@ -4,9 +4,10 @@ RPCs of its Triton, and the one way a request parameter becomes a model input or
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 
 from openai_api.errors import InvalidRequestError
+from openai_api.triton.llm import GenerationChunk, GenerationRequest
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.wire import ModelSpec
 
@@ -37,6 +38,10 @@ class SpecAdapter:
 
     async def check(self) -> None:
         """Nothing left to check: the spec was checked against the protocol before construction."""
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        """The protocol's `LLMBackend.generate` (each adapter is an async generator function)."""
+        raise NotImplementedError
 
     def refuse(self, param: str, why: str = "") -> InvalidRequestError:
         """The 400 for a request parameter this model cannot take."""

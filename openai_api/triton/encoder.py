@@ -15,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import tritonclient.grpc as grpc_mod
 import tritonclient.http as http_mod
+from numpy.typing import NDArray
 
 from openai_api.errors import BackendUnavailableError, GatewayError
 from openai_api.triton.client import TritonClientPool
@@ -43,7 +44,7 @@ class EncoderBackend(Protocol):
 
     async def check(self) -> None: ...
 
-    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray: ...
+    async def infer(self, features: dict[str, NDArray[Any]]) -> NDArray[Any]: ...
 
 
 class EncoderAdapter:
@@ -94,7 +95,7 @@ class EncoderAdapter:
             self.max_batch_size = int(cfg.get("max_batch_size", 0) or 0) or None
             self._inputs = {t: declared[t] for k, t in self.input_config.items() if t in declared}
 
-    async def infer(self, features: dict[str, np.ndarray]) -> np.ndarray:
+    async def infer(self, features: dict[str, NDArray[Any]]) -> NDArray[Any]:
         """Run one batch. `features` maps tokenizer output names to `[B, L]` arrays; returns the output."""
         await self.check()
         assert self._inputs is not None
@@ -126,7 +127,7 @@ class EncoderAdapter:
             raise
         except Exception as e:  # noqa: BLE001
             raise map_triton_error(e, self.model) from None
-        out = result.as_numpy(self.output_name)
+        out: NDArray[Any] | None = result.as_numpy(self.output_name)
         if out is None:
             raise BackendUnavailableError(f"Triton returned no {self.output_name!r} for model {self.model!r}.")
         return out

@@ -18,11 +18,11 @@ whose output is trimmed by `sequence_length` and stripped of the prompt the same
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-import numpy as np
+from numpy.typing import NDArray
 from tritonclient.grpc import InferResult
 
 from openai_api.triton.base import SpecAdapter
@@ -48,13 +48,14 @@ _PARAM_INPUTS = {
 _MAX_ID = 2**31 - 1  # a UINT32 -1 pad (4294967295) or anything else past it is not a token
 
 
-def _first_beam(arr: np.ndarray | None) -> list[Any] | None:
+def _first_beam(arr: NDArray[Any] | None) -> list[Any] | None:
     """[batch, beams, T] / [beams, T] / [T] -> the first beam's T values."""
     if arr is None:
         return None
     if arr.ndim == 0:
         return [arr.item()]
-    return arr.reshape(-1, arr.shape[-1])[0].tolist()
+    values: list[Any] = arr.reshape(-1, arr.shape[-1])[0].tolist()
+    return values
 
 
 class CumulativeDiff:
@@ -147,7 +148,7 @@ class FasterTransformerAdapter(SpecAdapter):
                 logprobs = [float(x) for x in lp[start:start + len(new)]]
         return GenerationChunk(new, logprobs)
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         infer_request = self.build_request(request)
         diff = CumulativeDiff(request.prompt_ids, request.end_id)
         if not self.spec.decoupled:

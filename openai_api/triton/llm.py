@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -75,4 +75,4 @@ class LLMBackend(Protocol):
 
     async def check(self) -> None: ...
 
-    def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]: ...
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]: ...

@@ -17,7 +17,7 @@ import asyncio
 import itertools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -53,7 +53,7 @@ class ReplicaSet(Generic[T]):
     transport: str
     replicas: list[Replica[T]]
     fail_threshold: int = 1
-    _rr: itertools.count = field(default_factory=itertools.count)
+    _rr: itertools.count[int] = field(default_factory=itertools.count)
 
     def order(self) -> list[Replica[T]]:
         """Replicas to try, best first: healthy by fewest in flight (round-robin among equals), then
@@ -112,7 +112,7 @@ class ReplicatedLLMBackend:
         if len(errors) == len(self.set.replicas):
             raise errors[0]
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         last: BackendUnavailableError | None = None
         for r in self.set.order():
             r.outstanding += 1

@@ -27,12 +27,11 @@ errors, and hand the stream back (or cancel it). Per token that is the only laye
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import grpc
 from tritonclient.grpc import InferResult, service_pb2
-from tritonclient.utils import InferenceServerException
 
 from openai_api.errors import BackendTimeoutError, GatewayError
 from openai_api.triton.errors import map_triton_error
@@ -45,11 +44,8 @@ _LIVE = "/inference.GRPCInferenceService/ServerLive"
 _PROBE_TIMEOUT_S = 10.0
 
 
-class ResponseError(InferenceServerException):
+class ResponseError(Exception):
     """An error Triton sent as a stream response (`error_message`) rather than as the RPC status."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(msg=message)
 
 
 class StallGuard:
@@ -109,7 +105,9 @@ class StallGuard:
             self._waiting = True
 
     def _check(self) -> None:
-        idle_s: float = self.idle_s  # type: ignore[assignment]
+        idle_s = self.idle_s
+        if idle_s is None:  # never armed without an idle time
+            return
         now = self._loop.time()
         due = self._last + idle_s
         if self._waiting and now >= due and self._task is not None and not self._task.done():
@@ -207,7 +205,7 @@ class TritonRPC:
         return self._stream(), False
 
     async def stream(self, request: InferRequest, *, model: str, timeout_s: float | None = None,
-                     idle_s: float | None = None) -> AsyncIterator[InferResult]:
+                     idle_s: float | None = None) -> AsyncGenerator[InferResult, None]:
         """Send `request` on a stream of its own and yield Triton's responses up to and including the
         final one.
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -72,7 +72,7 @@ class TensorRTLLMAdapter(SpecAdapter):
             r.output("output_log_probs")
         return r
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         spec = self.spec
         if not spec.decoupled:
             result = await self.rpc.infer(self._request(request, streaming=False), model=self.model,

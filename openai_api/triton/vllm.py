@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
@@ -159,7 +159,7 @@ class VLLMAdapter(SpecAdapter):
                 chunk.token_ids, chunk.logprobs = parsed
         return chunk
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         spec = self.spec
         if not request.prompt_text:
             raise InvalidRequestError(f"The model {self.model!r} takes text prompts (vLLM backend); this "

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
@@ -109,7 +110,7 @@ def little_endian(dtype: str) -> np.dtype[Any]:
     return np.dtype(triton_to_np_dtype(dtype)).newbyteorder("<")
 
 
-def words_tensor(words: list[list[int]]) -> np.ndarray:
+def words_tensor(words: list[list[int]]) -> NDArray[Any]:
     """Encode token sequences the TensorRT-LLM / FasterTransformer way (`stop_words_list`,
     `bad_words_list`): row 0 the concatenated ids (0-padded), row 1 the cumulative end offsets
     (-1-padded). [[5,6],[7]] -> [[5,6,7],[2,3,-1]]."""
@@ -144,7 +145,7 @@ class InferRequest:
                                       code="invalid_value") from None
         self._add(name, dtype, shape, raw)
 
-    def numpy(self, name: str, dtype: str, arr: np.ndarray) -> None:
+    def numpy(self, name: str, dtype: str, arr: NDArray[Any]) -> None:
         """Add an input from a numpy array, converted to `dtype`."""
         if dtype == "BYTES" or dtype == "BOOL":
             self.tensor(name, dtype, arr.shape, arr.reshape(-1).tolist())
@@ -183,5 +184,6 @@ def raw_output(resp: Any, name: str) -> bytes | None:
     """The raw bytes of output `name` of a `ModelInferResponse` (None when it is absent)."""
     for i, out in enumerate(resp.outputs):
         if out.name == name:
-            return resp.raw_output_contents[i]  # type: ignore[no-any-return]
+            raw: bytes = resp.raw_output_contents[i]
+            return raw
     return None
