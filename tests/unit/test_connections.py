@@ -22,8 +22,8 @@ from tests.unit.fakes import llm_only_config
 
 HEADER_TIMEOUT = 1.0
 MAX_CONNECTIONS = 40
-# How much later than the timeout a close may come on a busy shared machine: still a bounded time.
-SLACK = 6.0
+# How much later than the timeout a close may come (timers and scheduling): still a bounded time.
+SLACK = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,12 @@ def test_connections_past_the_cap_are_closed_at_once_and_service_returns(server:
 def test_a_keep_alive_connection_with_a_slow_second_request_is_cut(server: tuple[str, int]) -> None:
     with socket.create_connection(server) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        first = b""
+        while b'{"status":"ok"}' not in first:  # headers and body may come in separate segments
+            chunk = s.recv(4096)
+            assert chunk, first
+            first += chunk
+        assert first.startswith(b"HTTP/1.1 200")
         s.sendall(b"GET /health HTTP/1.1\r\nHost")  # the next request starts, and stops
         assert closed_within(s, HEADER_TIMEOUT + SLACK)
 
