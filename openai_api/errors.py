@@ -19,12 +19,15 @@ class GatewayError(Exception):
     default_code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str] | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         self.code = code if code is not None else self.default_code
         self.headers = headers or {}
+        # What the gateway knows beyond `message` (Triton's own words): for logs and for the layer that
+        # raised it to act on, never sent to a client.
+        self.detail = detail
 
 
 class InvalidRequestError(GatewayError):

@@ -25,11 +25,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from openai_api.config import BUNDLED_CONFIG, load_config  # noqa: E402
-from openai_api.triton.llm import GenerationChunk, GenerationRequest  # noqa: E402
+from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest  # noqa: E402
 
 
 class FakeLLM:
     model = "fake"
+    protocol = "tensorrt_llm"
+    guide_kinds = GUIDE_KINDS
 
     def supports(self, param: str) -> bool:
         return True

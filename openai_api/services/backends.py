@@ -25,7 +25,7 @@ from openai_api.observability import Metrics, current_stats
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderAdapter, EncoderBackend
-from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind, LLMBackend
 from openai_api.triton.replicas import ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
 
 
@@ -50,6 +50,10 @@ class InstrumentedLLMBackend:
     @property
     def protocol(self) -> str:
         return self.inner.protocol
+
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind] | None:
+        return self.inner.guide_kinds
 
     def supports(self, param: str) -> bool:
         return self.inner.supports(param)
@@ -126,7 +130,8 @@ def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
                 stream_idle_timeout_s: float | None) -> tuple[LLMBackend, ReplicaSet[Any] | None]:
     """The backend of one LLM entry: protocol adapter(s), replicas, metrics (see the module docstring)."""
     adapters = [(u, AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
-                                   stream_idle_timeout_s=stream_idle_timeout_s)) for u in m.urls]
+                                   stream_idle_timeout_s=stream_idle_timeout_s,
+                                   vllm_guide_key=m.guided_decoding_key)) for u in m.urls]
     inner: LLMBackend
     replicas: ReplicaSet[Any] | None = None
     if len(adapters) == 1:

@@ -16,10 +16,12 @@ from openai_api.services.generation import (
     collect_choices,
     resolve_max_tokens,
 )
+from openai_api.services.guides import request_guide, require_support
 from openai_api.services.preprocess import Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
+from openai_api.text.tool_parsers import ParsedToolCall
 
 logger = logging.getLogger(__name__)
 
@@ -85,10 +87,6 @@ class ChatService:
         if req.logprobs and not rt.backend.supports("return_logprobs"):
             raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
                                       param="logprobs", code="unsupported_parameter")
-        if req.response_format and req.response_format.get("type") not in (None, "text"):
-            raise InvalidRequestError(
-                "response_format other than 'text' needs guided decoding, which this model's Triton backend "
-                "does not offer.", param="response_format", code="unsupported_parameter")
 
     async def prompt(self, rt: LLMRuntime, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> Prompt:
         """The rendered and tokenized prompt of `req` (see `services.preprocess`)."""
@@ -117,6 +115,10 @@ class ChatService:
             logger.debug("ignoring unknown chat fields: %s", req.unknown_fields())
         self._refuse_unsupported(rt, req)
         plan = plan_tools(rt, req)
+        # A forced tool call's guide wins over the request's own (which shapes content, and there is none).
+        guide = plan.guide or request_guide(req)
+        if guide is not None:
+            require_support(rt.backend, rt.name, guide)
         prompt = await self.prompt(rt, req, plan)
         prompt_ids = prompt.ids
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -125,6 +127,7 @@ class ChatService:
                  for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
+            g.guide = guide
         stops = req.stop_list() + plan.stops
         completion_id = f"chatcmpl-{request_id}" if request_id else f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
@@ -142,7 +145,13 @@ class ChatService:
         for i, (text, finish, produced, ids, lps) in enumerate(results):
             completion_tokens += produced
             message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-            if plan.parser is not None:
+            if plan.forced is not None:
+                calls = plan.calls_from(text)
+                if calls:  # cut by max_tokens mid-JSON, a required call does not parse: the text as produced
+                    message = {"role": "assistant", "content": None, "refusal": None,
+                               "tool_calls": [c.to_openai() for c in calls]}
+                    finish = "tool_calls" if finish != "length" else finish
+            elif plan.parser is not None:
                 content, calls = plan.parser.parse(plan.prefill + text)
                 if calls:
                     calls = calls if plan.parallel else calls[:1]
@@ -168,7 +177,11 @@ class ChatStreamEncoder:
         self.n = n
         self.logprobs = logprobs
         self.include_usage = include_usage
-        self.tools = [_StreamTools(plan) for _ in range(n)] if plan.parser is not None else None
+        self.tools: list[_StreamTools] | list[_ForcedCallStream] | None = None
+        if plan.forced is not None:
+            self.tools = [_ForcedCallStream(plan) for _ in range(n)]
+        elif plan.parser is not None:
+            self.tools = [_StreamTools(plan) for _ in range(n)]
 
     def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
         enc = self.chunks
@@ -181,7 +194,7 @@ class ChatStreamEncoder:
         elif ev.text:
             out.append(enc.content(index, ev.text))
         if ev.finish_reason:
-            called = self.tools is not None and self.tools[index].calls
+            called = self.tools is not None and self.tools[index].calls and ev.finish_reason != "length"
             out.append(enc.finish(index, "tool_calls" if called else ev.finish_reason))
         return out[0] if len(out) == 1 else b"".join(out)
 
@@ -190,6 +203,44 @@ class ChatStreamEncoder:
 
     def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
         return (self.chunks.usage(prompt_tokens, completion_tokens) + DONE) if self.include_usage else DONE
+
+
+class _ForcedCallStream:
+    """Per-choice deltas of a forced call's guided output: a named call's arguments stream as they come
+    (the id, type and name first); a `required` call is sent whole once its JSON is complete. Output that
+    does not parse at the end (cut by max_tokens) is sent as content, as the plain answer has it."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        self.plan = plan
+        self.calls = 0
+        self._held: list[str] = []
+
+    def push(self, enc: ChatChunkEncoder, index: int, text: str, last: bool) -> list[bytes]:
+        plan = self.plan
+        if plan.forced == "named":
+            out = []
+            if not self.calls and (text or last):
+                self.calls = 1
+                call = ParsedToolCall(plan.forced_name, "")
+                out.append(enc.delta(index, {"tool_calls": [{"index": 0, "id": call.id, "type": "function",
+                                                             "function": {"name": call.name, "arguments": ""}}]}))
+            if text:
+                out.append(enc.delta(index, {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}))
+            return out
+        self._held.append(text)
+        if not last:
+            return []
+        whole = "".join(self._held)
+        calls = plan.calls_from(whole)
+        if not calls:
+            return [enc.content(index, whole)] if whole else []
+        out = []
+        for k, call in enumerate(calls):
+            out.append(enc.delta(index, {"tool_calls": [{"index": k, "id": call.id, "type": "function",
+                                                         "function": {"name": call.name, "arguments": ""}}]}))
+            out.append(enc.delta(index, {"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}))
+        self.calls = len(calls)
+        return out
 
 
 class _StreamTools:

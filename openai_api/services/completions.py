@@ -16,6 +16,7 @@ from openai_api.services.generation import (
     collect_choices,
     resolve_max_tokens,
 )
+from openai_api.services.guides import request_guide, require_support
 from openai_api.services.preprocess import Preprocessor, encode_prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, CompletionChunkEncoder, error_event, sse_stream, usage_dict
@@ -91,6 +92,9 @@ class CompletionsService:
         if req.unknown_fields():
             logger.debug("ignoring unknown completion fields: %s", req.unknown_fields())
         self._refuse_unsupported(rt, req)
+        guide = request_guide(req)  # vLLM's guided_* / structured_outputs fields
+        if guide is not None:
+            require_support(rt.backend, rt.name, guide)
         prompts = await self.preprocess.run(_text_size(req.prompt), _prompts, rt, req.prompt)
         greqs: list[GenerationRequest] = []
         for text, ids in prompts:
@@ -99,6 +103,7 @@ class CompletionsService:
                 g = build_generation_request(rt, req, ids, max_tokens, f"{request_id}-{len(greqs)}" if greqs
                                              else request_id, i, text)
                 g.return_logprobs = req.logprobs == 0
+                g.guide = guide
                 greqs.append(g)
         stops = req.stop_list()
         completion_id = f"cmpl-{request_id}" if request_id else f"cmpl-{uuid.uuid4().hex}"

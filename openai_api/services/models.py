@@ -22,7 +22,13 @@ class ModelsService:
         card: dict[str, Any] = {"id": name, "object": "model", "created": self.created, "owned_by": "openai_api",
                                 "root": name, "parent": None, "kind": kind}
         if kind == "llm":
-            card["max_model_len"] = self.registry.llms[name].context_length
+            rt = self.registry.llms[name]
+            card["max_model_len"] = rt.context_length
+            kinds = rt.backend.guide_kinds  # None until Triton's config was read
+            card["capabilities"] = {
+                "tools": True, "tool_parser": rt.config.tool_parser or "hermes",
+                "structured_outputs": None if kinds is None else bool(kinds),
+                "guided_types": None if kinds is None else sorted(kinds)}
         else:
             card["max_model_len"] = self.registry.encoders[name].config.max_tokens
         replicas = self.registry.replicas.get(name)

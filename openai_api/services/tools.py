@@ -1,22 +1,30 @@
-"""The prompt side of tool calling: how `tools` and `tool_choice` shape the prompt.
+"""The prompt side of tool calling: how `tools` and `tool_choice` shape the prompt and the output guide.
 
 Templates that read `tools` get them as the `tools` variable. Templates that ignore tools (SmolLM2's)
 get a system message describing them and the expected call format, as the chatglm.cpp seed server
-does. `tool_choice` "required" or a named function is enforced by prefilling the assistant turn with
-the start of a call, so even a small model produces the call's shape; the parser then reads the
-prefill plus what the model wrote.
+does. With `tool_choice` "auto" the model may call a tool or answer; the tool parser reads its output.
+
+A forced call is enforced, not hoped for: `tool_choice` naming a function prefills the assistant turn
+with the start of that call in the model's own format (`<tool_call>\n{"name": "f", "arguments": `) and
+guides the rest to the function's parameters schema, so the output *is* the arguments; `required`
+prefills the start of a call and guides the output to one of the offered calls (`{"name": <one of
+them>, "arguments": <its schema>}`), or to a non-empty list of them when `parallel_tool_calls` allows.
+The gateway then builds `tool_calls` from that JSON itself. A model whose backend takes no guide gets a
+400 for a forced `tool_choice` instead of a call that may not come.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest
+from openai_api.services.guides import check_schema
 from openai_api.services.registry import LLMRuntime
-from openai_api.text.tool_parsers import HermesToolParser, ToolParser, get_parser
+from openai_api.text.tool_parsers import HermesToolParser, ParsedToolCall, ToolParser, get_parser
+from openai_api.triton.llm import Guide
 
 
 @dataclass
@@ -26,7 +34,29 @@ class ToolPlan:
     prefill: str = ""  # appended after the generation prompt
     parser: ToolParser | None = None
     parallel: bool = True
-    stops: list[str] = field(default_factory=list)  # extra stop strings (end of a forced single call)
+    stops: list[str] = field(default_factory=list)  # extra stop strings
+    # A forced call: "named" (the output is `forced_name`'s arguments) or "required" (the output is a
+    # call object, or a list of them with `parallel`), with the guide that enforces it.
+    forced: Literal["named", "required"] | None = None
+    forced_name: str = ""
+    guide: Guide | None = None
+    args_key: str = "arguments"
+
+    def calls_from(self, text: str) -> list[ParsedToolCall] | None:
+        """The tool calls a forced call's guided output holds (None: it does not parse, e.g. cut by length)."""
+        if self.forced == "named":
+            return [ParsedToolCall(self.forced_name, text)]
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        items = data if isinstance(data, list) else [data]
+        calls = []
+        for item in items:
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                return None
+            calls.append(ParsedToolCall(item["name"], json.dumps(item.get(self.args_key, {}), ensure_ascii=False)))
+        return calls or None
 
 
 def _tool_system_text(tools: list[dict[str, Any]], parser: ToolParser) -> str:
@@ -52,6 +82,24 @@ def _validate_tools(tools: list[dict[str, Any]]) -> list[str]:
     return names
 
 
+def _parameters(tools: list[dict[str, Any]], index: int) -> dict[str, Any]:
+    """A tool's parameters schema, checked (no parameters: an object with none)."""
+    params = tools[index]["function"].get("parameters")
+    if params is None:
+        return {"type": "object", "properties": {}}
+    check_schema(params, f"tools[{index}].function.parameters")
+    assert isinstance(params, dict)
+    return params
+
+
+def _call_schema(tools: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
+    """Any one of the offered calls: `{"name": <const>, <args_key>: <its parameters>}`."""
+    calls = [{"type": "object",
+              "properties": {"name": {"const": t["function"]["name"]}, args_key: _parameters(tools, i)},
+              "required": ["name", args_key]} for i, t in enumerate(tools)]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
 def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
     choice = req.tool_choice
     if not req.tools:
@@ -70,22 +118,24 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
     hermes = isinstance(parser, HermesToolParser)
     if choice in (None, "auto"):
         return plan
-    if choice == "required" and len(names) > 1:
-        plan.prefill = '<tool_call>\n{"name": "' if hermes else '{"name": "'
-        return plan
+    plan.args_key = "arguments" if hermes else "parameters"
+    opening = "<tool_call>\n" if hermes else ""
     if choice == "required":
-        choice = {"type": "function", "function": {"name": names[0]}}
+        call = _call_schema(req.tools, plan.args_key)
+        schema = {"type": "array", "items": call, "minItems": 1} if plan.parallel else call
+        plan.forced, plan.prefill = "required", opening
+        plan.guide = Guide("json_schema", json.dumps(schema, ensure_ascii=False), "tool_choice")
+        return plan
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in names:
             raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in tools.",
                                       param="tool_choice")
-        key = "arguments" if hermes else "parameters"
-        # Opening the arguments object as well keeps even a small model on the call's shape.
-        plan.prefill = ("<tool_call>\n" if hermes else "") + f'{{"name": {json.dumps(name)}, "{key}": {{"'
-        plan.parallel = False
-        if hermes:
-            plan.stops = [HermesToolParser.end]  # one forced call: nothing useful follows it
+        params = _parameters(req.tools, names.index(name))
+        # The call's start in the model's own format keeps the model in context; the guide does the rest.
+        plan.prefill = opening + f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
+        plan.forced, plan.forced_name, plan.parallel = "named", name, False
+        plan.guide = Guide("json_schema", json.dumps(params, ensure_ascii=False), "tool_choice")
         return plan
     raise InvalidRequestError("tool_choice must be 'none', 'auto', 'required' or "
                               "{'type': 'function', 'function': {'name': ...}}.", param="tool_choice")

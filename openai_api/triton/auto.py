@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator
+from typing import Any
 
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.detect import PROTOCOLS, Protocol, detect_protocol, require_protocol
 from openai_api.triton.errors import map_triton_error
 from openai_api.triton.fastertransformer import FasterTransformerAdapter
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind
 from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter
 from openai_api.triton.vllm import VLLMAdapter
 from openai_api.triton.wire import ModelSpec, parse_model_config
@@ -57,7 +58,8 @@ class AutoLLMBackend:
     """An `LLMBackend` whose wire protocol is decided by the Triton model's own config."""
 
     def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
-                 protocol: str = "auto", stream_idle_timeout_s: float | None = None) -> None:
+                 protocol: str = "auto", stream_idle_timeout_s: float | None = None,
+                 vllm_guide_key: str = "auto") -> None:
         self.pool = pool
         self.url = url
         self.model = model
@@ -65,6 +67,7 @@ class AutoLLMBackend:
         self.version = version
         self.configured_protocol = protocol
         self.stream_idle_timeout_s = stream_idle_timeout_s
+        self.vllm_guide_key = vllm_guide_key
         self._adapter: SpecAdapter | None = None
         self._lock = asyncio.Lock()
 
@@ -77,6 +80,10 @@ class AutoLLMBackend:
     def adapter(self) -> SpecAdapter | None:
         return self._adapter
 
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind] | None:
+        return self._adapter.guide_kinds if self._adapter is not None else None
+
     async def resolve(self) -> SpecAdapter:
         """The adapter for this model, reading Triton's config the first time (and after failures)."""
         if self._adapter is not None:
@@ -88,9 +95,11 @@ class AutoLLMBackend:
             detected = self.configured_protocol == "auto"
             protocol = detect_protocol(spec) if detected else _protocol(self.configured_protocol)
             require_protocol(protocol, spec, self.triton_model, detected=detected)
-            adapter = ADAPTERS[protocol](self.pool.rpc(self.url), spec, model=self.model,
-                                         triton_model=self.triton_model, version=self.version,
-                                         stream_idle_timeout_s=self.stream_idle_timeout_s)
+            rpc = self.pool.rpc(self.url)
+            common: dict[str, Any] = {"model": self.model, "triton_model": self.triton_model, "version": self.version,
+                                      "stream_idle_timeout_s": self.stream_idle_timeout_s}
+            adapter: SpecAdapter = (VLLMAdapter(rpc, spec, guide_key=self.vllm_guide_key, **common)
+                                    if protocol == "vllm" else ADAPTERS[protocol](rpc, spec, **common))
             if detected:
                 logger.info("model %s: Triton model %s speaks %s (detected from its config)", self.model,
                             self.triton_model, protocol)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Mapping
 
 from openai_api.errors import InvalidRequestError
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, Guide, GuideKind
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.wire import ModelSpec
 
@@ -32,9 +32,21 @@ class SpecAdapter:
         self.version = version
         self.stream_idle_timeout_s = stream_idle_timeout_s
 
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind]:
+        """The guide kinds this model enforces (none unless the protocol can carry guides)."""
+        return frozenset()
+
     def supports(self, param: str) -> bool:
         """Whether the model's Triton config has an input for `param`."""
         return any(n in self.spec.inputs for n in self.param_inputs.get(param, (param,)))
+
+    def refuse_guide(self, guide: Guide) -> InvalidRequestError:
+        """The 400 for a guide this model cannot enforce: never dropped silently."""
+        return InvalidRequestError(
+            f"The model {self.model!r} (Triton model {self.triton_model!r}, {self.protocol} protocol) cannot "
+            f"enforce '{guide.param}': its Triton backend takes no guided-decoding input, so the output could "
+            "not be guaranteed to match.", param=guide.param, code="unsupported_parameter")
 
     async def check(self) -> None:
         """Nothing left to check: the spec was checked against the protocol before construction."""

@@ -73,7 +73,8 @@ def map_triton_error(err: BaseException, model: str) -> GatewayError:
     # Triton's message can carry the backend's own exception text (a model's RuntimeError, file paths):
     # it goes to the log, never to the client. The gateway validates requests before Triton sees them,
     # so what reaches here is the server side's failure.
-    return BackendError(f"Triton failed the request for model {model!r}; the gateway's log has the details.")
+    return BackendError(f"Triton failed the request for model {model!r}; the gateway's log has the details.",
+                        detail=message[:2000])
 
 
 def _is_connection_error(err: BaseException) -> bool:

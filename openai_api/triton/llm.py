@@ -4,7 +4,24 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
+
+GuideKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
+GUIDE_KINDS: frozenset[GuideKind] = frozenset({"json_schema", "json_object", "regex", "grammar", "choice"})
+
+
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """What a generation's output must match, enforced token by token by the model's backend.
+
+    `kind` and `value`: `json_schema` (the schema as JSON text), `json_object` (any JSON object; no
+    value), `regex` (the pattern), `grammar` (EBNF, xgrammar/GBNF dialect, `root ::= ...`), `choice`
+    (a JSON list of the allowed strings). `param` is the request parameter it came from, for errors.
+    """
+
+    kind: GuideKind
+    value: str | None
+    param: str = "response_format"
 
 
 @dataclass(slots=True)
@@ -34,6 +51,7 @@ class GenerationRequest:
     # False when nobody needs tokens as they come (a non-streamed answer with no stop strings to cut
     # at): the backend may then answer with one response instead of one per token.
     stream_tokens: bool = True
+    guide: Guide | None = None
 
 
 @dataclass(slots=True)
@@ -69,6 +87,11 @@ class LLMBackend(Protocol):
     @property
     def protocol(self) -> str:
         """The wire protocol (`tensorrt_llm`, `vllm`, `fastertransformer`); the configured one until known."""
+        ...
+
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind] | None:
+        """The guide kinds this model enforces (empty: none); None until Triton's config was read."""
         ...
 
     def supports(self, param: str) -> bool: ...

@@ -25,7 +25,7 @@ from openai_api.errors import BackendUnavailableError
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderBackend
 from openai_api.triton.health import server_ready
-from openai_api.triton.llm import GenerationChunk, GenerationRequest, LLMBackend
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind, LLMBackend
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +96,10 @@ class ReplicatedLLMBackend:
     @property
     def protocol(self) -> str:
         return self.set.replicas[0].adapter.protocol
+
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind] | None:
+        return self.set.replicas[0].adapter.guide_kinds
 
     def supports(self, param: str) -> bool:
         return self.set.replicas[0].adapter.supports(param)

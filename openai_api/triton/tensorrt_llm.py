@@ -11,6 +11,7 @@ that use UINT32 scalars or `random_seed`/`min_length` work unchanged.
 
 from __future__ import annotations
 
+import json
 import logging
 from array import array
 from collections.abc import AsyncGenerator
@@ -18,7 +19,7 @@ from contextlib import aclosing
 from typing import Any
 
 from openai_api.triton.base import SpecAdapter
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
 from openai_api.triton.wire import InferRequest, ModelSpec, raw_output, words_tensor
 
 logger = logging.getLogger(__name__)
@@ -39,10 +40,34 @@ _PARAM_INPUTS = {
 }
 
 
+# The TensorRT-LLM backend's guided-decoding inputs (both BYTES [1]): a type and the guide itself.
+_GUIDE_TYPE, _GUIDE = "guided_decoding_guide_type", "guided_decoding_guide"
+
+
+def trtllm_guide(guide: Guide) -> tuple[str, str]:
+    """(guided_decoding_guide_type, guided_decoding_guide) for a guide. TensorRT-LLM's types are
+    `json` (any JSON value), `json_schema`, `regex` and `ebnf_grammar`: a JSON object is the schema
+    `{"type": "object"}`, and a choice the grammar of its alternatives (as vLLM builds it)."""
+    if guide.kind == "json_schema":
+        return "json_schema", guide.value or "{}"
+    if guide.kind == "json_object":
+        return "json_schema", '{"type": "object"}'
+    if guide.kind == "regex":
+        return "regex", guide.value or ""
+    if guide.kind == "grammar":
+        return "ebnf_grammar", guide.value or ""
+    choices = json.loads(guide.value or "[]")
+    return "ebnf_grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
+
+
 class TensorRTLLMAdapter(SpecAdapter):
     protocol = "tensorrt_llm"
 
     param_inputs = _PARAM_INPUTS
+
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind]:
+        return GUIDE_KINDS if _GUIDE_TYPE in self.spec.inputs and _GUIDE in self.spec.inputs else frozenset()
 
     def _request(self, req: GenerationRequest, streaming: bool) -> InferRequest:
         spec = self.spec
@@ -65,6 +90,12 @@ class TensorRTLLMAdapter(SpecAdapter):
             if value is None or value is False or value == []:
                 continue
             r.add(spec, self.input_name(param), words_tensor(value) if param in ("stop_words", "bad_words") else value)
+        if req.guide is not None:
+            if not self.guide_kinds:
+                raise self.refuse_guide(req.guide)
+            kind, text = trtllm_guide(req.guide)
+            r.add(spec, _GUIDE_TYPE, kind)
+            r.add(spec, _GUIDE, text)
         r.output("output_ids")
         if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
             r.output("sequence_length")

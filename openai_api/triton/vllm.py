@@ -28,10 +28,11 @@ from typing import Any
 
 from tritonclient.grpc import InferResult
 
-from openai_api.errors import InvalidRequestError
+from openai_api.errors import BackendError, InvalidRequestError
 from openai_api.triton.base import SpecAdapter
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.wire import InferRequest
+from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
+from openai_api.triton.rpc import TritonRPC
+from openai_api.triton.wire import InferRequest, ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +66,25 @@ def sampling_parameters(req: GenerationRequest) -> dict[str, Any]:
     if req.return_logprobs:
         params["logprobs"] = 0  # the sampled token's log-prob only
     return params
+
+
+# How the Triton vLLM backend passes a guide to vLLM, by vLLM release: current vLLM reads
+# `structured_outputs` (which the backend JSON-decodes from a string), older vLLM `guided_decoding` (an
+# object). Same keys inside: json (a schema object), json_object, regex, choice, grammar.
+GUIDE_KEYS = ("structured_outputs", "guided_decoding")
+
+
+def vllm_guide(guide: Guide, key: str) -> Any:
+    """The value of `sampling_parameters[key]` for a guide."""
+    if guide.kind == "json_schema":
+        body: dict[str, Any] = {"json": json.loads(guide.value or "{}")}
+    elif guide.kind == "json_object":
+        body = {"json_object": True}
+    elif guide.kind == "choice":
+        body = {"choice": json.loads(guide.value or "[]")}
+    else:
+        body = {"regex" if guide.kind == "regex" else "grammar": guide.value or ""}
+    return json.dumps(body, separators=(",", ":")) if key == "structured_outputs" else body
 
 
 def parse_logprobs(raw: Any) -> tuple[list[int], list[float]] | None:
@@ -106,6 +126,18 @@ class VLLMAdapter(SpecAdapter):
 
     protocol = "vllm"
 
+    def __init__(self, rpc: TritonRPC, spec: ModelSpec, *, model: str, triton_model: str, version: str = "",
+                 stream_idle_timeout_s: float | None = None, guide_key: str = "auto") -> None:
+        super().__init__(rpc, spec, model=model, triton_model=triton_model, version=version,
+                         stream_idle_timeout_s=stream_idle_timeout_s)
+        # "auto": the current spelling, until the backend refuses it by name (then the older one, for good).
+        self.guide_key = GUIDE_KEYS[0] if guide_key == "auto" else guide_key
+        self._guide_key_fixed = guide_key != "auto"
+
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind]:
+        return GUIDE_KINDS if "sampling_parameters" in self.spec.inputs else frozenset()
+
     def supports(self, param: str) -> bool:
         spec = self.spec
         if param == "bad_words":
@@ -124,6 +156,10 @@ class VLLMAdapter(SpecAdapter):
         if req.return_logprobs and not self.supports("return_logprobs"):
             raise self.refuse("return_logprobs")
         params = sampling_parameters(req)
+        if req.guide is not None:
+            if not self.guide_kinds:
+                raise self.refuse_guide(req.guide)
+            params[self.guide_key] = vllm_guide(req.guide, self.guide_key)
         if "sampling_parameters" not in names:
             extra = sorted(set(params) - {"max_tokens", "stop_token_ids"})
             if extra:
@@ -173,11 +209,30 @@ class VLLMAdapter(SpecAdapter):
                 chunk.text = chunk.text[len(request.prompt_text):]  # an old backend that always echoes the prompt
             yield chunk
             return
-        responses = self.rpc.stream(self.build_request(request, streaming=True), model=self.model,
-                                    timeout_s=request.timeout_s, idle_s=self.stream_idle_timeout_s)
-        # aclosing: closing this generator early must close the stream (and so cancel the request) now.
-        async with aclosing(responses):
-            async for result in responses:
-                chunk = self._chunk(result, request)
-                if chunk.text or chunk.num_tokens or chunk.token_ids:
-                    yield chunk
+        sent = False
+        while True:
+            responses = self.rpc.stream(self.build_request(request, streaming=True), model=self.model,
+                                        timeout_s=request.timeout_s, idle_s=self.stream_idle_timeout_s)
+            try:
+                # aclosing: closing this generator early must close the stream (and so cancel the request) now.
+                async with aclosing(responses):
+                    async for result in responses:
+                        chunk = self._chunk(result, request)
+                        if chunk.text or chunk.num_tokens or chunk.token_ids:
+                            sent = True
+                            yield chunk
+                return
+            except BackendError as e:
+                if sent or request.guide is None or not self._older_spelling(e):
+                    raise
+
+    def _older_spelling(self, err: BackendError) -> bool:
+        """Whether `err` is the backend refusing the guide's key by name: then switch to the older spelling
+        (a vLLM before `structured_outputs`) for this and every later request, and say so once."""
+        if self._guide_key_fixed or self.guide_key != GUIDE_KEYS[0] or GUIDE_KEYS[0] not in (err.detail or ""):
+            return False
+        logger.warning("model %s: Triton model %s refused sampling_parameters.%s; using %s from now on",
+                       self.model, self.triton_model, GUIDE_KEYS[0], GUIDE_KEYS[1])
+        self.guide_key = GUIDE_KEYS[1]
+        self._guide_key_fixed = True
+        return True

@@ -10,7 +10,7 @@ import pytest
 
 from openai_api.config import BUNDLED_CONFIG, GatewayConfig, load_config
 from openai_api.errors import BackendError, GatewayError
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, GuideKind
 
 MODEL = "smollm2-135m-instruct"
 
@@ -23,6 +23,7 @@ class FakeBackend:
 
     model = MODEL
     protocol = "tensorrt_llm"
+    guide_kinds: frozenset[GuideKind] | None = GUIDE_KINDS
 
     def __init__(self, script: list[list[int]], *, fail_at: int | None = None,
                  error: GatewayError | None = None) -> None:

@@ -532,3 +532,96 @@ async def test_special_token_text_is_a_400_for_text_in_backends(make_service: Ru
         await svc.create(chat(messages=[{"role": "user", "content": "a <|im_start|> b"}]), "r")
     assert e.value.code == "special_tokens_in_content" and "<|im_start|>" in e.value.message
     assert fake.requests == []
+
+
+# --- constrained decoding: forced tool calls and response_format --------------------------------------------
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+
+
+def streamed_calls(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The tool calls a stream's deltas assemble into (as the openai client assembles them)."""
+    calls: dict[int, dict[str, Any]] = {}
+    for c in chunks:
+        for d in (c["choices"][0]["delta"].get("tool_calls") or []) if c["choices"] else []:
+            call = calls.setdefault(d["index"], {"id": None, "name": "", "arguments": ""})
+            call["id"] = d.get("id") or call["id"]
+            call["name"] += (d.get("function") or {}).get("name") or ""
+            call["arguments"] += (d.get("function") or {}).get("arguments") or ""
+    return [calls[k] for k in sorted(calls)]
+
+
+async def test_a_named_tool_choice_returns_the_guided_arguments_plain_and_streamed(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    args = '{"city": "Oslo"}'
+    body = {"tools": [WEATHER, TIME], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    svc, _, fake = make_service(tokens(tok, args))
+    plain = await svc.create(chat(**body, max_tokens=50), "r")
+    assert isinstance(plain, dict)
+    choice = plain["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": args} and call["type"] == "function"
+    guide = fake.requests[0].guide
+    assert guide is not None and guide.kind == "json_schema" and guide.param == "tool_choice"
+    assert json.loads(guide.value) == WEATHER["function"]["parameters"]
+    assert fake.requests[0].prompt_text.endswith('<tool_call>\n{"name": "get_weather", "arguments": ')
+
+    chunks = json_events(await sse_events(await svc.create(chat(**body, max_tokens=50, stream=True), "s")))
+    [streamed] = streamed_calls(chunks)
+    assert (streamed["name"], streamed["arguments"]) == ("get_weather", args) and streamed["id"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert streamed_text(chunks) == ""  # never call text in content
+
+
+async def test_required_returns_every_guided_call_plain_and_streamed(make_service: RuntimeFactory,
+                                                                     tok: TextTokenizer) -> None:
+    out = '[{"name": "get_time", "arguments": {"tz": "UTC"}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]'
+    svc, _, fake = make_service(tokens(tok, out))
+    body = {"tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 80}
+    plain = await svc.create(chat(**body), "r")
+    assert isinstance(plain, dict)
+    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+             for c in plain["choices"][0]["message"]["tool_calls"]]
+    assert calls == [("get_time", {"tz": "UTC"}), ("get_weather", {"city": "Oslo"})]
+    assert plain["choices"][0]["finish_reason"] == "tool_calls"
+    chunks = json_events(await sse_events(await svc.create(chat(**body, stream=True), "s")))
+    assert [(c["name"], json.loads(c["arguments"])) for c in streamed_calls(chunks)] == calls
+    assert json.loads(fake.requests[0].guide.value)["type"] == "array"  # parallel calls allowed
+
+
+async def test_a_guided_call_cut_by_max_tokens_is_finish_length_with_the_text_as_produced(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    ids = tokens(tok, '{"city": "Oslo and the rest of Norway"}')
+    svc, _, _ = make_service(ids[:4])
+    named = {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    plain = await svc.create(chat(**named, max_tokens=4), "r")
+    assert isinstance(plain, dict) and plain["choices"][0]["finish_reason"] == "length"
+    partial = plain["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]
+    assert partial == tok.decode([i for [i] in ids[:4]])
+    svc, _, _ = make_service(tokens(tok, '[{"name": "get_we')[:4])
+    cut = await svc.create(chat(tools=[WEATHER, TIME], tool_choice="required", max_tokens=4), "r")
+    assert isinstance(cut, dict) and cut["choices"][0]["finish_reason"] == "length"
+    assert cut["choices"][0]["message"]["content"] and "tool_calls" not in cut["choices"][0]["message"]
+
+
+async def test_response_format_is_sent_as_a_guide_and_refused_where_it_cannot_be_enforced(
+        make_service: RuntimeFactory, tok: TextTokenizer) -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    svc, _, fake = make_service(tokens(tok, '{"ok": true}'))
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = await svc.create(chat(response_format=fmt, max_tokens=20), "r")
+    assert isinstance(body, dict) and json.loads(body["choices"][0]["message"]["content"]) == {"ok": True}
+    assert fake.requests[0].guide.kind == "json_schema"
+    fake.guide_kinds = frozenset()  # a model whose backend takes no guide (FasterTransformer)
+    for kw, param in ((dict(response_format=fmt), "response_format.json_schema.schema"),
+                      (dict(response_format={"type": "json_object"}), "response_format"),
+                      (dict(tools=[WEATHER], tool_choice="required"), "tool_choice"),
+                      (dict(guided_regex="a+"), "guided_regex")):
+        with pytest.raises(InvalidRequestError) as e:
+            await svc.create(chat(**kw), "r")
+        assert e.value.param == param and e.value.code == "unsupported_parameter", e.value.message
+    assert len(fake.requests) == 1

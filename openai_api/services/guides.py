@@ -1,0 +1,205 @@
+"""What a chat or completion request asks its output to match, as one `Guide` for the model's backend.
+
+Sources, at most one per request (two is a 400):
+
+* `response_format`: `{"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}`, or
+  `{"type": "json_object"}` (any JSON object); `{"type": "text"}` is no guide.
+* vLLM's extension fields: `guided_json` (a schema, object or JSON text), `guided_regex`,
+  `guided_choice` (a list of strings), `guided_grammar` (EBNF), or `structured_outputs` (an object with
+  one of `json`, `regex`, `choice`, `grammar`, `json_object`).
+* a forced tool call (`tool_choice` a named function, or `required`): `services.tools` builds it.
+
+A JSON schema is checked before any model sees it: it must be valid JSON Schema (draft 2020-12), and it
+must not use what the grammar engines behind Triton's guided decoding (xgrammar, as TensorRT-LLM and
+vLLM use it) cannot enforce while generating: `not`, `if`/`then`/`else`, `dependentRequired`,
+`dependentSchemas`, `uniqueItems`, `allOf` of more than one schema, `multipleOf` on non-integers, a
+`$ref` outside the schema, look-arounds or back-references in a `pattern`, `minItems` without `items`,
+`minProperties` that only undeclared properties could meet. Each is a 400 naming the schema path, never
+an output that does not validate. `oneOf` is enforced as `anyOf` (exclusivity is not checked), as the
+engines do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from openai_api.errors import InvalidRequestError
+from openai_api.triton.llm import Guide, LLMBackend
+
+# keyword -> why it cannot be enforced while generating
+_UNENFORCEABLE = {
+    "not": "a negation",
+    "if": "a conditional", "then": "a conditional", "else": "a conditional",
+    "dependentRequired": "a dependency between properties",
+    "dependentSchemas": "a dependency between properties",
+    "uniqueItems": "uniqueness across array items",
+}
+# Look-arounds and back-references: regular-language engines cannot follow them.
+_IRREGULAR = re.compile(r"\(\?[=!]|\(\?<[=!]|\\[1-9]|\\k<")
+
+
+def _path(parts: Iterator[Any] | list[Any]) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}"
+    return out
+
+
+def _refuse(param: str, where: str, why: str) -> InvalidRequestError:
+    return InvalidRequestError(f"'{param}{where}' {why}.", param=f"{param}{where}", code="unsupported_schema")
+
+
+def check_schema(schema: Any, param: str) -> None:
+    """400 (naming `param` and the path inside the schema) unless `schema` is valid JSON Schema whose every
+    part can be enforced while generating (see the module docstring)."""
+    if not isinstance(schema, dict):
+        raise InvalidRequestError(f"'{param}' must be a JSON schema object.", param=param, code="invalid_schema")
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as e:
+        where = _path(list(e.path))
+        raise InvalidRequestError(f"'{param}{where}' is not valid JSON Schema: {e.message}", param=f"{param}{where}",
+                                  code="invalid_schema") from None
+    _walk(schema, param, "")
+
+
+def _walk(node: Any, param: str, where: str) -> None:
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            _walk(item, param, f"{where}[{i}]")
+        return
+    if not isinstance(node, dict):
+        return
+    for key, why in _UNENFORCEABLE.items():
+        if key in node:
+            raise _refuse(param, f"{where}.{key}", f"uses {why}, which guided decoding cannot enforce")
+    ref = node.get("$ref")
+    if isinstance(ref, str) and not ref.startswith("#"):
+        raise _refuse(param, f"{where}.$ref", "points outside the schema; only local references (#/...) are "
+                                              "supported")
+    all_of = node.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
+        raise _refuse(param, f"{where}.allOf", "combines several schemas, which guided decoding cannot enforce; "
+                                               "merge them into one")
+    multiple = node.get("multipleOf")
+    if multiple is not None and not (isinstance(multiple, int) and node.get("type") == "integer"):
+        raise _refuse(param, f"{where}.multipleOf", "can only be enforced on integers with an integer divisor")
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and _IRREGULAR.search(pattern):
+        raise _refuse(param, f"{where}.pattern", "uses a look-around or back-reference, which guided decoding "
+                                                 "cannot enforce")
+    if isinstance(node.get("minItems"), int) and node["minItems"] > 0 and "items" not in node \
+            and "prefixItems" not in node:
+        raise _refuse(param, f"{where}.minItems", "needs `items` to say what the items are")
+    min_props = node.get("minProperties")
+    if isinstance(min_props, int) and "additionalProperties" not in node \
+            and min_props > len(node.get("properties") or {}):
+        raise _refuse(param, f"{where}.minProperties", "asks for more properties than the schema declares")
+    for key, value in node.items():
+        if key in ("properties", "$defs", "definitions", "patternProperties") and isinstance(value, dict):
+            for name, sub in value.items():
+                _walk(sub, param, f"{where}.{key}.{name}")
+        elif key in ("items", "additionalProperties", "contains", "propertyNames") or \
+                key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+            _walk(value, param, f"{where}.{key}")
+
+
+def schema_guide(schema: Any, param: str) -> Guide:
+    """A checked JSON schema as a guide (a schema given as JSON text is parsed first)."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError:
+            raise InvalidRequestError(f"'{param}' is not valid JSON.", param=param, code="invalid_schema") from None
+    check_schema(schema, param)
+    return Guide("json_schema", json.dumps(schema, ensure_ascii=False, separators=(",", ":")), param)
+
+
+def _response_format_guide(fmt: Any) -> Guide | None:
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise InvalidRequestError("'response_format' must be an object with a 'type'.", param="response_format")
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return Guide("json_object", None, "response_format")
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise InvalidRequestError("'response_format.json_schema.schema' is required for type 'json_schema'.",
+                                      param="response_format.json_schema.schema")
+        return schema_guide(spec["schema"], "response_format.json_schema.schema")
+    raise InvalidRequestError(f"'response_format.type' must be 'text', 'json_object' or 'json_schema', not {kind!r}.",
+                              param="response_format.type")
+
+
+def _text(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise InvalidRequestError(f"'{param}' must be a non-empty string.", param=param)
+    return value
+
+
+def _choice(value: Any, param: str) -> Guide:
+    if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
+        raise InvalidRequestError(f"'{param}' must be a non-empty list of strings.", param=param)
+    return Guide("choice", json.dumps(value, ensure_ascii=False), param)
+
+
+def _structured_outputs(value: Any) -> Guide:
+    param = "structured_outputs"
+    if not isinstance(value, dict):
+        raise InvalidRequestError("'structured_outputs' must be an object.", param=param)
+    given = [k for k in ("json", "regex", "choice", "grammar", "json_object") if value.get(k) not in (None, False)]
+    if len(given) != 1:
+        raise InvalidRequestError("'structured_outputs' must set exactly one of json, regex, choice, grammar and "
+                                  "json_object.", param=param)
+    key = given[0]
+    if key == "json":
+        return schema_guide(value["json"], "structured_outputs.json")
+    if key == "json_object":
+        return Guide("json_object", None, param)
+    if key == "choice":
+        return _choice(value["choice"], "structured_outputs.choice")
+    return Guide("regex" if key == "regex" else "grammar", _text(value[key], f"structured_outputs.{key}"), param)
+
+
+def request_guide(body: Any) -> Guide | None:
+    """The guide a request's own fields ask for (`response_format`, or vLLM's extensions), or None."""
+    extra: dict[str, Any] = body.model_extra or {}
+    found: list[Guide] = []
+    fmt_guide = _response_format_guide(getattr(body, "response_format", None))
+    if fmt_guide is not None:
+        found.append(fmt_guide)
+    if extra.get("guided_json") is not None:
+        found.append(schema_guide(extra["guided_json"], "guided_json"))
+    if extra.get("guided_regex") is not None:
+        found.append(Guide("regex", _text(extra["guided_regex"], "guided_regex"), "guided_regex"))
+    if extra.get("guided_choice") is not None:
+        found.append(_choice(extra["guided_choice"], "guided_choice"))
+    if extra.get("guided_grammar") is not None:
+        found.append(Guide("grammar", _text(extra["guided_grammar"], "guided_grammar"), "guided_grammar"))
+    if extra.get("structured_outputs") is not None:
+        found.append(_structured_outputs(extra["structured_outputs"]))
+    if len(found) > 1:
+        raise InvalidRequestError(f"Only one output constraint may be given; this request has "
+                                  f"{', '.join(g.param for g in found)}.", param=found[1].param)
+    return found[0] if found else None
+
+
+def require_support(backend: LLMBackend, model: str, guide: Guide) -> None:
+    """400 when the model's backend is known not to enforce `guide` (unknown until Triton's config was
+    read: then the adapter refuses it the same way when it builds the request)."""
+    kinds = backend.guide_kinds
+    if kinds is not None and guide.kind not in kinds:
+        raise InvalidRequestError(
+            f"The model {model!r} ({backend.protocol} protocol) cannot enforce '{guide.param}': its Triton backend "
+            "takes no guided-decoding input, so the output could not be guaranteed to match.", param=guide.param,
+            code="unsupported_parameter")

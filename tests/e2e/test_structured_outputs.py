@@ -1,0 +1,221 @@
+"""Constrained decoding end to end: real clients, the real gateway, a real Triton whose reference models
+enforce guides with xgrammar token by token, on every protocol that carries a guide (TensorRT-LLM
+tensors, the vLLM backend's sampling parameters) and a clear 400 on the one that cannot
+(FasterTransformer).
+
+The model is a 135M-parameter SmolLM2 sampled at temperature 0.8 and asked things that have nothing to
+do with the tools or the schema: left alone it answers in prose, so every valid call and object here is
+the guide's doing. Strings in the schemas are bounded (maxLength) so a small model's answers end
+within the token budget.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import jsonschema
+import openai
+import pytest
+from pydantic import BaseModel, Field
+
+from tests.e2e.conftest import API_KEY, LLM, GatewayServer
+
+VARIANTS = [LLM, f"{LLM}-vllm"]  # the TensorRT-LLM and vLLM protocol variants, both guided
+FT = f"{LLM}-ft"
+PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Tell me a joke about cats.",
+           "What should I cook tonight?", "Explain photosynthesis briefly.", "Is it going to rain in Oslo?",
+           "Who wrote Hamlet?", "Give me three colours.", "What time is it in Tokyo?", "Say hello."]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"]}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "Time in a timezone", "parameters": {
+    "type": "object", "properties": {"tz": {"type": "string", "maxLength": 12},
+                                     "hours_ahead": {"type": "integer", "minimum": 0, "maximum": 12}},
+    "required": ["tz", "hours_ahead"]}}}
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
+PROFILE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "mood": {"enum": ["happy", "sad", "calm"]},
+        "pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
+                                                 "legs": {"type": "integer", "minimum": 0, "maximum": 4}},
+                "required": ["kind", "legs"]},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "minItems": 1, "maxItems": 2},
+    },
+    "required": ["name", "age", "mood", "pet", "tags"],
+}
+
+
+class City(BaseModel):
+    name: str = Field(max_length=16)
+    country: str = Field(max_length=16)
+    population_millions: int = Field(ge=0, le=50)
+    kind: Literal["capital", "town"]
+
+
+@pytest.fixture(scope="module")
+def client(gateway: GatewayServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, timeout=300, max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def aclient(gateway: GatewayServer) -> Callable[[], openai.AsyncOpenAI]:
+    """A new async client per event loop (each test runs its own `asyncio.run`)."""
+    return lambda: openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, timeout=300, max_retries=0)
+
+
+async def _call(aclient: openai.AsyncOpenAI, model: str, prompt: str, stream: bool, **kw: Any) -> dict[str, Any]:
+    """One chat request; the answer's tool calls and finish reason, assembled from deltas when streamed."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "temperature": 0.8, "max_tokens": 120,
+            **kw}
+    if not stream:
+        r = await aclient.chat.completions.create(**body)
+        msg = r.choices[0].message
+        calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+        return {"calls": calls, "finish": r.choices[0].finish_reason, "content": msg.content}
+    parts: dict[int, list[str]] = {}
+    names: dict[int, str] = {}
+    content, finish = "", None
+    async for chunk in await aclient.chat.completions.create(**body, stream=True):
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for d in delta.tool_calls or []:
+            if d.function and d.function.name:
+                names[d.index] = d.function.name
+            parts.setdefault(d.index, []).append((d.function.arguments if d.function else "") or "")
+        finish = chunk.choices[0].finish_reason or finish
+    return {"calls": [(names[k], "".join(parts[k])) for k in sorted(parts)], "finish": finish, "content": content}
+
+
+def _assert_valid_calls(result: dict[str, Any], allowed: set[str]) -> None:
+    assert result["finish"] == "tool_calls", result
+    assert result["calls"] and not result["content"], result
+    for name, arguments in result["calls"]:
+        assert name in allowed, result
+        jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+def _both_variants(aclient: Callable[[], openai.AsyncOpenAI], **kw: Any) -> dict[str, list[dict[str, Any]]]:
+    """The ten prompts on both guided variants at once (each variant is its own Triton model instance, so
+    they decode in parallel), every second one streamed; results per variant, in prompt order."""
+
+    async def run() -> list[dict[str, Any]]:
+        async with aclient() as c:
+            return list(await asyncio.gather(*(_call(c, m, p, stream=bool(i % 2), **kw)
+                                               for m in VARIANTS for i, p in enumerate(PROMPTS))))
+
+    results = asyncio.run(run())
+    return {m: results[k * len(PROMPTS):(k + 1) * len(PROMPTS)] for k, m in enumerate(VARIANTS)}
+
+
+def test_a_named_tool_choice_always_returns_that_call_with_valid_arguments(
+        aclient: Callable[[], openai.AsyncOpenAI]) -> None:
+    by_variant = _both_variants(aclient, tools=[WEATHER, TIME],
+                                tool_choice={"type": "function", "function": {"name": "get_time"}})
+    for model, results in by_variant.items():
+        for r in results:
+            _assert_valid_calls(r, {"get_time"})
+            assert len(r["calls"]) == 1, (model, r)
+        assert len(results) == 10  # 10/10 on each protocol, streamed and plain
+
+
+def test_required_always_returns_calls_to_offered_functions(aclient: Callable[[], openai.AsyncOpenAI]) -> None:
+    by_variant = _both_variants(aclient, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    for model, results in by_variant.items():
+        for r in results:
+            _assert_valid_calls(r, {"get_weather", "get_time"})
+            assert len(r["calls"]) == 1, (model, r)
+
+
+def test_structured_objects_validate_on_every_try(aclient: Callable[[], openai.AsyncOpenAI]) -> None:
+    """openai's `parse` with a pydantic model, and a schema with enums, bounded integers, nested objects and
+    arrays, on both variants at once."""
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        async with aclient() as c:
+            parsed = asyncio.gather(*(c.chat.completions.parse(
+                model=m, messages=[{"role": "user", "content": p}], response_format=City, temperature=0.8,
+                max_tokens=120) for m in VARIANTS for p in PROMPTS[:3]))
+            profiles = asyncio.gather(*(c.chat.completions.create(
+                model=m, messages=[{"role": "user", "content": p}], temperature=0.8, max_tokens=150,
+                response_format={"type": "json_schema", "json_schema": {"name": "profile", "schema": PROFILE,
+                                                                        "strict": True}})
+                for m in VARIANTS for p in PROMPTS[3:5]))
+            return list(await parsed), list(await profiles)
+
+    parsed, profiles = asyncio.run(run())
+    for r in parsed:
+        assert r.choices[0].finish_reason == "stop" and isinstance(r.choices[0].message.parsed, City), r
+    for r in profiles:
+        jsonschema.validate(json.loads(r.choices[0].message.content or ""), PROFILE)
+
+
+def test_langchain_with_structured_output_both_methods(gateway: GatewayServer) -> None:
+    from langchain_openai import ChatOpenAI
+
+    for model in VARIANTS:
+        llm = ChatOpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, model=model, temperature=0.8,  # type: ignore[arg-type]
+                         max_tokens=120, max_retries=0)
+        for method in ("json_schema", "function_calling"):
+            city = llm.with_structured_output(City, method=method).invoke("Tell me about a city you like.")
+            assert isinstance(city, City), (model, method, city)
+
+
+def test_instructor_tools_and_json_schema_modes(gateway: GatewayServer) -> None:
+    import instructor
+
+    for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
+        client = instructor.from_openai(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY), mode=mode)
+        for model in VARIANTS:
+            city = client.chat.completions.create(model=model, response_model=City, max_retries=0, temperature=0.8,
+                                                  max_tokens=120,
+                                                  messages=[{"role": "user", "content": "Name a big city."}])
+            assert isinstance(city, City), (mode, model, city)
+
+
+@pytest.mark.parametrize("model", VARIANTS)
+def test_json_object_returns_a_json_object(client: openai.OpenAI, model: str) -> None:
+    r = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Describe a cat."}],
+                                       response_format={"type": "json_object"}, temperature=0.8, max_tokens=60)
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content or ""), dict)
+    else:  # cut by max_tokens mid-object: the text as produced, and it is still the start of an object
+        assert (r.choices[0].message.content or "").startswith("{")
+
+
+def test_vllm_style_guided_fields_on_completions_and_chat(client: openai.OpenAI) -> None:
+    for model in VARIANTS:
+        r = client.completions.create(model=model, prompt="The weather today is", max_tokens=10,
+                                      extra_body={"guided_choice": ["sunny", "rainy"]})
+        assert r.choices[0].text in ("sunny", "rainy"), r.choices[0].text
+        r2 = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Pick a number."}],
+                                            max_tokens=10, extra_body={"guided_regex": "[1-9][0-9]?"})
+        assert (r2.choices[0].message.content or "").isdigit(), r2.choices[0].message.content
+
+
+def test_fastertransformer_cannot_enforce_a_guide_and_says_so(client: openai.OpenAI) -> None:
+    for kw, param in ((dict(response_format={"type": "json_object"}), "response_format"),
+                      (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+                       "tool_choice")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=FT, messages=[{"role": "user", "content": "hi"}], max_tokens=5, **kw)
+        err = e.value.body
+        assert isinstance(err, dict) and err["param"] == param and err["code"] == "unsupported_parameter", err
+        assert "cannot enforce" in err["message"]
+
+
+def test_models_show_their_capabilities(client: openai.OpenAI) -> None:
+    cards = {m.id: m.model_dump() for m in client.models.list()}
+    for model in VARIANTS:
+        caps = cards[model]["capabilities"]
+        assert caps["structured_outputs"] is True and "json_schema" in caps["guided_types"] and caps["tools"]
+    assert cards[FT]["capabilities"]["structured_outputs"] is False
