@@ -19,7 +19,7 @@ from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddleware
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
-from openai_api.http.routers import chat, completions, embeddings, health, metrics, models, rerank
+from openai_api.http.routers import chat, completions, embeddings, health, metrics, models, rerank, responses
 from openai_api.observability import Metrics
 from openai_api.services.container import build_services
 from openai_api.settings import Settings
@@ -32,7 +32,8 @@ logger = logging.getLogger(__name__)
 STARTUP_CHECK_TIMEOUT_S = 10.0
 # Routes served by `JSONRouteMiddleware` without FastAPI's per-request machinery: the ones a benchmark
 # against Triton itself measures, where that machinery cost as much CPU as the gateway's own work.
-HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/rerank", "/v2/rerank")
+HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/rerank",
+              "/v2/rerank")
 
 
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
@@ -70,7 +71,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
     app.state.gateway = state
     install_error_handlers(app)
-    api_routers = (chat.router, completions.router, embeddings.router, rerank.router, models.router)
+    api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
+                   models.router)
     for r in api_routers:
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)

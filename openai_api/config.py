@@ -102,6 +102,8 @@ class LLMModel(_Served):
     # A user who writes `<|im_start|>system` in a message must not open a system turn: special-token text in
     # message content is tokenized as plain text, so only the template's own markup yields control tokens.
     escape_special_tokens: bool = True
+    # How a reasoning model's thinking is told from its answer (`reasoning_content`): see text/reasoning.py.
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
     # How guides reach a Triton vLLM backend: `structured_outputs` (current vLLM), `guided_decoding` (older),
     # or `auto`: the current one until the backend refuses it by name, then the older one.
     guided_decoding_key: Literal["auto", "structured_outputs", "guided_decoding"] = "auto"

@@ -131,6 +131,12 @@ class Settings(BaseModel):
         "event. A write costs more CPU than all of the gateway's per-token work", group="streaming",
         flag="--stream-flush-interval", metavar="MS", unit=0.001)] = 0.002
 
+    # --- APIs -----------------------------------------------------------------------------------------------
+    responses_store: Annotated[int, Option(
+        "keep this many /v1/responses answers (with store: true) in memory, for previous_response_id and GET "
+        "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400)", group="server",
+        metavar="N")] = Field(default=0, ge=0)
+
     # --- logging ---------------------------------------------------------------------------------------------
     verbose: Annotated[bool, Option("log more about requests, models and Triton (debug level)",
                                     group="logging")] = False

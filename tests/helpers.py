@@ -4,6 +4,8 @@ models that are not there, and the OpenAI schema validator (vendored in tests/op
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +26,21 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def derived_model(root: Path, source: str, name: str, parameters: dict[str, str]) -> Path:
+    """Copy reference model `source` from triton_models/ into repository `root` as `name`, with config
+    `parameters` set (each must exist in the source config): a variant without a second copy in the tree."""
+    src, dst = REPO / "triton_models" / source, root / name
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__"))
+    cfg = (dst / "config.pbtxt").read_text(encoding="utf-8").replace(f'name: "{source}"', f'name: "{name}"')
+    for key, value in parameters.items():
+        pattern = rf'(key: "{re.escape(key)}" value: {{ string_value: )"[^"]*"'
+        cfg, count = re.subn(pattern, rf'\1"{value}"', cfg)
+        if count != 1:
+            raise ValueError(f"{source}/config.pbtxt has no parameter {key!r}")
+    (dst / "config.pbtxt").write_text(cfg, encoding="utf-8")
+    return dst
 
 
 def missing_models(*names: str, files: Iterable[str] = ("tokenizer.json",), root: Path = MODELS) -> str | None:

@@ -23,6 +23,7 @@ from openai_api.services.container import Services
 from openai_api.services.embeddings import EmbeddingsService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.rerank import RerankService
+from openai_api.services.responses import ResponsesService
 from openai_api.settings import Settings
 
 
@@ -77,6 +78,10 @@ def rerank_service(request: Request) -> RerankService:
     return app_state(request).services.rerank
 
 
+def responses_service(request: Request) -> ResponsesService:
+    return app_state(request).services.responses
+
+
 def models_service(request: Request) -> ModelsService:
     return app_state(request).services.models
 
@@ -96,5 +101,6 @@ CompletionsSvc = Annotated[CompletionsService, Depends(completions_service)]
 EmbeddingsSvc = Annotated[EmbeddingsService, Depends(embeddings_service)]
 RerankSvc = Annotated[RerankService, Depends(rerank_service)]
 ModelsSvc = Annotated[ModelsService, Depends(models_service)]
+ResponsesSvc = Annotated[ResponsesService, Depends(responses_service)]
 HealthSvc = Annotated[HealthService, Depends(health_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]

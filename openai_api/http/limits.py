@@ -31,7 +31,13 @@ from openai_api.errors import (
 )
 from openai_api.http.middleware import send_error
 from openai_api.observability import Metrics, RequestStats, current_stats
-from openai_api.schemas.openai import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, RerankRequest
+from openai_api.schemas.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ResponsesRequest,
+)
 from openai_api.settings import Settings
 
 prompt_logger = logging.getLogger("openai_api.prompts")
@@ -167,6 +173,9 @@ class Admission:
     def completions(self, body: CompletionRequest) -> None:
         prompts = _prompt_count(body.prompt)
         self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
+
+    def responses(self, body: ResponsesRequest) -> None:
+        self._admit(body.model)
 
     def embeddings(self, body: EmbeddingRequest) -> None:
         _check_count(_embedding_inputs(body), self.settings.max_embedding_inputs, "input", "inputs")

@@ -102,6 +102,26 @@ class CompletionRequest(_Sampling):
     best_of: int | None = None
 
 
+class ResponsesRequest(_Request):
+    """OpenAI's Responses API request, as far as a self-hosted model can honour it (`services.responses`)."""
+
+    model: str = Field(min_length=1)
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1, le=_INT32_MAX)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    text: dict[str, Any] | None = None
+    stream: bool = False
+    store: bool | None = None
+    previous_response_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+
+
 class EmbeddingRequest(_Request):
     model: str = Field(min_length=1)
     input: str | list[str] | list[int] | list[list[int]]

@@ -6,22 +6,25 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.generation import (
+    Collected,
     TextEvent,
     build_generation_request,
     collect_choices,
     resolve_max_tokens,
 )
 from openai_api.services.guides import request_guide, require_support
+from openai_api.services.output import Assembled, ChoiceOutput, assemble
 from openai_api.services.preprocess import Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
-from openai_api.text.tool_parsers import ParsedToolCall
+from openai_api.triton.llm import GenerationRequest
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +76,23 @@ def logprob_entries(rt: LLMRuntime, ids: list[int], lps: list[float] | None) -> 
     return out
 
 
+@dataclass(slots=True)
+class PreparedChat:
+    rt: LLMRuntime
+    plan: ToolPlan
+    greqs: list[GenerationRequest]
+    stops: list[str]
+    prompt_tokens: int
+
+
+async def collect_plain(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:
+    """Every choice of a non-streamed answer, whole."""
+    if not stops and not rt.stop_strings:
+        for g in greqs:
+            g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
+    return await collect_choices(rt, greqs, stops)
+
+
 class ChatService:
     def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
@@ -104,12 +124,9 @@ class ChatService:
             continue_final_message=req.continue_final_message, tools=plan.tools, bos_token=rt.tokenizer.bos_token,
             eos_token=rt.tokenizer.eos_token, **extra)
 
-    async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
-
-        For streams, nothing is yielded before the first tokens arrived from Triton, so a caller that
-        awaits the first item still gets backend errors as exceptions (and a proper HTTP status).
-        """
+    async def prepare(self, req: ChatCompletionRequest, request_id: str) -> PreparedChat:
+        """Everything before generation, shared by chat and the Responses API: the model, the tool plan,
+        the output guide, the prompt (rendered and tokenized) and one `GenerationRequest` per choice."""
         rt = self.registry.llm(req.model)
         if req.unknown_fields():
             logger.debug("ignoring unknown chat fields: %s", req.unknown_fields())
@@ -120,55 +137,71 @@ class ChatService:
         if guide is not None:
             require_support(rt.backend, rt.name, guide)
         prompt = await self.prompt(rt, req, plan)
-        prompt_ids = prompt.ids
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = resolve_max_tokens(rt, requested, len(prompt_ids), "messages")
-        greqs = [build_generation_request(rt, req, prompt_ids, max_tokens, request_id, i, prompt.text)
+        max_tokens = resolve_max_tokens(rt, requested, len(prompt.ids), "messages")
+        greqs = [build_generation_request(rt, req, prompt.ids, max_tokens, request_id, i, prompt.text)
                  for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
             g.guide = guide
-        stops = req.stop_list() + plan.stops
+        return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids))
+
+    async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
+
+        For streams, nothing is yielded before the first tokens arrived from Triton, so a caller that
+        awaits the first item still gets backend errors as exceptions (and a proper HTTP status).
+        """
+        p = await self.prepare(req, request_id)
+        rt, plan, greqs, stops, prompt_tokens = p.rt, p.plan, p.greqs, p.stops, p.prompt_tokens
         completion_id = f"chatcmpl-{request_id}" if request_id else f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             encoder = ChatStreamEncoder(rt, ChatChunkEncoder(completion_id, created, req.model), plan, req.n,
                                         req.logprobs, include_usage)
-            return sse_stream(rt, greqs, stops, encoder, len(prompt_ids), completion_id)
-        if not stops and not rt.stop_strings:
-            for g in greqs:
-                g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
-        results = await collect_choices(rt, greqs, stops)
+            return sse_stream(rt, greqs, stops, encoder, prompt_tokens, completion_id)
+        results = await collect_plain(rt, greqs, stops)
         choices = []
-        completion_tokens = 0
+        completion_tokens = reasoning_tokens = 0
         for i, (text, finish, produced, ids, lps) in enumerate(results):
             completion_tokens += produced
-            message: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-            if plan.forced is not None:
-                calls = plan.calls_from(text)
-                if calls:  # cut by max_tokens mid-JSON, a required call does not parse: the text as produced
-                    message = {"role": "assistant", "content": None, "refusal": None,
-                               "tool_calls": [c.to_openai() for c in calls]}
-                    finish = "tool_calls" if finish != "length" else finish
-            elif plan.parser is not None:
-                content, calls = plan.parser.parse(plan.prefill + text)
-                if calls:
-                    calls = calls if plan.parallel else calls[:1]
-                    message = {"role": "assistant", "content": content, "refusal": None,
-                               "tool_calls": [c.to_openai() for c in calls]}
-                    finish = "tool_calls"
+            out = ChoiceOutput(plan, rt.config.reasoning_parser)
+            message, finish = chat_message(assemble(out.push(text, last=True)), finish, out.splitter is not None)
+            reasoning_tokens += count_tokens(rt, out.reasoning_text)
             logprobs = {"content": logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
+        usage = usage_dict(prompt_tokens, completion_tokens,
+                           reasoning_tokens if rt.config.reasoning_parser else None)
         return {"id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
-                "choices": choices, "usage": usage_dict(len(prompt_ids), completion_tokens)}
+                "choices": choices, "usage": usage}
 
+
+def chat_message(answer: Assembled, finish: str, reasoning: bool) -> tuple[dict[str, Any], str]:
+    """A plain answer's `message` and its finish reason ("tool_calls" when it holds calls, unless cut by
+    max_tokens: then "length" and the calls as produced)."""
+    message: dict[str, Any] = {"role": "assistant", "content": answer.content, "refusal": None}
+    if reasoning:
+        message["reasoning_content"] = answer.reasoning or None
+    if answer.calls:
+        message["content"] = answer.content.strip() or None
+        message["tool_calls"] = [c.to_openai() for c in answer.calls]
+        if finish != "length":
+            finish = "tool_calls"
+    return message, finish
+
+
+def count_tokens(rt: LLMRuntime, text: str) -> int:
+    """Tokens of a piece of the output (the reasoning), for usage details."""
+    return len(rt.tokenizer.encode(text)) if text else 0
 
 
 class ChatStreamEncoder:
     """`chat.completion.chunk` events (the envelope is `services.streaming.sse_stream`): the role chunks
-    open the stream, then per choice content deltas (with log-probs when asked for) or tool-call deltas,
-    its finish chunk, and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`."""
+    open the stream, then per choice its deltas (`services.output`: reasoning_content, content with
+    log-probs when asked for, tool calls: id, type and name first, then the arguments), its finish chunk,
+    and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`. A plain chat (no tools,
+    no reasoning parser, no log-probs) takes the fast path: its text is its content."""
 
     def __init__(self, rt: LLMRuntime, chunks: ChatChunkEncoder, plan: ToolPlan, n: int, logprobs: bool,
                  include_usage: bool) -> None:
@@ -177,98 +210,51 @@ class ChatStreamEncoder:
         self.n = n
         self.logprobs = logprobs
         self.include_usage = include_usage
-        self.tools: list[_StreamTools] | list[_ForcedCallStream] | None = None
-        if plan.forced is not None:
-            self.tools = [_ForcedCallStream(plan) for _ in range(n)]
-        elif plan.parser is not None:
-            self.tools = [_StreamTools(plan) for _ in range(n)]
+        reasoning = rt.config.reasoning_parser
+        plain = plan.forced is None and plan.parser is None and reasoning is None
+        self.outputs = None if plain else [ChoiceOutput(plan, reasoning) for _ in range(n)]
 
     def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
         enc = self.chunks
         out = [enc.role(j) for j in range(self.n)] if first else []
-        if self.tools is not None:
-            out += self.tools[index].push(enc, index, ev.text, ev.finish_reason is not None)
-        elif self.logprobs and (ev.text or ev.token_ids):
-            out.append(enc.delta(index, {"content": ev.text},
-                                 {"content": logprob_entries(self.rt, ev.token_ids, ev.logprobs), "refusal": None}))
-        elif ev.text:
-            out.append(enc.content(index, ev.text))
-        if ev.finish_reason:
-            called = self.tools is not None and self.tools[index].calls and ev.finish_reason != "length"
-            out.append(enc.finish(index, "tool_calls" if called else ev.finish_reason))
+        last = ev.finish_reason is not None
+        if self.outputs is None:
+            if self.logprobs and (ev.text or ev.token_ids):
+                out.append(enc.delta(index, {"content": ev.text}, self._logprobs(ev)))
+            elif ev.text:
+                out.append(enc.content(index, ev.text))
+        else:
+            deltas = self.outputs[index].push(ev.text, last)
+            lp = self._logprobs(ev) if self.logprobs and ev.token_ids else None
+            for d in deltas:
+                if d.kind == "content":
+                    out.append(enc.delta(index, {"content": d.text}, lp) if lp else enc.content(index, d.text))
+                    lp = None
+                elif d.kind == "reasoning":
+                    out.append(enc.delta(index, {"reasoning_content": d.text}))
+                elif d.kind == "call":
+                    out.append(enc.delta(index, {"tool_calls": [{"index": d.index, "id": d.call_id, "type": "function",
+                                                                 "function": {"name": d.name, "arguments": ""}}]}))
+                else:
+                    out.append(enc.delta(index, {"tool_calls": [{"index": d.index,
+                                                                 "function": {"arguments": d.text}}]}))
+            if lp:  # log-probs of tokens whose text was held back or was not content
+                out.append(enc.delta(index, {"content": ""}, lp))
+        if last:
+            called = self.outputs is not None and self.outputs[index].calls and ev.finish_reason != "length"
+            out.append(enc.finish(index, "tool_calls" if called else ev.finish_reason or "stop"))
         return out[0] if len(out) == 1 else b"".join(out)
+
+    def _logprobs(self, ev: TextEvent) -> dict[str, Any]:
+        return {"content": logprob_entries(self.rt, ev.token_ids, ev.logprobs), "refusal": None}
 
     def error(self, err: GatewayError) -> bytes:
         return error_event(err)
 
     def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return (self.chunks.usage(prompt_tokens, completion_tokens) + DONE) if self.include_usage else DONE
-
-
-class _ForcedCallStream:
-    """Per-choice deltas of a forced call's guided output: a named call's arguments stream as they come
-    (the id, type and name first); a `required` call is sent whole once its JSON is complete. Output that
-    does not parse at the end (cut by max_tokens) is sent as content, as the plain answer has it."""
-
-    def __init__(self, plan: ToolPlan) -> None:
-        self.plan = plan
-        self.calls = 0
-        self._held: list[str] = []
-
-    def push(self, enc: ChatChunkEncoder, index: int, text: str, last: bool) -> list[bytes]:
-        plan = self.plan
-        if plan.forced == "named":
-            out = []
-            if not self.calls and (text or last):
-                self.calls = 1
-                call = ParsedToolCall(plan.forced_name, "")
-                out.append(enc.delta(index, {"tool_calls": [{"index": 0, "id": call.id, "type": "function",
-                                                             "function": {"name": call.name, "arguments": ""}}]}))
-            if text:
-                out.append(enc.delta(index, {"tool_calls": [{"index": 0, "function": {"arguments": text}}]}))
-            return out
-        self._held.append(text)
-        if not last:
-            return []
-        whole = "".join(self._held)
-        calls = plan.calls_from(whole)
-        if not calls:
-            return [enc.content(index, whole)] if whole else []
-        out = []
-        for k, call in enumerate(calls):
-            out.append(enc.delta(index, {"tool_calls": [{"index": k, "id": call.id, "type": "function",
-                                                         "function": {"name": call.name, "arguments": ""}}]}))
-            out.append(enc.delta(index, {"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}))
-        self.calls = len(calls)
-        return out
-
-
-class _StreamTools:
-    """Per-choice tool-call streaming: content deltas, then for each call a delta with id, type and
-    name, followed by its arguments; half-parsed call text never reaches `content`."""
-
-    def __init__(self, plan: ToolPlan) -> None:
-        assert plan.parser is not None
-        self.parser = plan.parser.streamer()
-        self.parallel = plan.parallel
-        self.calls = 0
-        if plan.prefill:
-            self.parser.push(plan.prefill)
-
-    def push(self, enc: ChatChunkEncoder, index: int, text: str, last: bool) -> list[bytes]:
-        events = [self.parser.push(text)] if text else []
-        if last:
-            events.append(self.parser.finish())
-        out = []
-        for ev in events:
-            if ev.content:
-                out.append(enc.content(index, ev.content))
-            for call in ev.calls:
-                if self.calls and not self.parallel:
-                    continue
-                k = self.calls
-                self.calls += 1
-                out.append(enc.delta(index, {"tool_calls": [{"index": k, "id": call.id, "type": "function",
-                                                             "function": {"name": call.name, "arguments": ""}}]}))
-                out.append(enc.delta(index, {"tool_calls": [{"index": k, "function": {"arguments": call.arguments}}]}))
-        return out
+        if not self.include_usage:
+            return DONE
+        reasoning = None
+        if self.rt.config.reasoning_parser is not None and self.outputs is not None:
+            reasoning = sum(count_tokens(self.rt, o.reasoning_text) for o in self.outputs)
+        return self.chunks.usage(prompt_tokens, completion_tokens, reasoning) + DONE

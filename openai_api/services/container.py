@@ -13,6 +13,7 @@ from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import ModelRegistry
 from openai_api.services.rerank import RerankService
+from openai_api.services.responses import ResponsesService, ResponseStore
 from openai_api.settings import Settings
 from openai_api.text.templates import RenderLimits
 from openai_api.text.workers import CPUWorkers
@@ -29,6 +30,7 @@ class Services:
     rerank: RerankService
     models: ModelsService
     health: HealthService
+    responses: ResponsesService
 
     async def close(self) -> None:
         self.preprocess.workers.close()
@@ -42,7 +44,9 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     registry = ModelRegistry(config, pool or TritonClientPool(), metrics, settings.stream_idle_timeout_s)
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                        RenderLimits(settings.template_timeout_s, settings.template_max_chars))
-    return Services(registry=registry, preprocess=pre, chat=ChatService(registry, pre),
-                    completions=CompletionsService(registry, pre), embeddings=EmbeddingsService(registry, pre),
-                    rerank=RerankService(registry, pre), models=ModelsService(registry),
-                    health=HealthService(registry))
+    chat = ChatService(registry, pre)
+    store = ResponseStore(settings.responses_store) if settings.responses_store else None
+    return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
+                    embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
+                    models=ModelsService(registry), health=HealthService(registry),
+                    responses=ResponsesService(chat, store))

@@ -171,14 +171,18 @@ class ChatChunkEncoder:
         return self._head + b'{"index":%d,"delta":{},"logprobs":null,"finish_reason":"%s"' % (
             index, reason.encode()) + self._tail
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return (self._head + b'],"usage":' + orjson.dumps(usage_dict(prompt_tokens, completion_tokens))
-                + b"}\n\n")
+    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> bytes:
+        usage = usage_dict(prompt_tokens, completion_tokens, reasoning_tokens)
+        return self._head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage_dict(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object; `completion_tokens_details.reasoning_tokens` for a model that reasons."""
+    usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                             "total_tokens": prompt_tokens + completion_tokens}
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return usage
 
 
 class CompletionChunkEncoder:

@@ -119,7 +119,10 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
     if choice in (None, "auto"):
         return plan
     plan.args_key = "arguments" if hermes else "parameters"
-    opening = "<tool_call>\n" if hermes else ""
+    # A reasoning model thinks first: no prefill (it would skip the thinking), and its backend applies
+    # the guide once the reasoning section has ended.
+    reasons = getattr(rt.config, "reasoning_parser", None) is not None
+    opening = "" if reasons else ("<tool_call>\n" if hermes else "")
     if choice == "required":
         call = _call_schema(req.tools, plan.args_key)
         schema = {"type": "array", "items": call, "minItems": 1} if plan.parallel else call
@@ -133,7 +136,7 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
                                       param="tool_choice")
         params = _parameters(req.tools, names.index(name))
         # The call's start in the model's own format keeps the model in context; the guide does the rest.
-        plan.prefill = opening + f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
+        plan.prefill = "" if reasons else opening + f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
         plan.forced, plan.forced_name, plan.parallel = "named", name, False
         plan.guide = Guide("json_schema", json.dumps(params, ensure_ascii=False), "tool_choice")
         return plan

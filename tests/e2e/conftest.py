@@ -21,11 +21,14 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
-from tests.helpers import free_port
+from tests.helpers import derived_model, free_port
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
-TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "all-minilm-l6-v2", "minilm-rerank"]
+# A reasoning model: the synthetic LLM with its thinking section on (derived into a temporary repository).
+REASONING = "synthetic-reasoning"
+TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "all-minilm-l6-v2", "minilm-rerank",
+                 "synthetic-llm", REASONING]
 
 
 class GatewayServer:
@@ -89,9 +92,11 @@ def ref_stats(ref_stats_dir: Path) -> Callable[[], dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def triton(ref_stats_dir: Path) -> Iterator[EmbeddedTriton]:
+def triton(ref_stats_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
     prepare_models()
-    with EmbeddedTriton(models=TRITON_MODELS) as server:
+    extra = tmp_path_factory.mktemp("derived-models")
+    derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
+    with EmbeddedTriton(models=TRITON_MODELS, extra_args=[f"--model-repository={extra}"]) as server:
         yield server
 
 

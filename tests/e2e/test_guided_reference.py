@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,12 +55,6 @@ QUESTIONS = ["Describe a person.", "What is the capital of France?", "Write a ha
 
 def chat(question: str) -> str:
     return f"<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def triton() -> Iterator[EmbeddedTriton]:
-    with EmbeddedTriton(models=[TRT, VLLM, SYNTH], models_dir=MODELS_DIR) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,10 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
   ``exclude_input_in_output``).
 * stops: ``request_output_len`` tokens; ``end_id`` (once ``min_tokens`` tokens exist); the generated
   suffix equals a ``stop_words_list`` entry (stop tokens included, as TensorRT-LLM does).
+* reasoning: config parameter ``reasoning`` "1" makes every output start with a thinking section,
+  ``REASONING_PREAMBLE`` (``<think>`` ... ``</think>``), as a reasoning model's does; a guided output's
+  JSON object follows it, as a reasoning model's backend applies a guide once the thinking has ended.
+  The tests derive a ``synthetic-reasoning`` copy with it set (default "0").
 * pacing: config parameter ``delay_ms`` (default 0) or request parameter ``delay_ms`` puts that pause
   between two tokens of a request, so benchmarks can hold many streams open cheaply.
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
@@ -77,6 +81,10 @@ TOKEN_CYCLE = (
     1194, 288, 5968,
 )
 OUTPUT_NAMES = ("output_ids", "sequence_length", "output_log_probs", "cum_log_probs")
+# A reasoning model's thinking section, in SmolLM2 ids: "<think>\nThe user wants an answer; let me think it
+# through step by step.\n</think>\n\n". Written first when the config parameter `reasoning` is "1".
+REASONING_PREAMBLE = (44, 17400, 46, 198, 504, 2914, 5988, 354, 2988, 43, 1303, 549, 1510, 357, 738, 1833, 411,
+                      1833, 30, 198, 9617, 17400, 46, 1116)
 # The guided output: '{"text": "' and '"}' in SmolLM2 ids; the body between them comes from TOKEN_CYCLE
 # (the concatenation is also the canonical tokenization of the whole object).
 JSON_PREFIX = (39428, 2692, 1799, 476)
@@ -207,9 +215,11 @@ class TritonPythonModel:
             return str(params.get(key, {}).get("string_value", default) or default)
 
         self.delay_s = max(0.0, float(param("delay_ms", "0")) / 1000.0)
+        self.reasoning = param("reasoning", "0") == "1"
         self.max_sequence = int(param("max_sequence", str(DEFAULT_MAX_SEQUENCE)))
         # One-token output arrays, built once: the hot path only wraps them in pb_utils.Tensor.
-        self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32) for t in (*TOKEN_CYCLE, *JSON_PREFIX, *JSON_SUFFIX)}
+        self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32)
+                             for t in (*TOKEN_CYCLE, *JSON_PREFIX, *JSON_SUFFIX, *REASONING_PREAMBLE)}
         self.zero_lp1 = np.zeros((1, 1, 1), dtype=np.float32)
         self.zero_cum = np.zeros((1, 1), dtype=np.float32)
 
@@ -299,8 +309,17 @@ class TritonPythonModel:
             stop_words=_word_list(request, "stop_words_list"),
             outputs=requested,
             delay_s=delay_s,
-            script=_json_script(max_new, end_id) if _guided(request) else None,
+            script=self._script(max_new, end_id, _guided(request)),
         )
+
+    def _script(self, max_new: int, end_id: int, guided: bool) -> list[int] | None:
+        """A fixed output: the JSON object of a guided request, after the thinking preamble when the model
+        reasons (as a reasoning model's backend applies a guide once the thinking ends)."""
+        if not self.reasoning:
+            return _json_script(max_new, end_id) if guided else None
+        room = max(0, max_new - len(REASONING_PREAMBLE))
+        body = _json_script(room, end_id) if guided else [TOKEN_CYCLE[i % len(TOKEN_CYCLE)] for i in range(room)]
+        return [*REASONING_PREAMBLE, *body][:max_new]
 
     # ------------------------------------------------------------------ emission loop
     def _worker(self) -> None:

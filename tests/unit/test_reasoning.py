@@ -1,0 +1,68 @@
+"""Reasoning parsers on outputs recorded from DeepSeek-R1 (distill) and Qwen3, whole and streamed with the
+text cut at every position: the tags never leak, and the streamed parts always add up to the whole."""
+
+from __future__ import annotations
+
+import pytest
+
+from openai_api.text.reasoning import ReasoningParserName, ReasoningSplitter
+
+# (parser, raw output, reasoning, content)
+CASES: list[tuple[ReasoningParserName, str, str, str]] = [
+    # DeepSeek-R1-Distill: the template's prompt ends with "<think>\n", so the output starts inside it.
+    ("deepseek_r1", "Okay, so I need to add 2 and 2. That gives 4.\n</think>\n\nThe answer is **4**.",
+     "Okay, so I need to add 2 and 2. That gives 4.\n", "The answer is **4**."),
+    # ... and when the model writes the opening tag itself anyway.
+    ("deepseek_r1", "<think>\nThe user says hello; I should greet back.\n</think>\n\nHello! How can I help?",
+     "The user says hello; I should greet back.\n", "Hello! How can I help?"),
+    # Cut by max_tokens before the section ended: all of it is reasoning.
+    ("deepseek_r1", "Let me consider the problem carefully. First, the <b>tags</b> ",
+     "Let me consider the problem carefully. First, the <b>tags</b> ", ""),
+    # Qwen3 thinking mode.
+    ("qwen3",
+     "<think>\nThe capital of France... that is Paris, of course.\n</think>\n\nThe capital of France is Paris.",
+     "The capital of France... that is Paris, of course.\n", "The capital of France is Paris."),
+    # Qwen3 with thinking off: no section at all.
+    ("qwen3", "The capital of France is Paris. A <think> tag in prose stays prose.",
+     "", "The capital of France is Paris. A <think> tag in prose stays prose."),
+    # Qwen3's empty section.
+    ("qwen3", "<think>\n\n</think>\n\nParis.", "\n", "Paris."),
+    # Unicode across the boundary.
+    ("qwen3", "<think>\n思考中…\n</think>\n\n答案是 42 🎉", "思考中…\n", "答案是 42 🎉"),
+]
+
+
+@pytest.mark.parametrize(("name", "raw", "reasoning", "content"), CASES)
+def test_whole_output(name: ReasoningParserName, raw: str, reasoning: str, content: str) -> None:
+    assert ReasoningSplitter(name).split(raw) == (reasoning, content)
+
+
+@pytest.mark.parametrize(("name", "raw", "reasoning", "content"), CASES)
+def test_streamed_cut_at_every_position_adds_up_and_never_leaks_a_tag(name: ReasoningParserName, raw: str,
+                                                                     reasoning: str, content: str) -> None:
+    for cut in range(len(raw) + 1):
+        for pieces in ([raw[:cut], raw[cut:]], [raw[:cut], raw[cut:cut + 3], raw[cut + 3:]]):
+            s = ReasoningSplitter(name)
+            r_parts, c_parts = [], []
+            for p in pieces:
+                r, c = s.push(p)
+                r_parts.append(r)
+                c_parts.append(c)
+            r, c = s.finish()
+            r_parts.append(r)
+            c_parts.append(c)
+            assert ("".join(r_parts), "".join(c_parts)) == (reasoning, content), (cut, pieces)
+            assert "</think>" not in "".join(r_parts) + "".join(c_parts) or "</think>" in content
+            assert s.reasoning_text == reasoning
+
+
+def test_token_by_token_of_a_real_tokenizer() -> None:
+    from tokenizers import Tokenizer
+
+    from tests.helpers import MODELS
+    tok = Tokenizer.from_file(str(MODELS / "smollm2-135m-instruct" / "tokenizer.json"))
+    raw = CASES[3][1]
+    s = ReasoningSplitter("qwen3")
+    out = [s.push(tok.decode([i])) for i in tok.encode(raw).ids]
+    out.append(s.finish())
+    assert ("".join(r for r, _ in out), "".join(c for _, c in out)) == (CASES[3][2], CASES[3][3])
