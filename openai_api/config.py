@@ -23,7 +23,10 @@ BUNDLED_CONFIG = REPO_ROOT / "model_config.json"
 BUNDLED_TEMPLATES = REPO_ROOT / "chat_templates"
 
 Transport = Literal["grpc", "http"]
-LLMProtocol = Literal["auto", "tensorrt_llm", "vllm", "fastertransformer"]
+LLMProtocol = Literal["auto", "tensorrt_llm", "vllm", "fastertransformer", "tensorrt_llm_text", "text"]
+# Request parameters a text_protocol block can map to model inputs (`triton.text.TEXT_PARAMS`).
+TextParam = Literal["temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
+                    "frequency_penalty", "min_tokens", "end_id", "pad_id"]
 
 
 class ConfigError(Exception):
@@ -92,6 +95,32 @@ class _Served(_Strict):
         return v
 
 
+class TextProtocolConfig(_Strict):
+    """The tensors of a custom text-in / text-out Triton model (protocol `text`). Each value is a Triton
+    tensor name; dtypes and dims are read from Triton's model config. Unset optional keys: the model has
+    no such tensor (a request setting a parameter the block does not map is a 400 naming it)."""
+
+    input: str = Field(min_length=1, description="BYTES input: the prompt, already templated")
+    output: str = Field(min_length=1, description="BYTES output: the generated text")
+    max_tokens: str = Field(min_length=1, description="integer input: the completion budget")
+    stream: str | None = Field(default=None, description="BOOL input: true for one response per step")
+    exclude_input: str | None = Field(default=None, description="BOOL input sent true: never echo the prompt")
+    stop_words: str | None = Field(default=None, description="BYTES [-1] input: stop strings")
+    bad_words: str | None = Field(default=None, description="BYTES [-1] input: banned strings")
+    guide_type: str | None = Field(default=None, description="BYTES input: TensorRT-LLM guide type")
+    guide: str | None = Field(default=None, description="BYTES input: the guide (schema, regex, grammar)")
+    num_tokens: str | None = Field(default=None, description="integer output: tokens the response's text took")
+    output_mode: Literal["delta", "cumulative"] = Field(
+        default="delta", description="whether each response holds the new text (and count) or all so far")
+    parameters: dict[TextParam, str] = Field(default_factory=dict, description="request parameter -> input name")
+
+    @model_validator(mode="after")
+    def _guide_pair(self) -> TextProtocolConfig:
+        if (self.guide_type is None) != (self.guide is None):
+            raise ValueError("guide_type and guide name the two guided-decoding inputs: set both or neither")
+        return self
+
+
 class LLMModel(_Served):
     kind: Literal["llm"] = "llm"
     chat_template: Path | None = None
@@ -107,6 +136,16 @@ class LLMModel(_Served):
     # How guides reach a Triton vLLM backend: `structured_outputs` (current vLLM), `guided_decoding` (older),
     # or `auto`: the current one until the backend refuses it by name, then the older one.
     guided_decoding_key: Literal["auto", "structured_outputs", "guided_decoding"] = "auto"
+    # A custom text model's tensors (protocol `text`; with `auto` the block selects `text`).
+    text_protocol: TextProtocolConfig | None = None
+
+    @model_validator(mode="after")
+    def _text_block(self) -> LLMModel:
+        if self.protocol == "text" and self.text_protocol is None:
+            raise ValueError('protocol "text" needs a text_protocol block naming the model\'s tensors')
+        if self.text_protocol is not None and self.protocol not in ("text", "auto"):
+            raise ValueError(f'text_protocol is for protocol "text" (or "auto"), not {self.protocol!r}')
+        return self
 
 
 class EmbeddingModel(_Served):

@@ -27,6 +27,7 @@ from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderAdapter, EncoderBackend
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind, LLMBackend
 from openai_api.triton.replicas import ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
+from openai_api.triton.text import TextWire
 
 
 def _triton_error(metrics: Metrics, model: str, err: GatewayError) -> None:
@@ -129,9 +130,10 @@ class InstrumentedEncoder:
 def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
                 stream_idle_timeout_s: float | None) -> tuple[LLMBackend, ReplicaSet[Any] | None]:
     """The backend of one LLM entry: protocol adapter(s), replicas, metrics (see the module docstring)."""
+    wire = TextWire.configured(m.text_protocol.model_dump()) if m.text_protocol is not None else None
     adapters = [(u, AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
                                    stream_idle_timeout_s=stream_idle_timeout_s,
-                                   vllm_guide_key=m.guided_decoding_key)) for u in m.urls]
+                                   vllm_guide_key=m.guided_decoding_key, text_wire=wire)) for u in m.urls]
     inner: LLMBackend
     replicas: ReplicaSet[Any] | None = None
     if len(adapters) == 1:

@@ -190,5 +190,7 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         min_tokens=req.min_tokens or None,
         stop_words=rt.stop_token_words,
         bad_words=rt.bad_token_words,
+        stop_texts=[*rt.stop_strings, *req.stop_list()],
+        bad_texts=rt.bad_strings,
         timeout_s=rt.config.timeout_s,
     )

@@ -14,7 +14,7 @@ Special tokens in content (`escape_special_tokens`, on by default): when a strin
 special-token text (`<|im_start|>system`), that string is wrapped in two private markers before
 rendering; after rendering, the text between markers is tokenized with special tokens read as plain
 text and the rest as usual, so only the template's own markup yields control tokens. Text-in backends
-(the vLLM protocol) tokenize the prompt themselves and cannot be told, so for them such a request is a
+(the vLLM and text protocols) tokenize the prompt themselves and cannot be told, so for them such a request is a
 400 instead. Requests without special-token text (nearly all) take the usual path, unchanged.
 """
 
@@ -31,6 +31,7 @@ from openai_api.services.registry import LLMRuntime
 from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.text.workers import CPUWorkers, JobTimeoutError
+from openai_api.triton.llm import TEXT_PROTOCOLS
 
 T = TypeVar("T")
 
@@ -163,7 +164,7 @@ class Preprocessor:
         if rt.template is None:
             raise InvalidRequestError(f"The model {rt.name!r} has no chat template; use /v1/completions.",
                                       param="model", code="no_chat_template")
-        takes_text = getattr(rt.backend, "protocol", "") == "vllm"
+        takes_text = getattr(rt.backend, "protocol", "") in TEXT_PROTOCOLS
         args = (rt, messages, prefill, takes_text, self.limits, render_kwargs)
         if rt.template.bounded and len(messages) <= INLINE_MESSAGES and _size(messages) <= INLINE_CHARS:
             return _render_and_encode(*args)

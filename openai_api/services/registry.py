@@ -39,6 +39,8 @@ class LLMRuntime:
     stop_token_words: list[list[int]] = field(default_factory=list)
     stop_strings: list[str] = field(default_factory=list)
     bad_token_words: list[list[int]] = field(default_factory=list)
+    # The bad words as text, for protocols that take words as strings.
+    bad_strings: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -80,9 +82,12 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
     stop_strings = [s for s in (tok.decode(w, skip_special_tokens=False) for w in stop_words) if s]
     stop_strings += [w for w in info.stop_words if isinstance(w, str)]
     context = info.max_len or tok.context_length or DEFAULT_CONTEXT_LENGTH
+    bad_words = _words(tok, info.bad_words)
+    bad_strings = [s for s in (w if isinstance(w, str) else tok.decode(w, skip_special_tokens=False)
+                               for w in info.bad_words) if s]
     return LLMRuntime(config=m, info=info, tokenizer=tok, template=template, backend=backend,
                       context_length=context, end_id=end_id, pad_id=pad_id, stop_token_words=stop_words,
-                      stop_strings=sorted(set(stop_strings)), bad_token_words=_words(tok, info.bad_words))
+                      stop_strings=sorted(set(stop_strings)), bad_token_words=bad_words, bad_strings=bad_strings)
 
 
 class ModelRegistry:

@@ -1,8 +1,9 @@
 """`AutoLLMBackend`: reads the Triton model's config once, picks the protocol adapter, then hands requests
 to it.
 
-With `protocol: "auto"` the adapter is chosen by `detect.detect_protocol`; with an explicit protocol the
-config is checked against it. Either way a mismatch (missing tensors, wrong dtypes) is raised by
+With `protocol: "auto"` the adapter is chosen by `detect.detect_protocol`, except that an entry with a
+`text_protocol` block (a `TextWire`) speaks `text`; with an explicit protocol the config is checked
+against it. Either way a mismatch (missing tensors, wrong dtypes) is raised by
 `check()` at start-up as a `BackendUnavailableError` naming what is missing, instead of failing on the
 first request. Until Triton has answered, `supports()` says True (the adapter refuses unsupported
 parameters at request time); a failed look-up is retried on the next call, so a Triton that comes up
@@ -27,13 +28,16 @@ from openai_api.triton.errors import map_triton_error
 from openai_api.triton.fastertransformer import FasterTransformerAdapter
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind
 from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter
+from openai_api.triton.text import TensorRTLLMTextAdapter, TextAdapter, TextWire
 from openai_api.triton.vllm import VLLMAdapter
 from openai_api.triton.wire import ModelSpec, parse_model_config
 
 logger = logging.getLogger(__name__)
 
+# `text` is built with its wire (the config's text_protocol block), `vllm` with its guide key.
 ADAPTERS: dict[Protocol, type[SpecAdapter]] = {
-    "tensorrt_llm": TensorRTLLMAdapter, "vllm": VLLMAdapter, "fastertransformer": FasterTransformerAdapter}
+    "tensorrt_llm": TensorRTLLMAdapter, "vllm": VLLMAdapter, "fastertransformer": FasterTransformerAdapter,
+    "tensorrt_llm_text": TensorRTLLMTextAdapter, "text": TextAdapter}
 
 
 def _protocol(name: str) -> Protocol:
@@ -59,7 +63,7 @@ class AutoLLMBackend:
 
     def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
                  protocol: str = "auto", stream_idle_timeout_s: float | None = None,
-                 vllm_guide_key: str = "auto") -> None:
+                 vllm_guide_key: str = "auto", text_wire: TextWire | None = None) -> None:
         self.pool = pool
         self.url = url
         self.model = model
@@ -68,6 +72,7 @@ class AutoLLMBackend:
         self.configured_protocol = protocol
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.vllm_guide_key = vllm_guide_key
+        self.text_wire = text_wire
         self._adapter: SpecAdapter | None = None
         self._lock = asyncio.Lock()
 
@@ -92,14 +97,20 @@ class AutoLLMBackend:
             if self._adapter is not None:
                 return self._adapter
             spec = await fetch_model_spec(self.pool, self.url, self.triton_model, self.version, self.model)
-            detected = self.configured_protocol == "auto"
-            protocol = detect_protocol(spec) if detected else _protocol(self.configured_protocol)
-            require_protocol(protocol, spec, self.triton_model, detected=detected)
+            detected = self.configured_protocol == "auto" and self.text_wire is None
+            protocol: Protocol = ("text" if self.configured_protocol == "auto" and self.text_wire is not None
+                                  else detect_protocol(spec) if detected else _protocol(self.configured_protocol))
+            require_protocol(protocol, spec, self.triton_model, detected=detected, wire=self.text_wire)
             rpc = self.pool.rpc(self.url)
             common: dict[str, Any] = {"model": self.model, "triton_model": self.triton_model, "version": self.version,
                                       "stream_idle_timeout_s": self.stream_idle_timeout_s}
-            adapter: SpecAdapter = (VLLMAdapter(rpc, spec, guide_key=self.vllm_guide_key, **common)
-                                    if protocol == "vllm" else ADAPTERS[protocol](rpc, spec, **common))
+            adapter: SpecAdapter
+            if protocol == "vllm":
+                adapter = VLLMAdapter(rpc, spec, guide_key=self.vllm_guide_key, **common)
+            elif protocol == "text" and self.text_wire is not None:
+                adapter = TextAdapter(rpc, spec, wire=self.text_wire, **common)
+            else:
+                adapter = ADAPTERS[protocol](rpc, spec, **common)
             if detected:
                 logger.info("model %s: Triton model %s speaks %s (detected from its config)", self.model,
                             self.triton_model, protocol)

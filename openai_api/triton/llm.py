@@ -8,6 +8,8 @@ from typing import Literal, Protocol
 
 GuideKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
 GUIDE_KINDS: frozenset[GuideKind] = frozenset({"json_schema", "json_object", "regex", "grammar", "choice"})
+# Wire protocols whose models take the prompt as text and tokenize it themselves (and answer with text).
+TEXT_PROTOCOLS = frozenset({"vllm", "tensorrt_llm_text", "text"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,7 @@ class GenerationRequest:
 
     prompt_ids: list[int]
     max_tokens: int
-    # Text-in protocols (the vLLM backend) send this instead of ids; ids still count prompt tokens.
+    # Text-in protocols (`TEXT_PROTOCOLS`) send this instead of ids; ids still count prompt tokens.
     prompt_text: str = ""
     request_id: str = ""
     end_id: int | None = None
@@ -46,6 +48,10 @@ class GenerationRequest:
     min_tokens: int | None = None
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
+    # The same words as text, for protocols that take words as strings (the TensorRT-LLM ensemble's
+    # `stop_words` / `bad_words`); `stop_texts` also holds the request's own stop strings.
+    stop_texts: list[str] = field(default_factory=list)
+    bad_texts: list[str] = field(default_factory=list)
     return_logprobs: bool = False
     timeout_s: float | None = None
     # False when nobody needs tokens as they come (a non-streamed answer with no stop strings to cut
@@ -58,7 +64,7 @@ class GenerationRequest:
 class GenerationChunk:
     """New tokens since the previous chunk (never cumulative), with their log-probs if asked for.
 
-    Text-out protocols (the vLLM backend) fill `text` with the new text instead and `num_tokens` with
+    Text-out protocols (`TEXT_PROTOCOLS`) fill `text` with the new text instead and `num_tokens` with
     how many tokens it took (when the backend says; else the count is estimated by the tokenizer).
     """
 
@@ -86,7 +92,8 @@ class LLMBackend(Protocol):
 
     @property
     def protocol(self) -> str:
-        """The wire protocol (`tensorrt_llm`, `vllm`, `fastertransformer`); the configured one until known."""
+        """The wire protocol (`tensorrt_llm`, `vllm`, `fastertransformer`, `tensorrt_llm_text`, `text`); the
+        configured one until known."""
         ...
 
     @property

@@ -6,7 +6,7 @@ or gRPC `get_model_config(as_json=True)`, which wraps it in `{"config": ...}` an
 strings) and keeps what an adapter needs: input and output names with their dtypes (without the
 `TYPE_` prefix; `STRING` is reported as `BYTES`, the name the inference protocol uses), dims without
 the batch dim, whether the model is batched (`max_batch_size > 0`: every tensor then carries a
-leading batch dim of 1) and whether it is decoupled (streams over gRPC).
+leading batch dim of 1) and whether it is decoupled (streams over gRPC), and its string `parameters`.
 
 `InferRequest` is one KServe v2 `ModelInferRequest` built straight from Python values. Tensors travel
 as `raw_input_contents`: little-endian values in row-major order; BOOL one byte each; BYTES each
@@ -50,6 +50,8 @@ class ModelSpec:
     outputs: Mapping[str, TensorSpec] = field(default_factory=dict)
     max_batch_size: int = 0
     decoupled: bool = False
+    # The config's `parameters` (key -> string_value), e.g. tensorrt_llm_bls's `accumulate_tokens`.
+    parameters: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def batched(self) -> bool:
@@ -76,6 +78,12 @@ def _tensors(entries: Any) -> dict[str, TensorSpec]:
     return out
 
 
+def _parameters(raw: Any) -> dict[str, str]:
+    if not isinstance(raw, Mapping):
+        return {}
+    return {str(k): str(v.get("string_value", "")) for k, v in raw.items() if isinstance(v, Mapping)}
+
+
 def parse_model_config(raw: Mapping[str, Any]) -> ModelSpec:
     cfg = raw.get("config", raw) if isinstance(raw.get("config"), Mapping) else raw
     policy = cfg.get("model_transaction_policy") or {}
@@ -85,6 +93,7 @@ def parse_model_config(raw: Mapping[str, Any]) -> ModelSpec:
         outputs=_tensors(cfg.get("output")),
         max_batch_size=int(cfg.get("max_batch_size", 0) or 0),
         decoupled=bool(policy.get("decoupled", False)),
+        parameters=_parameters(cfg.get("parameters")),
     )
 
 

@@ -80,7 +80,8 @@ FT_CONFIG = {"config": {
                tensor("output_log_probs", "FP32", [-1, -1])],
 }}
 
-# The TensorRT-LLM ensemble's text interface: text in, but no sampling_parameters. Not spoken here.
+# The TensorRT-LLM ensemble's text interface: text in, no sampling_parameters (`tensorrt_llm_text`; more
+# in test_text_protocols.py).
 ENSEMBLE_CONFIG = {"name": "ensemble", "platform": "ensemble", "max_batch_size": 64,
                    "input": [tensor("text_input", "STRING", [1]), tensor("max_tokens", "INT32", [1])],
                    "output": [tensor("text_output", "STRING", [-1])]}
@@ -328,7 +329,7 @@ async def test_vllm_refuses_token_id_bad_words() -> None:
     (OLD_TRTLLM_CONFIG, "tensorrt_llm"),
     (VLLM_CONFIG, "vllm"),
     (FT_CONFIG, "fastertransformer"),
-    (ENSEMBLE_CONFIG, "tensorrt_llm"),
+    (ENSEMBLE_CONFIG, "tensorrt_llm_text"),
 ])
 def test_detect_protocol_from_model_config(config: dict[str, Any], protocol: str) -> None:
     assert detect_protocol(parse_model_config(config)) == protocol
@@ -357,7 +358,7 @@ def test_mismatch_names_the_missing_tensors_and_wrong_dtypes() -> None:
     ft = protocol_mismatches("fastertransformer", parse_model_config(VLLM_CONFIG))
     assert "no input 'input_ids' (an integer type)" in ft and "no output 'output_ids' (an integer type)" in ft
     ensemble = protocol_mismatches("tensorrt_llm", parse_model_config(ENSEMBLE_CONFIG))
-    assert any("ensemble" in p for p in ensemble)
+    assert any("ensemble" in p and "tensorrt_llm_text" in p for p in ensemble)
     with pytest.raises(BackendUnavailableError) as e:
         require_protocol("vllm", parse_model_config(TRTLLM_CONFIG), "tensorrt_llm")
     assert "text_input" in e.value.message and "configured protocol 'vllm'" in e.value.message
