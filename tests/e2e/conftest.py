@@ -27,8 +27,8 @@ API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
 # A reasoning model: the synthetic LLM with its thinking section on (derived into a temporary repository).
 REASONING = "synthetic-reasoning"
-TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "all-minilm-l6-v2", "minilm-rerank",
-                 "synthetic-llm", REASONING]
+TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "smollm2-ensemble", "smollm2-text",
+                 "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING]
 
 
 class GatewayServer:

@@ -1,6 +1,8 @@
-"""One chat, three Triton wire protocols: the same SmolLM2 weights and decoding behind the TensorRT-LLM
-token-id interface, the vLLM backend's text interface and the FasterTransformer cumulative interface,
-each found by `protocol: "auto"`, must answer identically through the gateway and the official client."""
+"""One chat, five Triton wire protocols: the same SmolLM2 weights and decoding behind the TensorRT-LLM
+token-id interface, the vLLM backend's text interface, the FasterTransformer cumulative interface and
+TensorRT-LLM's ensemble/BLS text interface (each found by `protocol: "auto"`), and a custom text model
+described by its config entry (`protocol: "text"`), must answer identically through the gateway and the
+official client."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import numpy as np
 import openai
 import pytest
@@ -25,7 +28,10 @@ from tests.helpers import MODELS as MODELS_DIR
 
 VLLM = f"{LLM}-vllm"
 FT = f"{LLM}-ft"
-PROTOCOLS = {LLM: "tensorrt_llm", VLLM: "vllm", FT: "fastertransformer"}
+TRT_TEXT = f"{LLM}-trtllm-text"  # triton_models/smollm2-ensemble
+TEXT = f"{LLM}-text"  # triton_models/smollm2-text
+PROTOCOLS = {LLM: "tensorrt_llm", VLLM: "vllm", FT: "fastertransformer", TRT_TEXT: "tensorrt_llm_text",
+             TEXT: "text"}
 MODELS = list(PROTOCOLS)
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 GREEDY: dict[str, Any] = {"messages": QUESTION, "temperature": 0, "max_tokens": 20}
@@ -56,13 +62,13 @@ def stream_text(client: openai.OpenAI, **kwargs: Any) -> tuple[str, str | None, 
     return text, finish, usage
 
 
-def test_auto_detects_each_protocol_from_the_triton_config(gateway: GatewayServer, client: openai.OpenAI) -> None:
+def test_each_model_speaks_its_protocol(gateway: GatewayServer, client: openai.OpenAI) -> None:
     client.models.list()  # the app is up: its start-up checks have read every model's config
     registry = gateway.app.state.gateway.services.registry
     assert {name: registry.llm(name).backend.protocol for name in MODELS} == PROTOCOLS
 
 
-@pytest.mark.parametrize("model", [VLLM, FT])
+@pytest.mark.parametrize("model", [VLLM, FT, TRT_TEXT, TEXT])
 def test_same_greedy_answer_and_usage_through_every_protocol(client: openai.OpenAI, reference: Any,
                                                              model: str) -> None:
     r = client.chat.completions.create(model=model, **GREEDY)
@@ -102,8 +108,9 @@ def test_finish_reason_length_when_max_tokens_is_hit(client: openai.OpenAI, mode
 
 
 def test_seeded_sampling_is_the_same_through_every_protocol(client: openai.OpenAI) -> None:
-    # seed travels as `seed` (TensorRT-LLM), `random_seed` (FasterTransformer) and JSON (vLLM), and
-    # temperature/top_p likewise: one sampler behind all three must then draw the same tokens.
+    # seed travels as `seed` UINT64 (TensorRT-LLM and its ensemble), `random_seed` (FasterTransformer), JSON
+    # (vLLM) and `seed` INT64 (the custom text model), temperature/top_p likewise: one sampler behind all
+    # five must then draw the same tokens.
     kwargs: dict[str, Any] = {"messages": [{"role": "user", "content": "Tell me a fun fact."}], "temperature": 0.9,
                               "top_p": 0.9, "max_tokens": 12, "seed": 1234}
     texts = {m: client.chat.completions.create(model=m, **kwargs).choices[0].message.content for m in MODELS}
@@ -123,7 +130,44 @@ def test_parameter_the_ft_model_lacks_is_a_400_naming_it(client: openai.OpenAI) 
         assert client.chat.completions.create(model=model, presence_penalty=0.5, **GREEDY).choices
 
 
-@pytest.mark.parametrize(("model", "triton_model"), [(VLLM, "smollm2-vllm"), (FT, "smollm2-ft")])
+CITY: dict[str, Any] = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 16}, "country": {"type": "string", "maxLength": 16},
+                   "population_millions": {"type": "integer", "minimum": 0, "maximum": 50}},
+    "required": ["name", "country", "population_millions"]}
+
+
+def test_guided_json_schema_through_the_ensemble_text_interface(client: openai.OpenAI) -> None:
+    # The guide travels as guided_decoding_guide_type/guide on both TensorRT-LLM interfaces; greedy, the
+    # same engine must then write the same object through either, streamed or not.
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    kwargs: dict[str, Any] = {"messages": QUESTION, "temperature": 0, "max_tokens": 120, "response_format": fmt}
+    ref = client.chat.completions.create(model=LLM, **kwargs)
+    r = client.chat.completions.create(model=TRT_TEXT, **kwargs)
+    text, finish, usage = stream_text(client, model=TRT_TEXT, **kwargs)
+    jsonschema.validate(json.loads(r.choices[0].message.content or ""), CITY)
+    assert r.choices[0].message.content == text == ref.choices[0].message.content
+    assert r.choices[0].finish_reason == finish == "stop"
+    assert r.usage is not None and ref.usage is not None and usage is not None
+    assert r.usage.completion_tokens == usage.completion_tokens == ref.usage.completion_tokens
+
+
+def test_what_a_text_model_cannot_do_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY}}
+    with pytest.raises(openai.BadRequestError) as e:  # smollm2-text has no guide inputs
+        client.chat.completions.create(model=TEXT, response_format=fmt, **GREEDY)
+    assert e.value.body["param"].startswith("response_format")  # type: ignore[index]
+    for model in (TRT_TEXT, TEXT):  # text out: no token ids to pair log-probabilities with
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=model, logprobs=True, **GREEDY)
+        assert e.value.body["param"] == "logprobs"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as e:  # not in smollm2-text's text_protocol block
+        client.chat.completions.create(model=TEXT, presence_penalty=0.5, **GREEDY)
+    assert e.value.body["param"] == "presence_penalty"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(("model", "triton_model"), [(VLLM, "smollm2-vllm"), (FT, "smollm2-ft"),
+                                                    (TRT_TEXT, "smollm2-ensemble"), (TEXT, "smollm2-text")])
 def test_client_going_away_cancels_the_triton_request(gateway: GatewayServer, ref_stats_dir: Path, model: str,
                                                       triton_model: str) -> None:
     before = read_ref_stats(ref_stats_dir, triton_model)
@@ -152,7 +196,8 @@ def test_client_going_away_cancels_the_triton_request(gateway: GatewayServer, re
 def _input(name: str, value: Any, dtype: str) -> InferInput:
     arr = np.asarray(value, dtype=np.object_ if dtype == "BYTES" else None)
     if dtype != "BYTES":
-        arr = arr.astype({"UINT32": np.uint32, "BOOL": np.bool_, "FP32": np.float32}[dtype])
+        arr = arr.astype({"UINT32": np.uint32, "BOOL": np.bool_, "FP32": np.float32, "INT32": np.int32,
+                          "INT64": np.int64}[dtype])
     tensor = InferInput(name, list(arr.shape), dtype)
     tensor.set_data_from_numpy(arr)
     return tensor
@@ -223,3 +268,51 @@ async def test_vllm_reference_speaks_the_vllm_backend_interface(triton: Embedded
     assert int(default.as_numpy("num_output_tokens")[0]) == 16
     _, errors = await _stream(triton, "smollm2-vllm", inputs(True, False))
     assert errors and "exclude_input_in_output" in errors[0]
+
+
+async def test_ensemble_reference_speaks_the_ensemble_interface(triton: EmbeddedTriton) -> None:
+    def inputs(stream: bool, max_tokens: int, exclude: bool | None = True, **extra: Any) -> list[InferInput]:
+        out = [_input("text_input", [[PROMPT.encode()]], "BYTES"), _input("max_tokens", [[max_tokens]], "INT32"),
+               _input("temperature", [[0.0]], "FP32"), _input("stream", [[stream]], "BOOL"),
+               _input("return_num_output_tokens", [[True]], "BOOL")]
+        if exclude is not None:
+            out.append(_input("exclude_input_in_output", [[exclude]], "BOOL"))
+        return out + [_input(name, value, dtype) for name, (value, dtype) in extra.items()]
+
+    def text(res: Any) -> str:
+        return res.as_numpy("text_output").reshape(-1)[0].decode()
+
+    def count(res: Any) -> int:
+        return int(res.as_numpy("num_output_tokens").reshape(-1)[0])
+
+    streamed, errors = await _stream(triton, "smollm2-ensemble", inputs(True, 4))
+    assert not errors and len(streamed) == 4 and [_final(r) for r in streamed] == [False] * 3 + [True]
+    assert [count(r) for r in streamed] == [1, 1, 1, 1]  # each response: its own token, decoded on its own
+    deltas = [text(r) for r in streamed]
+    assert all(deltas) and "".join(deltas).startswith("The capital")
+    [whole], errors = await _stream(triton, "smollm2-ensemble", inputs(False, 4))
+    assert not errors and text(whole) == "".join(deltas) and count(whole) == 4
+    # Without exclude_input_in_output the prompt comes back decoded without its special tokens (as the
+    # postprocessing model decodes it): not the prompt text, which is why the gateway always sends it.
+    [echoed], _ = await _stream(triton, "smollm2-ensemble", inputs(False, 4, exclude=None))
+    assert text(echoed).startswith("user\nWhat is the capital of France?") and text(echoed).endswith(text(whole))
+    assert count(echoed) > 4
+    # Stop words are strings, tokenized on their own: " Paris" (with its space) is the token generated.
+    stopped, _ = await _stream(triton, "smollm2-ensemble",
+                               inputs(True, 30, stop_words=([[b" Paris", b"never"]], "BYTES")))
+    assert "".join(text(r) for r in stopped).endswith(" Paris") and len(stopped) < 30
+    _, errors = await _stream(triton, "smollm2-ensemble", inputs(True, 4, beam_width=([[2]], "INT32")))
+    assert errors and "beam_width" in errors[0]
+
+
+async def test_text_reference_answers_with_cumulative_completions(triton: EmbeddedTriton) -> None:
+    def inputs(stream: bool) -> list[InferInput]:
+        return [_input("prompt", [PROMPT.encode()], "BYTES"), _input("max_new_tokens", [5], "INT64"),
+                _input("temperature", [0.0], "FP32"), _input("stream", [stream], "BOOL")]
+
+    streamed, errors = await _stream(triton, "smollm2-text", inputs(True))
+    assert not errors and len(streamed) == 5 and _final(streamed[-1])
+    texts = [r.as_numpy("completion")[0].decode() for r in streamed]
+    assert all(texts[i + 1].startswith(texts[i]) and texts[i + 1] != texts[i] for i in range(4))  # cumulative
+    [whole], _ = await _stream(triton, "smollm2-text", inputs(False))
+    assert whole.as_numpy("completion")[0].decode() == texts[-1]

@@ -351,3 +351,14 @@ def test_bad_text_blocks_are_config_errors_naming_the_field(tmp_path: Path, entr
         load_config(_config(tmp_path, **entry))
     assert e.value.field.startswith(field) and words in e.value.reason, str(e.value)
 
+
+def test_the_bundled_config_declares_both_reference_text_models() -> None:
+    if not (REPO / "models" / "smollm2-135m-instruct").is_dir():
+        pytest.skip("the bundled models are not prepared")
+    config = load_config(REPO / "model_config.json")
+    entries = {m.name: m for m in config.llm}
+    assert entries["smollm2-135m-instruct-trtllm-text"].protocol == "auto"
+    text = entries["smollm2-135m-instruct-text"]
+    assert text.protocol == "text" and text.text_protocol is not None
+    wire = TextWire.configured(text.text_protocol.model_dump())
+    assert wire.cumulative and wire.input == "prompt" and wire.parameters["min_tokens"] == "min_new_tokens"
