@@ -146,6 +146,12 @@ class ChatService:
             g.guide = guide
         return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids))
 
+    async def count_reasoning(self, rt: LLMRuntime, out: ChoiceOutput, whole: str) -> int:
+        """A whole answer's reasoning tokens: its thinking section (tags included, as a stream counts it)
+        re-tokenized, since Triton sent the tokens at once; off the event loop when long."""
+        text = whole[: out.splitter.thinking_chars] if out.splitter is not None else ""
+        return await self.preprocess.run(len(text), count_tokens, rt, text) if text else 0
+
     async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
 
@@ -168,7 +174,7 @@ class ChatService:
             completion_tokens += produced
             out = ChoiceOutput(plan, rt.config.reasoning_parser)
             message, finish = chat_message(assemble(out.push(text, last=True)), finish, out.splitter is not None)
-            reasoning_tokens += count_tokens(rt, out.reasoning_text)
+            reasoning_tokens += await self.count_reasoning(rt, out, text)
             logprobs = {"content": logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         usage = usage_dict(prompt_tokens, completion_tokens,
@@ -224,7 +230,7 @@ class ChatStreamEncoder:
             elif ev.text:
                 out.append(enc.content(index, ev.text))
         else:
-            deltas = self.outputs[index].push(ev.text, last)
+            deltas = self.outputs[index].push(ev.text, last, ev.completion_tokens)
             lp = self._logprobs(ev) if self.logprobs and ev.token_ids else None
             for d in deltas:
                 if d.kind == "content":
@@ -256,5 +262,5 @@ class ChatStreamEncoder:
             return DONE
         reasoning = None
         if self.rt.config.reasoning_parser is not None and self.outputs is not None:
-            reasoning = sum(count_tokens(self.rt, o.reasoning_text) for o in self.outputs)
+            reasoning = sum(o.reasoning_tokens for o in self.outputs)
         return self.chunks.usage(prompt_tokens, completion_tokens, reasoning) + DONE

@@ -44,12 +44,16 @@ class Assembled:
 
 
 class ChoiceOutput:
-    """Per choice (see the module docstring). `calls` counts the tool calls sent so far."""
+    """Per choice (see the module docstring). `calls` counts the tool calls sent so far; `reasoning_tokens`
+    the generated tokens that belong to the thinking, when pushes say how many tokens exist so far."""
 
     def __init__(self, plan: ToolPlan, reasoning: ReasoningParserName | None) -> None:
         self.plan = plan
         self.splitter = ReasoningSplitter(reasoning) if reasoning else None
         self.calls = 0
+        self.reasoning_tokens = 0
+        self._produced = 0
+        self._undecided = 0  # tokens pushed before the splitter knew whether they open a thinking section
         self._held: list[str] = []  # a required call's JSON until it is complete
         self._named_id = ""
         self._parser: ToolStreamParser | None = None
@@ -62,14 +66,26 @@ class ChoiceOutput:
     def reasoning_text(self) -> str:
         return self.splitter.reasoning_text if self.splitter is not None else ""
 
-    def push(self, text: str, last: bool = False) -> list[Delta]:
+    def push(self, text: str, last: bool = False, produced: int | None = None) -> list[Delta]:
+        """The deltas of `text`, the choice's next piece (`last`: its end). `produced`: tokens generated so
+        far; those new since the previous push count as reasoning tokens when they are (part of) thinking
+        (the token that ends the thinking counts too: it is the end tag)."""
         out: list[Delta] = []
         content = text
         if self.splitter is not None:
+            was_thinking = self.splitter.thinking
             reasoning, content = self.splitter.push(text)
             if last:
                 r2, c2 = self.splitter.finish()
                 reasoning, content = reasoning + r2, content + c2
+            if produced is not None:
+                new, self._produced = produced - self._produced, produced
+                if self.splitter.undecided:
+                    self._undecided += new
+                else:
+                    if was_thinking or reasoning or self.splitter.thinking:
+                        self.reasoning_tokens += self._undecided + new
+                    self._undecided = 0
             if reasoning:
                 out.append(Delta("reasoning", reasoning))
         if self.plan.forced == "named":

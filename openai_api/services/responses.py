@@ -37,7 +37,7 @@ from pydantic import ValidationError
 
 from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
-from openai_api.services.chat import ChatService, PreparedChat, collect_plain, count_tokens
+from openai_api.services.chat import ChatService, PreparedChat, collect_plain
 from openai_api.services.generation import TextEvent
 from openai_api.services.output import ChoiceOutput, Delta, assemble
 from openai_api.services.streaming import sse_stream
@@ -209,6 +209,7 @@ class ResponsesService:
             return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id)
         [(text, finish, produced, _, _)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
         resp.add(resp.output.push(text, last=True))
+        resp.output.reasoning_tokens = await self.chat.count_reasoning(prepared.rt, resp.output, text)
         result = resp.finish(finish, produced)
         self._keep(resp, result)
         return result
@@ -281,7 +282,7 @@ class ResponseBuilder:
         """The whole response once generation ended."""
         status = "incomplete" if finish_reason == "length" else "completed"
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
-        reasoning = count_tokens(self.prepared.rt, self.output.reasoning_text)
+        reasoning = self.output.reasoning_tokens
         usage = {"input_tokens": self.prepared.prompt_tokens,
                  "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
                  "output_tokens": produced, "output_tokens_details": {"reasoning_tokens": reasoning},
@@ -357,7 +358,7 @@ class ResponsesStreamEncoder:
             created = self.resp.response("in_progress", [], None)
             out += [self._event("response.created", response=created),
                     self._event("response.in_progress", response=created)]
-        deltas = self.resp.output.push(ev.text, ev.finish_reason is not None)
+        deltas = self.resp.output.push(ev.text, ev.finish_reason is not None, ev.completion_tokens)
         self.resp.add(deltas)
         rid = self.resp.id.removeprefix("resp_")
         for d in deltas:

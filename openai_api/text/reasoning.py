@@ -35,7 +35,7 @@ def _partial_tail(text: str, tag: str) -> int:
 class ReasoningSplitter:
     """One output's split into reasoning and content (see the module docstring); O(new text) per push."""
 
-    __slots__ = ("_held", "_lead", "_state", "_strip_content", "name", "reasoning_text")
+    __slots__ = ("_end", "_held", "_lead", "_raw", "_state", "_strip_content", "name", "reasoning_text")
 
     def __init__(self, name: ReasoningParserName) -> None:
         self.name = name
@@ -45,8 +45,11 @@ class ReasoningSplitter:
         self._held = ""
         self._strip_content = False  # drop the blank lines right after </think>
         self.reasoning_text = ""  # all reasoning so far (for usage)
+        self._raw = 0  # characters pushed so far
+        self._end: int | None = None  # where in them the thinking section ended (after its end tag)
 
     def push(self, text: str) -> tuple[str, str]:
+        self._raw += len(text)
         buf = self._held + text
         self._held = ""
         reasoning, content = "", ""
@@ -82,6 +85,7 @@ class ReasoningSplitter:
                 reasoning += buf[:i]
                 self.reasoning_text += buf[:i]
                 buf = buf[i + len(END):]
+                self._end = self._raw - len(buf)
                 self._state = "content"
                 self._strip_content = True
                 continue
@@ -94,6 +98,23 @@ class ReasoningSplitter:
             content += buf
             buf = ""
         return reasoning, content
+
+    @property
+    def undecided(self) -> bool:
+        """Nothing decisive seen yet (`qwen3`: whitespace, or the start of `<think>`)."""
+        return self._state == "lead"
+
+    @property
+    def thinking(self) -> bool:
+        """Inside the thinking section (its end not seen yet)."""
+        return self._state == "reasoning"
+
+    @property
+    def thinking_chars(self) -> int:
+        """How many of the characters pushed so far are the thinking section, tags included."""
+        if self._end is not None:
+            return self._end
+        return self._raw if self._state == "reasoning" else 0
 
     def finish(self) -> tuple[str, str]:
         """The end of the output: whatever was held back is released as what it turned out to be."""

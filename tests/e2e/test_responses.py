@@ -158,9 +158,11 @@ def test_chat_returns_the_thinking_as_reasoning_content(client: openai.OpenAI) -
 def test_streamed_chat_sends_reasoning_deltas_before_the_answer(client: openai.OpenAI) -> None:
     reasoning, content, order = "", "", []
     stream = client.chat.completions.create(model=REASONING, messages=[{"role": "user", "content": "Hi"}],
-                                            max_tokens=40, stream=True)
+                                            max_tokens=40, stream=True, stream_options={"include_usage": True})
+    usage = None
     for chunk in stream:
         if not chunk.choices:
+            usage = chunk.usage
             continue
         delta = chunk.choices[0].delta
         piece = (delta.model_extra or {}).get("reasoning_content")
@@ -171,6 +173,11 @@ def test_streamed_chat_sends_reasoning_deltas_before_the_answer(client: openai.O
             content += delta.content
             order.append("c")
     assert reasoning == THINKING and content and "<think>" not in content
+    # Counted token by token as they came; the same count as the plain answer's (re-tokenized) one.
+    plain = client.chat.completions.create(model=REASONING, messages=[{"role": "user", "content": "Hi"}], max_tokens=40)
+    assert usage is not None and usage.completion_tokens_details is not None and plain.usage is not None
+    assert plain.usage.completion_tokens_details is not None
+    assert usage.completion_tokens_details.reasoning_tokens == plain.usage.completion_tokens_details.reasoning_tokens
     assert order.index("c") > len(order) - order[::-1].index("r") - 1  # every reasoning delta came first
 
 

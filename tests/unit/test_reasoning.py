@@ -66,3 +66,35 @@ def test_token_by_token_of_a_real_tokenizer() -> None:
     out = [s.push(tok.decode([i])) for i in tok.encode(raw).ids]
     out.append(s.finish())
     assert ("".join(r for r, _ in out), "".join(c for _, c in out)) == (CASES[3][2], CASES[3][3])
+
+
+@pytest.mark.parametrize(("name", "raw", "reasoning", "content"), CASES)
+def test_the_thinking_section_is_located_in_the_raw_output(name: ReasoningParserName, raw: str, reasoning: str,
+                                                            content: str) -> None:
+    """`thinking_chars` is where the section ends, tags included, however the output was cut."""
+    end = raw.find("</think>")
+    expected = end + len("</think>") if end != -1 else (len(raw) if reasoning or name == "deepseek_r1" else 0)
+    if not reasoning and end == -1 and name == "deepseek_r1":
+        expected = len(raw)
+    for cut in range(len(raw) + 1):
+        s = ReasoningSplitter(name)
+        s.push(raw[:cut])
+        s.push(raw[cut:])
+        assert s.thinking_chars == expected, cut
+
+
+def test_streamed_reasoning_tokens_are_the_tokens_of_the_section() -> None:
+    """A stream counts each token where it falls: the thinking's tokens, its end tag's included."""
+    from tokenizers import Tokenizer
+
+    from openai_api.services.output import ChoiceOutput
+    from openai_api.services.tools import ToolPlan
+    from tests.helpers import MODELS
+    tok = Tokenizer.from_file(str(MODELS / "smollm2-135m-instruct" / "tokenizer.json"))
+    raw = "<think>\nLet me add: 2 + 2 is 4.\n</think>\n\nIt is 4."
+    ids = tok.encode(raw).ids
+    section = len(tok.encode(raw[: raw.index("</think>") + len("</think>")]).ids)
+    out = ChoiceOutput(ToolPlan(), "qwen3")
+    for n, i in enumerate(ids, 1):
+        out.push(tok.decode([i]), last=n == len(ids), produced=n)
+    assert out.reasoning_tokens == section
