@@ -11,6 +11,19 @@ from openai_api.triton.llm import GenerationChunk, GenerationRequest, Guide, Gui
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.wire import ModelSpec
 
+# Values at which a sampling parameter changes nothing (a penalty of 0, a repetition penalty of 1, top-k
+# off, top-p 1, no minimum length): many chat UIs always send them. A model without an input for such a
+# parameter is then simply not sent it, never refused; any other value is refused with a 400 naming it.
+NEUTRAL_VALUES: Mapping[str, tuple[float, ...]] = {
+    "presence_penalty": (0,), "frequency_penalty": (0,), "repetition_penalty": (1,), "top_k": (0, -1),
+    "top_p": (1,), "min_tokens": (0,),
+}
+
+
+def is_neutral(param: str, value: object) -> bool:
+    """Whether `value` of `param` leaves the output as it would be without it."""
+    return not isinstance(value, bool) and value in NEUTRAL_VALUES.get(param, ())
+
 
 class SpecAdapter:
     """Base of the TensorRT-LLM, vLLM and FasterTransformer adapters.
@@ -67,3 +80,10 @@ class SpecAdapter:
         if name is None:
             raise self.refuse(param)
         return name
+
+    def value_input(self, param: str, value: object) -> str | None:
+        """`input_name(param)`, except that a neutral value (`NEUTRAL_VALUES`) for a parameter the model
+        has no input for gives None (nothing to send) instead of a 400."""
+        if is_neutral(param, value) and not any(n in self.spec.inputs for n in self.param_inputs.get(param, ())):
+            return None
+        return self.input_name(param)

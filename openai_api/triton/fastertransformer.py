@@ -124,7 +124,9 @@ class FasterTransformerAdapter(SpecAdapter):
         for param, value in values.items():
             if value is None or value is False or value == []:
                 continue
-            r.add(spec, self.input_name(param), words_tensor(value) if param in ("stop_words", "bad_words") else value)
+            name = self.value_input(param, value)
+            if name is not None:
+                r.add(spec, name, words_tensor(value) if param in ("stop_words", "bad_words") else value)
         wanted = ["output_ids", "sequence_length"]
         if req.return_logprobs:
             wanted.append("output_log_probs")

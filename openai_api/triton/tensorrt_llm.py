@@ -89,7 +89,9 @@ class TensorRTLLMAdapter(SpecAdapter):
             value = getattr(req, param)
             if value is None or value is False or value == []:
                 continue
-            r.add(spec, self.input_name(param), words_tensor(value) if param in ("stop_words", "bad_words") else value)
+            name = self.value_input(param, value)
+            if name is not None:
+                r.add(spec, name, words_tensor(value) if param in ("stop_words", "bad_words") else value)
         if req.guide is not None:
             if not self.guide_kinds:
                 raise self.refuse_guide(req.guide)

@@ -29,7 +29,7 @@ from typing import Any
 from tritonclient.grpc import InferResult
 
 from openai_api.errors import BackendError, InvalidRequestError
-from openai_api.triton.base import SpecAdapter
+from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.wire import InferRequest, ModelSpec
@@ -161,7 +161,7 @@ class VLLMAdapter(SpecAdapter):
                 raise self.refuse_guide(req.guide)
             params[self.guide_key] = vllm_guide(req.guide, self.guide_key)
         if "sampling_parameters" not in names:
-            extra = sorted(set(params) - {"max_tokens", "stop_token_ids"})
+            extra = sorted(k for k in set(params) - {"max_tokens", "stop_token_ids"} if not is_neutral(k, params[k]))
             if extra:
                 raise self.refuse(extra[0], " (its Triton config has no sampling_parameters input)")
             logger.warning("model %s: Triton model %s has no sampling_parameters input; vLLM's default "

@@ -172,6 +172,20 @@ def test_what_a_text_model_cannot_do_is_a_400_naming_it(client: openai.OpenAI) -
         assert e.value.body["code"] == "special_tokens_in_content"  # type: ignore[index]
 
 
+def test_neutral_values_of_parameters_the_ft_model_lacks_are_accepted(client: openai.OpenAI) -> None:
+    # What chat UIs send with every request: no-op values, which change nothing and so are never refused.
+    plain = client.chat.completions.create(model=FT, **GREEDY).choices[0].message.content
+    neutral: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0.0, "top_p": 1,
+                               "extra_body": {"top_k": -1, "min_tokens": 0}}
+    r = client.chat.completions.create(model=FT, **neutral, **GREEDY)
+    assert r.choices[0].message.content == plain
+    streamed = client.chat.completions.create(model=FT, stream=True, **neutral, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == plain
+    done = client.completions.create(model=FT, prompt=PROMPT, presence_penalty=0, frequency_penalty=0,
+                                     temperature=0, max_tokens=20)
+    assert done.choices[0].text == plain
+
+
 @pytest.mark.parametrize(("model", "triton_model"), [(VLLM, "smollm2-vllm"), (FT, "smollm2-ft"),
                                                     (TRT_TEXT, "smollm2-ensemble"), (TEXT, "smollm2-text")])
 def test_client_going_away_cancels_the_triton_request(gateway: GatewayServer, ref_stats_dir: Path, model: str,

@@ -268,6 +268,45 @@ async def test_ft_refuses_a_parameter_its_config_lacks_naming_it() -> None:
     assert not adapter.supports("presence_penalty") and adapter.supports("seed") and adapter.supports("top_k")
 
 
+@pytest.mark.parametrize("neutral", [{"presence_penalty": 0.0}, {"frequency_penalty": 0}, {"presence_penalty": 0,
+                                     "frequency_penalty": 0.0}])
+async def test_ft_takes_a_neutral_value_of_a_parameter_its_config_lacks(neutral: dict[str, float]) -> None:
+    # Chat UIs send presence_penalty 0 / frequency_penalty 0 with every request: no input, nothing to refuse.
+    client = FakeClient(FT_CONFIG, [ft_result([5, 6, 7, 10])])
+    adapter = make(FasterTransformerAdapter, client, "ft")
+    chunks = await collect(adapter.generate(request(temperature=0.7, **neutral)))
+    assert [c.token_ids for c in chunks] == [[10]]
+    t = sent(client.requests[0])
+    assert "presence_penalty" not in t and "frequency_penalty" not in t
+
+
+async def test_neutral_values_are_still_sent_where_the_model_has_the_input() -> None:
+    client = FakeClient(TRTLLM_CONFIG, [])
+    adapter = make(TensorRTLLMAdapter, client, "trt")
+    t = sent(adapter._request(request(presence_penalty=0.0, top_k=0), streaming=False))
+    assert t["presence_penalty"].tolist() == [[0.0]] and t["runtime_top_k"].tolist() == [[0]]
+
+
+@pytest.mark.parametrize(("param", "value"), [("presence_penalty", 0.1), ("frequency_penalty", -0.5),
+                                              ("min_tokens", 1), ("repetition_penalty", 1.05)])
+def test_a_value_that_would_change_the_output_is_still_refused(param: str, value: float) -> None:
+    adapter = make(TensorRTLLMAdapter, FakeClient(OLD_TRTLLM_CONFIG), "trt")  # no penalty inputs at all
+    if param == "min_tokens":
+        adapter = make(TensorRTLLMAdapter, FakeClient(TRTLLM_CONFIG), "trt")  # min_tokens undeclared here
+    with pytest.raises(InvalidRequestError) as e:
+        adapter._request(request(**{param: value}), streaming=False)
+    assert e.value.param == param and e.value.code == "unsupported_parameter"
+
+
+def test_neutral_values_pass_every_adapter_that_lacks_their_input() -> None:
+    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "top_p": 1.0,
+               "min_tokens": 0}
+    old = make(TensorRTLLMAdapter, FakeClient(OLD_TRTLLM_CONFIG), "trt")
+    t = sent(old._request(request(**neutral), streaming=False))
+    assert not {"presence_penalty", "frequency_penalty", "repetition_penalty"} & set(t)
+    assert t["runtime_top_p"].tolist() == [[1.0]]  # declared: sent as is
+
+
 # ------------------------------------------------------------------ vLLM
 def test_vllm_sampling_parameters_always_carry_max_tokens() -> None:
     assert sampling_parameters(request(end_id=None)) == {"max_tokens": 8}
