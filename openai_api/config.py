@@ -157,6 +157,13 @@ class EmbeddingModel(_Served):
     # `last_hidden_state` ([B, L, H], pooled here) or `sentence_embedding` ([B, H], pooled in the model).
     output_name: str = "last_hidden_state"
     truncate: bool = Field(default=False, description="truncate over-long inputs instead of a 400")
+    # Retrieval models trained with instructions (e5: "query: " / "passage: "; bge: "Represent this sentence for
+    # searching relevant passages: ") get them prepended to each text of a request's `input_type` (NIM's field).
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    # Token-id input is taken only when the ids are known to be this model's own vocabulary: clients such as
+    # LangChain's OpenAIEmbeddings send OpenAI's cl100k ids by default, which would embed as nonsense.
+    accept_token_ids: bool = False
     max_batch_size: int = Field(default=32, gt=0, description="inputs per Triton request")
     input_config: dict[str, str] = Field(
         default_factory=lambda: {"input_ids": "input_ids", "attention_mask": "attention_mask",

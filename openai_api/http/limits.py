@@ -31,6 +31,7 @@ from openai_api.errors import (
 )
 from openai_api.http.middleware import send_error
 from openai_api.observability import Metrics, RequestStats, current_stats
+from openai_api.schemas.dialects import RankingRequest, RootRerankRequest, TEIEmbedRequest
 from openai_api.schemas.openai import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -184,6 +185,29 @@ class Admission:
     def rerank(self, body: RerankRequest) -> None:
         _check_count(len(body.documents), self.settings.max_rerank_documents, "documents", "documents")
         self._admit(body.model)
+
+    def tei_embed(self, body: TEIEmbedRequest, model: str) -> None:
+        """TEI `/embed`; `model` is the one serving it (TEI's body names none)."""
+        count = 1 if isinstance(body.inputs, str) else len(body.inputs)
+        _check_count(count, self.settings.max_embedding_inputs, "inputs", "inputs")
+        self._admit(model)
+
+    def ranking(self, body: RankingRequest) -> None:
+        """NIM `/v1/ranking`."""
+        _check_count(len(body.passages), self.settings.max_rerank_documents, "passages", "passages")
+        self._admit(body.model)
+
+    def root_rerank(self, body: RootRerankRequest, model: str) -> None:
+        """`/rerank`: TEI's `texts` or Infinity's `documents`; `model` is the one serving it."""
+        param = "texts" if body.texts is not None else "documents"
+        count = len(body.texts if body.texts is not None else body.documents or [])
+        _check_count(count, self.settings.max_rerank_documents, param, param)
+        self._admit(model)
+
+    def tokenize(self, model: str, messages: int = 0) -> None:
+        """`/tokenize` and `/detokenize`: tokenizer work only, but a request in flight like any other."""
+        _check_count(messages, self.settings.max_messages, "messages", "messages")
+        self._admit(model)
 
 
 def _content_length(scope: Scope) -> bytes | None:

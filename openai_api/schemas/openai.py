@@ -128,6 +128,10 @@ class EmbeddingRequest(_Request):
     encoding_format: str = "float"
     dimensions: int | None = Field(default=None, ge=1)
     user: str | None = None
+    # NVIDIA NIM's retrieval fields: `input_type` `query` / `passage` (the model config's prefixes), and
+    # `truncate` `NONE` / `START` / `END` (unset: the model config's `truncate`).
+    input_type: str | None = None
+    truncate: str | bool | None = None
 
 
 class RerankDocument(BaseModel):

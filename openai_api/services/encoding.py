@@ -1,14 +1,45 @@
-"""What embeddings and rerank share: special-token wrapping, padding, and chunked Triton calls."""
+"""What embeddings and rerank share: truncation modes, special-token wrapping, padding, and chunked Triton
+calls."""
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
+from openai_api.errors import InvalidRequestError
 from openai_api.services.registry import EncoderRuntime
+
+# What to do with an input longer than the model's maximum: a 400, cut its start (keep the end), or cut
+# its end (keep the start). NIM's `truncate` spells them NONE / START / END.
+Truncation = Literal["none", "start", "end"]
+_TRUNCATIONS: dict[str, Truncation] = {"none": "none", "start": "start", "end": "end"}
+
+
+def nim_truncation(value: str | bool | None, param: str = "truncate") -> Truncation | None:
+    """NIM's `truncate` (`NONE` / `START` / `END`, any case; a bool as `END` / `NONE`); None when unset."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "end" if value else "none"
+    mode = _TRUNCATIONS.get(value.strip().lower())
+    if mode is not None:
+        return mode
+    raise InvalidRequestError(f"'{param}' must be 'NONE', 'START' or 'END', not {value!r}.", param=param)
+
+
+def tei_truncation(truncate: bool | None, direction: str | None, default: bool) -> Truncation:
+    """TEI's `truncate` (unset: the model's default) and `truncation_direction` (`Right`, the default, cuts
+    the end; `Left` cuts the start)."""
+    side = (direction or "right").strip().lower()
+    if side not in ("left", "right"):
+        raise InvalidRequestError(f"'truncation_direction' must be 'Left' or 'Right', not {direction!r}.",
+                                  param="truncation_direction")
+    if not (default if truncate is None else truncate):
+        return "none"
+    return "start" if side == "left" else "end"
 
 
 def special_wrap(rt: EncoderRuntime[Any]) -> tuple[list[int], list[int]]:

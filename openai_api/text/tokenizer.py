@@ -127,10 +127,12 @@ class TextTokenizer:
             raise invalid_text() from None
         return [e.ids for e in encs]
 
-    def bound(self, text: str, max_tokens: int) -> tuple[str, bool]:
+    def bound(self, text: str, max_tokens: int, *, from_end: bool = False) -> tuple[str, bool]:
         """`(text, False)` when `text` is cheap to tokenize whole; else, when it certainly holds more than
         `max_tokens` tokens, `(prefix, True)`: a prefix of it that also does, so tokenizing the prefix and
-        keeping `max_tokens` tokens gives exactly the text's first `max_tokens` tokens.
+        keeping `max_tokens` tokens gives exactly the text's first `max_tokens` tokens. With `from_end`,
+        the same from the other side: a suffix that holds more than `max_tokens` tokens, whose last
+        `max_tokens` tokens are the text's last ones (for truncation that keeps the end).
 
         Tokenizing a text allocates per token (ids, offsets, strings): a 12 MB input costs over a GB
         whole. A text longer than `BOUND_WINDOW_CHARS` is counted window by window instead, cut at
@@ -140,20 +142,29 @@ class TextTokenizer:
         that never passes (mostly whitespace, say) is returned whole: it is few tokens by then."""
         if len(text) <= BOUND_WINDOW_CHARS:
             return text, False
-        count = windows = pos = 0
+        count = windows = 0
         n = len(text)
+        pos = n if from_end else 0
         try:
-            while pos < n:
-                end = min(pos + BOUND_WINDOW_CHARS, n)
-                if end < n:
-                    cut = max(text.rfind(" ", pos, end), text.rfind("\n", pos, end))
-                    if cut > pos:
-                        end = cut
-                count += len(self.tokenizer.encode(text[pos:end], add_special_tokens=False))
+            while (pos > 0) if from_end else (pos < n):
+                if from_end:
+                    start, end = max(pos - BOUND_WINDOW_CHARS, 0), pos
+                    if start > 0:
+                        cuts = [c for c in (text.find(" ", start, end), text.find("\n", start, end)) if c > start]
+                        if cuts:
+                            start = min(cuts)
+                    window, pos = text[start:end], start
+                else:
+                    start, end = pos, min(pos + BOUND_WINDOW_CHARS, n)
+                    if end < n:
+                        cut = max(text.rfind(" ", pos, end), text.rfind("\n", pos, end))
+                        if cut > pos:
+                            end = cut
+                    window, pos = text[start:end], end
+                count += len(self.tokenizer.encode(window, add_special_tokens=False))
                 windows += 1
-                pos = end
                 if count - 2 * windows > max_tokens:
-                    return text[:end], True
+                    return (text[pos:], True) if from_end else (text[:pos], True)
         except TypeError:
             raise invalid_text() from None
         return text, False

@@ -74,15 +74,15 @@ def test_dimensions_truncates_and_renormalises(client: openai.OpenAI) -> None:
     np.testing.assert_allclose(v, np.asarray(full[:64]) / np.linalg.norm(full[:64]), atol=1e-5)
 
 
-def test_token_ids_give_the_same_vector_as_text(client: openai.OpenAI) -> None:
+def test_token_ids_are_refused_unless_the_config_says_they_are_the_models_own(client: openai.OpenAI) -> None:
+    # Ids from another vocabulary (LangChain's default sends cl100k ids) would embed as nonsense; the model's
+    # config can allow its own (accept_token_ids; tests/e2e/test_retrieval_embeddings.py).
     tok = TextTokenizer.from_folder(MODELS / EMB)
-    text = "Token ids and text should agree."
-    by_text = client.embeddings.create(model=EMB, input=text, encoding_format="float").data[0].embedding
-    ids = tok.encode(text)  # without [CLS]/[SEP]: the gateway adds them
-    by_ids = client.embeddings.create(model=EMB, input=[ids], encoding_format="float").data[0].embedding
-    flat = client.embeddings.create(model=EMB, input=ids, encoding_format="float").data[0].embedding
-    np.testing.assert_allclose(by_text, by_ids, atol=1e-5)
-    np.testing.assert_allclose(by_text, flat, atol=1e-5)
+    for ids in ([tok.encode("Token ids")], tok.encode("Token ids")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.embeddings.create(model=EMB, input=ids, encoding_format="float")
+        assert e.value.body["code"] == "token_ids_not_accepted"  # type: ignore[index]
+        assert "check_embedding_ctx_length=False" in e.value.body["message"]  # type: ignore[index]
 
 
 @pytest.mark.parametrize(("body", "status", "param"), [
