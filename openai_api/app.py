@@ -33,7 +33,7 @@ STARTUP_CHECK_TIMEOUT_S = 10.0
 # Routes served by `JSONRouteMiddleware` without FastAPI's per-request machinery: the ones a benchmark
 # against Triton itself measures, where that machinery cost as much CPU as the gateway's own work.
 HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/rerank",
-              "/v2/rerank", "/embed")
+              "/v2/rerank", "/v1/ranking", "/embed", "/rerank")
 
 
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
