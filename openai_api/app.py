@@ -19,7 +19,17 @@ from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddleware
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
-from openai_api.http.routers import chat, completions, embeddings, health, metrics, models, rerank, responses
+from openai_api.http.routers import (
+    chat,
+    completions,
+    embeddings,
+    health,
+    metrics,
+    models,
+    rerank,
+    responses,
+    tokenize,
+)
 from openai_api.observability import Metrics
 from openai_api.services.container import build_services
 from openai_api.settings import Settings
@@ -72,7 +82,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     app.state.gateway = state
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
-                   models.router)
+                   tokenize.router, models.router)
     for r in api_routers:
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)

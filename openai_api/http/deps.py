@@ -24,6 +24,7 @@ from openai_api.services.embeddings import EmbeddingsService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.rerank import RerankService
 from openai_api.services.responses import ResponsesService
+from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
 
 
@@ -82,6 +83,10 @@ def responses_service(request: Request) -> ResponsesService:
     return app_state(request).services.responses
 
 
+def tokenize_service(request: Request) -> TokenizeService:
+    return app_state(request).services.tokenize
+
+
 def models_service(request: Request) -> ModelsService:
     return app_state(request).services.models
 
@@ -100,6 +105,7 @@ ChatSvc = Annotated[ChatService, Depends(chat_service)]
 CompletionsSvc = Annotated[CompletionsService, Depends(completions_service)]
 EmbeddingsSvc = Annotated[EmbeddingsService, Depends(embeddings_service)]
 RerankSvc = Annotated[RerankService, Depends(rerank_service)]
+TokenizeSvc = Annotated[TokenizeService, Depends(tokenize_service)]
 ModelsSvc = Annotated[ModelsService, Depends(models_service)]
 ResponsesSvc = Annotated[ResponsesService, Depends(responses_service)]
 HealthSvc = Annotated[HealthService, Depends(health_service)]

@@ -14,6 +14,7 @@ from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import ModelRegistry
 from openai_api.services.rerank import RerankService
 from openai_api.services.responses import ResponsesService, ResponseStore
+from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
 from openai_api.text.templates import RenderLimits
 from openai_api.text.workers import CPUWorkers
@@ -31,6 +32,7 @@ class Services:
     models: ModelsService
     health: HealthService
     responses: ResponsesService
+    tokenize: TokenizeService
 
     async def close(self) -> None:
         self.preprocess.workers.close()
@@ -49,4 +51,4 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
                     models=ModelsService(registry), health=HealthService(registry),
-                    responses=ResponsesService(chat, store))
+                    responses=ResponsesService(chat, store), tokenize=TokenizeService(registry, pre, chat))
