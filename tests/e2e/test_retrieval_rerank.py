@@ -175,3 +175,15 @@ def test_rerank_id_is_the_request_id(http: httpx.Client, path: str) -> None:
     assert r.status_code == 200 and r.json()["id"] == "rerank-trace-7"
     r = http.post(path, json=body)
     assert r.json()["id"] == r.headers["x-request-id"]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [
+    ("/v1/ranking", {"model": RERANK, "query": {"text": "q"}, "passages": [{"text": "d"}] * 1001}, "passages"),
+    ("/rerank", {"query": "q", "texts": ["d"] * 1001}, "texts"),
+    ("/rerank", {"model": RERANK, "query": "q", "documents": ["d"] * 1001}, "documents"),
+    ("/embed", {"inputs": ["d"] * 2049}, "inputs"),
+])
+def test_item_limits_apply_to_every_dialect(http: httpx.Client, path: str, body: dict[str, Any], param: str) -> None:
+    r = http.post(path, json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "too_many_items" and r.json()["error"]["param"] == param
