@@ -6,7 +6,6 @@ request id as every rerank response's `id`."""
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Any
 
@@ -85,8 +84,8 @@ def test_ranking_json_shape_and_truncate(http: httpx.Client) -> None:
 # --- Infinity /rerank: litellm's infinity/ provider -----------------------------------------------------------
 
 
-def test_litellm_infinity_rerank(gateway: GatewayServer, http: httpx.Client) -> None:
-    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
+def test_litellm_infinity_rerank(gateway: GatewayServer, http: httpx.Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no cost-map download
     litellm = pytest.importorskip("litellm")
     r = litellm.rerank(model=f"infinity/{RERANK}", query=QUERY, documents=DOCS, top_n=3, return_documents=True,
                        api_base=gateway.url, api_key=API_KEY, headers={"X-Request-Id": "infinity-trace-1"})
