@@ -1,9 +1,10 @@
-"""Load generators: the same work sent through the gateway (HTTP/SSE) and straight to Triton (gRPC).
+"""The HTTP load generator (the gateway side) and the runners both sides share.
 
 The HTTP side uses a minimal keep-alive HTTP/1.1 client on asyncio streams instead of httpx, so the
 load generator (which shares the 2 cores with everything it measures) spends as little CPU per SSE
-chunk as the direct side spends per gRPC response; it counts content chunks by searching the raw
-bytes for the delta marker, the way a streaming client reads them.
+chunk as it can; it counts token events by searching the raw bytes for the delta marker, the way a
+streaming client reads them. The direct side (straight to Triton over gRPC) is ``bench.limit``, in
+processes of its own.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from typing import Any
 
 import numpy as np
 import orjson
-import tritonclient.grpc.aio as grpc_aio
-from tritonclient.grpc import InferInput, InferRequestedOutput
 
+# One per SSE event that carries a token: chat content deltas, and a forced tool call's argument deltas
+# (the first tool-call delta, with the id and the name, has `"function":{"name":` and is not counted).
 CONTENT_MARKER = b'"delta":{"content":'
+TOOL_ARGS_MARKER = b'"function":{"arguments":'
 
 
 class HTTPError(RuntimeError):
@@ -87,8 +89,14 @@ class HTTPConnection:
             self.close()
         return status, body
 
-    async def post_stream(self, path: str, payload: dict[str, Any], on_count: Callable[[int], None]) -> int:
-        """POST an SSE request; call ``on_count(k)`` as content chunks arrive; return their total."""
+    async def post_stream(
+        self,
+        path: str,
+        payload: dict[str, Any],
+        on_count: Callable[[int], None],
+        marker: bytes = CONTENT_MARKER,
+    ) -> int:
+        """POST an SSE request; call ``on_count(k)`` as token events (``marker``) arrive; return their total."""
         try:
             status, headers = await self._send(path, orjson.dumps(payload))
             if status != 200:
@@ -97,7 +105,7 @@ class HTTPConnection:
             total = 0
             done = False
             async for chunk in self._chunks(headers):
-                k = chunk.count(CONTENT_MARKER)
+                k = chunk.count(marker)
                 if k:
                     total += k
                     on_count(k)
@@ -111,66 +119,6 @@ class HTTPConnection:
         except BaseException:
             self.close()  # a cancelled or broken stream cannot be reused
             raise
-
-
-# ---------------------------------------------------------------------------------------------- Triton
-class DirectLLM:
-    """What a client calling Triton itself does: one gRPC stream per request via tritonclient.grpc.aio."""
-
-    def __init__(self, url: str, model: str, prompt_ids: list[int], end_id: int, pad_id: int) -> None:
-        self.client = grpc_aio.InferenceServerClient(url)
-        self.model = model
-        self.prompt_ids = prompt_ids
-        self.end_id, self.pad_id = end_id, pad_id
-
-    async def close(self) -> None:
-        await self.client.close()
-
-    @staticmethod
-    def _tensor(name: str, value: Any, dtype: str) -> InferInput:
-        arr = np.asarray(value, dtype={"INT32": np.int32, "BOOL": np.bool_}[dtype])[np.newaxis, ...]
-        inp = InferInput(name, list(arr.shape), dtype)
-        inp.set_data_from_numpy(arr)
-        return inp
-
-    def payload(self, max_tokens: int, streaming: bool) -> dict[str, Any]:
-        """The same inputs the gateway sends for a chat request without sampling parameters."""
-        t = self._tensor
-        return {
-            "model_name": self.model,
-            "inputs": [
-                t("input_ids", self.prompt_ids, "INT32"),
-                t("request_output_len", [max_tokens], "INT32"),
-                t("input_lengths", [len(self.prompt_ids)], "INT32"),
-                t("end_id", [self.end_id], "INT32"),
-                t("pad_id", [self.pad_id], "INT32"),
-                t("streaming", [streaming], "BOOL"),
-            ]
-            + ([] if streaming else [t("exclude_input_in_output", [True], "BOOL")]),
-            "outputs": [InferRequestedOutput("output_ids"), InferRequestedOutput("sequence_length")],
-        }
-
-    async def generate(
-        self, max_tokens: int, on_count: Callable[[int], None] | None = None, streaming: bool = True
-    ) -> int:
-        payload = self.payload(max_tokens, streaming)
-
-        async def one() -> AsyncIterator[dict[str, Any]]:
-            yield payload
-
-        stream = self.client.stream_infer(one())
-        total = 0
-        try:
-            async for result, error in stream:
-                if error is not None:
-                    raise RuntimeError(f"Triton error: {error}")
-                k = result.as_numpy("output_ids").size
-                total += k
-                if on_count is not None and k:
-                    on_count(k)
-        finally:
-            stream.cancel()
-        return total
 
 
 # ---------------------------------------------------------------------------------------------- runners
@@ -189,14 +137,17 @@ async def throughput(
     warmup_s: float,
     measure_s: float,
     drain_s: float = 30.0,
+    probe: Callable[[], dict[str, float]] | None = None,
 ) -> dict[str, Any]:
     """Run ``concurrency`` loops of ``worker`` and count units (tokens, texts) in a measured window.
 
-    Units that arrive during the warm-up are not counted. When the window closes, no loop starts a
-    new request and the ones in flight finish (up to ``drain_s``; then they are cancelled): Triton
-    2.51's gRPC frontend can abort on a burst of simultaneous stream cancellations
-    (``ASSERTION FAILED: prior > 0``, triton-inference-server/server#8034), which a benchmark
-    that cancels 64 streams at once every window triggers."""
+    Units that arrive during the warm-up are not counted. ``probe()`` (CPU seconds of each process
+    by name) is sampled at both ends of the window: the differences come back as ``window_cpu_s``.
+    When the window closes, no loop starts a new request and the ones in flight finish (up to
+    ``drain_s``; then they are cancelled): Triton 2.51's gRPC frontend can abort on a burst of
+    simultaneous stream cancellations (``ASSERTION FAILED: prior > 0``,
+    triton-inference-server/server#8034), which a benchmark that cancels 64 streams at once every
+    window triggers."""
     counter = Counter()
     stop = asyncio.Event()
 
@@ -213,22 +164,74 @@ async def throughput(
     tasks = [asyncio.create_task(loop()) for _ in range(concurrency)]
     try:
         await asyncio.sleep(warmup_s)
+        cpu0 = probe() if probe is not None else {}
         v0, t0 = counter.value, time.perf_counter()
         await asyncio.sleep(measure_s)
         v1, t1 = counter.value, time.perf_counter()
+        cpu1 = probe() if probe is not None else {}
         stop.set()
         await asyncio.wait(tasks, timeout=drain_s)
     finally:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return {
+    out: dict[str, Any] = {
+        "window": (t0, t1),  # perf_counter times, for callers that time requests themselves
         "rate": (v1 - v0) / (t1 - t0),
         "units": v1 - v0,
         "seconds": round(t1 - t0, 3),
         "errors": len(counter.errors),
         "first_errors": counter.errors[:3],
     }
+    if probe is not None:
+        out["window_cpu_s"] = {k: round(cpu1[k] - cpu0[k], 4) for k in cpu1}
+    return out
+
+
+def percentiles_ms(samples_s: list[float]) -> dict[str, float]:
+    arr = np.asarray(samples_s) * 1000.0 if samples_s else np.asarray([float("nan")])
+    return {
+        "p50_ms": float(np.percentile(arr, 50)),
+        "p90_ms": float(np.percentile(arr, 90)),
+        "p99_ms": float(np.percentile(arr, 99)),
+        "mean_ms": float(arr.mean()),
+        "n": len(samples_s),
+    }
+
+
+async def stream_timings(
+    conns: ConnectionPool,
+    path: str,
+    payload: dict[str, Any],
+    concurrency: int,
+    warmup_s: float,
+    measure_s: float,
+) -> dict[str, Any]:
+    """``throughput`` of streamed requests, plus each request's time to first token and inter-token
+    latency the way AIPerf defines them: ITL = (last response - first token) / (tokens - 1). Requests
+    that started after the warm-up count (they may end in the drain, as in AIPerf's grace period)."""
+    records: list[tuple[float, float, float, int]] = []
+
+    async def worker(counter: Counter) -> None:
+        first: list[float] = []
+        t0 = time.perf_counter()
+
+        def on_count(k: int) -> None:
+            if not first:
+                first.append(time.perf_counter())
+            counter.add(k)
+
+        async with conns.connection() as conn:
+            n = await conn.post_stream(path, payload, on_count)
+        records.append((t0, first[0] if first else float("nan"), time.perf_counter(), n))
+
+    out = await throughput(worker, concurrency, warmup_s, measure_s)
+    start = out["window"][0]
+    timed = [r for r in records if r[0] >= start and r[3] > 1]
+    out["ttft"] = percentiles_ms([f - s for s, f, _e, _n in timed])
+    out["itl"] = percentiles_ms([(e - f) / (n - 1) for _s, f, e, n in timed])
+    out["requests"] = len(timed)
+    return out
 
 
 async def latencies(
@@ -252,13 +255,8 @@ async def latencies(
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - t0
-    arr = np.asarray(samples) * 1000.0 if samples else np.asarray([float("nan")])
     return {
-        "p50_ms": float(np.percentile(arr, 50)),
-        "p90_ms": float(np.percentile(arr, 90)),
-        "p99_ms": float(np.percentile(arr, 99)),
-        "mean_ms": float(arr.mean()),
-        "n": len(samples),
+        **percentiles_ms(samples),
         "req_per_s": len(samples) / wall if wall else 0.0,
         "errors": len(errors),
         "first_errors": errors[:3],

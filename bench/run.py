@@ -3,12 +3,16 @@
 It starts one tritonserver (synthetic LLMs + all-minilm-l6-v2), the gateway as its own process and,
 for embeddings, Infinity in its own venv; runs each case through the gateway and against its
 baseline side by side; and writes ``bench/results/latest.{md,json}`` plus a dated JSON copy in
-``bench/results/history/``. Targets are read from those files; nothing here asserts timings.
+``bench/results/history/``. ``latest.json`` holds a ``summary`` object (the figures the issue's
+targets are judged on; see ``bench.report.SUMMARY_KEYS``) from which the README's table is rendered.
+Nothing here asserts timings.
 
-Cases (see bench/README.md): stream relay vs direct gRPC (c = 1, 16, 64), added latency of a short
-non-streamed chat (c = 1, 16), embeddings vs Infinity (single texts at c = 32, 32-text batches),
-gateway CPU per token at 8,192 vs 64 output tokens, gateway RSS per open stream (1,000 streams),
-and py-spy profiles of the gateway on the relay and latency cases.
+The limit (the direct side of every LLM case) is ``bench.limit``: the gateway's own Triton RPC code
+as a bare client, in processes of its own. Cases (see bench/README.md): stream relay vs the limit
+(c = 1, 16, 64), added latency of a short non-streamed chat (c = 1, 16) and of the first streamed
+token, gateway CPU per token at 8,192 vs 64 output tokens, gateway RSS per open stream (1,000
+streams), guided vs unguided decoding, ``--workers 2`` vs ``--workers 1``, AIPerf against the
+gateway, py-spy profiles, embeddings vs Infinity.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import platform
 import random
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,8 +39,21 @@ from typing import Any
 
 import psutil
 
-from bench import infinity, profiling
-from bench.load import ConnectionPool, Counter, DirectLLM, HTTPConnection, HTTPError, latencies, throughput
+from bench import aiperf_runner, infinity, profiling
+from bench.limit import LABELS, Limit
+from bench.load import (
+    CONTENT_MARKER,
+    TOOL_ARGS_MARKER,
+    ConnectionPool,
+    Counter,
+    HTTPConnection,
+    HTTPError,
+    latencies,
+    percentiles_ms,
+    stream_timings,
+    throughput,
+)
+from bench.report import TARGETS, build_summary
 from bench.stack import (
     EMBEDDING,
     REPO,
@@ -44,24 +62,35 @@ from bench.stack import (
     SYNTHETIC_SLOW,
     Gateway,
     gateway_config,
+    has_flag,
     start_triton,
 )
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
 
 RESULTS = REPO / "bench" / "results"
-TARGETS = {
-    "relay_ratio_min": 0.9,
-    "added_p50_ms_max": 1.0,
-    "embeddings_ratio_min": 1.0,
-    "long_output_cpu_ratio_max": 1.1,
-}
 MESSAGES = [{"role": "user", "content": "Tell me a long story about a quick brown fox."}]
 SLOW_DELAY_MS = 1000
+# Guided decoding through the gateway: a JSON schema (response_format), and a forced (named) tool call
+# whose arguments stream as tool-call deltas. The synthetic model emits one fixed JSON object either way.
+GUIDE_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
+GUIDED = {
+    "unguided": ({}, None),
+    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": GUIDE_SCHEMA}}},
+                    None),
+    "tool_call": (
+        {
+            "tools": [{"type": "function", "function": {"name": "t", "parameters": GUIDE_SCHEMA}}],
+            "tool_choice": {"type": "function", "function": {"name": "t"}},
+        },
+        TOOL_ARGS_MARKER,
+    ),
+}
+ALL_CASES = ["relay", "latency", "long", "streams", "guided", "workers", "aiperf", "profile", "embeddings"]
 
 
 class Profile:
-    """Sizes of a run: --quick for a smoke test (~3 min), full for the committed numbers (<15 min)."""
+    """Sizes of a run: --quick for a smoke test (~5 min), full for the committed numbers (<15 min)."""
 
     def __init__(self, quick: bool) -> None:
         self.name = "quick" if quick else "full"
@@ -74,20 +103,29 @@ class Profile:
         self.streams = 1000
         self.streams_hold_s = 3.0 if quick else 6.0
         self.streams_tokens = 25 if quick else 35  # seconds each stream lasts at 1 token/s
+        self.ttft_requests = 100 if quick else 300  # c = 1, streamed, 16 tokens
+        self.limit_procs: tuple[int, ...] = (1, 2)  # the limit at c > 1: the best of one process and two
         self.embed_warmup_s, self.embed_measure_s = (2.0, 5.0) if quick else (3.0, 12.0)
         self.profile_s = 5 if quick else 10
         self.profile_svg = not quick
+        self.guided_concurrency, self.guided_tokens = 16, 512
+        self.guided_reps = 1 if quick else 2
+        self.workers_concurrency = 64
+        self.workers_reps = 1 if quick else 2
+        self.aiperf_concurrency, self.aiperf_embed_concurrency = 16, 32
+        self.aiperf_warmup_s, self.aiperf_duration_s = (2.0, 6.0) if quick else (3.0, 15.0)
 
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.p = Profile(args.quick)
+        self.p.limit_procs = tuple(args.limit_procs)
         self.workdir = Path(tempfile.mkdtemp(prefix="bench-"))
         self.results: dict[str, Any] = {"failures": []}
         self.gateway: Gateway | None = None
         self.triton: Any = None
-        self.direct: DirectLLM | None = None
+        self.limit: Limit | None = None
 
     # ------------------------------------------------------------------ helpers
     def log(self, msg: str) -> None:
@@ -101,6 +139,17 @@ class Bench:
     def gw_proc(self) -> psutil.Process:
         assert self.gateway is not None
         return psutil.Process(self.gateway.pid)
+
+    def probe(self, gateway: Gateway | None = None) -> Callable[[], dict[str, float]]:
+        """CPU seconds so far of the gateway (all its processes), Triton and this load generator."""
+        gw = gateway or self.gateway
+        assert gw is not None
+        procs = {"gateway": gw.processes(), "triton": self.triton_procs(), "loadgen": [psutil.Process()]}
+        return lambda: {k: self.cpu_s(v) for k, v in procs.items()}
+
+    @staticmethod
+    def window_pct(run: dict[str, Any]) -> dict[str, float]:
+        return {k: round(100 * v / run["seconds"], 1) for k, v in run.get("window_cpu_s", {}).items()}
 
     def triton_procs(self) -> list[psutil.Process]:
         root = psutil.Process(self.triton.pid)
@@ -149,11 +198,11 @@ class Bench:
         self.prompt_ids = tok.encode(prompt)
         end_id = tok.eos_token_ids[0]
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_id
-        self.direct = DirectLLM(self.triton.grpc_url, SYNTHETIC, self.prompt_ids, end_id, pad_id)
+        self.limit = Limit(self.triton.grpc_url, SYNTHETIC, self.prompt_ids, end_id, pad_id)
 
     @property
     def embeddings(self) -> bool:
-        return "embeddings" in self.args.cases
+        return "embeddings" in self.args.cases or "aiperf" in self.args.cases
 
     async def check_alive(self, case: str) -> None:
         """A crashed Triton or gateway is reported with its last words, then both are restarted."""
@@ -171,9 +220,6 @@ class Bench:
         self.start()
 
     async def stop(self) -> None:
-        if self.direct is not None:
-            with contextlib.suppress(Exception):
-                await self.direct.close()
         if self.gateway is not None:
             self.gateway.stop()
         if self.triton is not None:
@@ -184,15 +230,16 @@ class Bench:
     def chat_payload(self, max_tokens: int, stream: bool, model: str = SYNTHETIC) -> dict[str, Any]:
         return {"model": model, "messages": MESSAGES, "max_tokens": max_tokens, "stream": stream}
 
-    def new_conn(self) -> HTTPConnection:
-        assert self.gateway is not None
-        return HTTPConnection("127.0.0.1", self.gateway.port)
+    def new_conn(self, gateway: Gateway | None = None) -> HTTPConnection:
+        gw = gateway or self.gateway
+        assert gw is not None
+        return HTTPConnection("127.0.0.1", gw.port)
 
     async def sanity(self) -> None:
         """Both paths produce the same number of tokens before anything is timed."""
-        assert self.direct is not None
+        assert self.limit is not None
         n = 100
-        direct = await self.direct.generate(n)
+        direct = (await self.limit.run("count", 1, tokens=n))["tokens"]
         conn = self.new_conn()
         try:
             via_gw = await conn.post_stream("/v1/chat/completions", self.chat_payload(n, True), lambda k: None)
@@ -209,65 +256,137 @@ class Bench:
         )
 
     # ------------------------------------------------------------------ cases
-    def relay_worker(self, via: str) -> Callable[[Counter], Awaitable[Any]]:
-        n = self.p.relay_tokens
-        if via == "direct":
-            assert self.direct is not None
-            direct = self.direct
+    def gateway_stream_worker(
+        self, payload: dict[str, Any], marker: bytes = CONTENT_MARKER, gateway: Gateway | None = None
+    ) -> Callable[[Counter], Awaitable[Any]]:
+        """One streamed chat per call on a new connection, counting token events as they arrive."""
 
-            async def run_direct(counter: Counter) -> None:
-                await direct.generate(n, counter.add)
-
-            return run_direct
-        payload = self.chat_payload(n, True)
-
-        async def run_gateway(counter: Counter) -> None:
-            conn = self.new_conn()
+        async def run(counter: Counter) -> None:
+            conn = self.new_conn(gateway)
             try:
-                await conn.post_stream("/v1/chat/completions", payload, counter.add)
+                await conn.post_stream("/v1/chat/completions", payload, counter.add, marker)
             finally:
                 conn.close()
 
-        return run_gateway
+        return run
+
+    async def gateway_relay(
+        self, payload: dict[str, Any], c: int, marker: bytes = CONTENT_MARKER, gateway: Gateway | None = None
+    ) -> dict[str, Any]:
+        """Streamed chats through the gateway: tokens/s and the CPU of every process over the window."""
+        r = await throughput(
+            self.gateway_stream_worker(payload, marker, gateway),
+            c,
+            self.p.relay_warmup_s,
+            self.p.relay_measure_s,
+            probe=self.probe(gateway),
+        )
+        r.pop("window", None)
+        r["cpu_pct"] = self.window_pct(r)
+        r["gateway_cpu_us_per_token"] = round(r["window_cpu_s"]["gateway"] * 1e6 / max(r["units"], 1), 1)
+        r["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        return r
+
+    async def limit_relay(self, c: int, client: str, procs: int) -> dict[str, Any]:
+        """The same 512-token streams straight from Triton, from ``bench.limit`` process(es)."""
+        assert self.limit is not None
+        r = await self.limit.run(
+            "relay",
+            c,
+            client=client,
+            procs=procs,
+            probe=self.probe(),
+            tokens=self.p.relay_tokens,
+            warmup=self.p.relay_warmup_s,
+            measure=self.p.relay_measure_s,
+        )
+        r.setdefault("window_cpu_s", {})["limit"] = round(r["cpu_s"], 4)
+        r["cpu_pct"] = self.window_pct(r)
+        r["loadavg_1m"] = round(os.getloadavg()[0], 2)
+        return r
 
     async def case_relay(self) -> None:
         out: dict[str, Any] = {}
+        n = self.p.relay_tokens
         for rep in range(self.p.relay_reps):
             for c in self.p.relay_concurrency:
-                for via in ("direct", "gateway"):
-                    r = await self.measured(
-                        lambda via=via, c=c: throughput(
-                            self.relay_worker(via), c, self.p.relay_warmup_s, self.p.relay_measure_s
-                        )
-                    )
-                    cell = out.setdefault(f"c{c}", {}).setdefault(via, {"runs": []})
-                    cell["runs"].append(r)
+                cell = out.setdefault(
+                    f"c{c}", {"limit": {"runs": []}, "tritonclient": {"runs": []}, "gateway": {"runs": []}}
+                )
+                variants: dict[str, dict[str, Any]] = {}
+                for procs in self.p.limit_procs:
+                    if procs > c:
+                        continue
+                    r = await self.limit_relay(c, "rpc", procs)
+                    variants[f"{procs}proc"] = r
                     self.log(
-                        f"relay c={c} {via} rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, "
-                        f"errors {r['errors']}"
+                        f"relay c={c} limit ({procs} process{'es' if procs > 1 else ''}) rep {rep}: "
+                        f"{r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, errors {r['errors']}"
                     )
                     await asyncio.sleep(0.5)
-        for _c, cell in out.items():
-            # Direct and gateway runs alternate, so each pair saw the same neighbours: the ratio is the
-            # median of the paired ratios, the rates the medians of the runs.
-            pairs = sorted(
-                g["rate"] / max(d["rate"], 1e-9)
-                for d, g in zip(cell["direct"]["runs"], cell["gateway"]["runs"], strict=False)
-            )
-            for via in ("direct", "gateway"):
-                rates = sorted(r["rate"] for r in cell[via]["runs"])
-                cell[via]["tokens_per_s"] = round(rates[len(rates) // 2], 1)
+                best = max(variants, key=lambda k: variants[k]["rate"])
+                cell["limit"]["runs"].append({"rate": variants[best]["rate"], "best": best, "variants": variants})
+                r = await self.limit_relay(c, "tritonclient", 1)
+                cell["tritonclient"]["runs"].append(r)
+                self.log(
+                    f"relay c={c} tritonclient (old limit) rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}"
+                )
+                await asyncio.sleep(0.5)
+                r = await self.gateway_relay(self.chat_payload(n, True), c)
+                cell["gateway"]["runs"].append(r)
+                self.log(
+                    f"relay c={c} gateway rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, "
+                    f"{r['gateway_cpu_us_per_token']} us gateway CPU/token, errors {r['errors']}"
+                )
+                await asyncio.sleep(0.5)
+        for cell in out.values():
+            # Limit and gateway runs alternate, so each pair saw the same neighbours: a ratio is the
+            # median of the paired ratios, a rate the median of the runs.
+            lim, tc, gw = (cell[k]["runs"] for k in ("limit", "tritonclient", "gateway"))
+            for via in ("limit", "tritonclient", "gateway"):
+                cell[via]["tokens_per_s"] = round(_median([r["rate"] for r in cell[via]["runs"]]), 1)
+            for via in ("tritonclient", "gateway"):
                 cell[via]["errors"] = sum(r["errors"] for r in cell[via]["runs"])
-            cell["ratio"] = round(pairs[len(pairs) // 2], 3)
+            cell["limit"]["errors"] = sum(v["errors"] for r in lim for v in r["variants"].values())
+            pairs = [g["rate"] / max(x["rate"], 1e-9) for x, g in zip(lim, gw, strict=True)]
+            pairs_tc = [g["rate"] / max(x["rate"], 1e-9) for x, g in zip(tc, gw, strict=True)]
+            cell["ratio"] = round(_median(pairs), 3)
             cell["paired_ratios"] = [round(x, 3) for x in pairs]
-            gw_runs = sorted(cell["gateway"]["runs"], key=lambda r: r["rate"])
-            mid = gw_runs[len(gw_runs) // 2]
-            cell["gateway_cpu_us_per_token"] = round(mid["cpu_pct"]["gateway"] / 100 * 1e6 / max(mid["rate"], 1e-9), 1)
+            cell["ratio_vs_tritonclient"] = round(_median(pairs_tc), 3)
+            cell["limit_over_tritonclient"] = round(
+                _median([x["rate"] / max(t["rate"], 1e-9) for x, t in zip(lim, tc, strict=True)]), 3
+            )
+            cell["gateway_cpu_us_per_token"] = round(_median([r["gateway_cpu_us_per_token"] for r in gw]), 1)
         self.results["relay"] = out
+        self.results["relay_meta"] = {
+            "limit_client": LABELS["rpc"],
+            "limit_processes": (
+                f"the best of {' and '.join(str(p) for p in self.p.limit_procs)} processes at c > 1"
+                if len(self.p.limit_procs) > 1
+                else f"{self.p.limit_procs[0]} process(es)"
+            ),
+            "limit_procs": list(self.p.limit_procs),
+            "old_limit_client": LABELS["tritonclient"],
+        }
+
+    async def limit_latency(
+        self, mode: str, c: int, per_worker: int, streaming: bool, client: str = "rpc"
+    ) -> dict[str, Any]:
+        assert self.limit is not None
+        r = await self.limit.run(
+            mode,
+            c,
+            client=client,
+            tokens=self.p.latency_tokens,
+            requests=per_worker,
+            warmup_requests=5,
+            streaming=int(streaming),
+        )
+        r.pop("samples_ms", None)
+        r["cpu_pct"] = {"limit": round(100 * r["cpu_s"] / max(r["wall_s"], 1e-9), 1)}
+        return r
 
     async def case_latency(self) -> None:
-        assert self.direct is not None
-        direct = self.direct
         n = self.p.latency_tokens
         payload = self.chat_payload(n, False)
         out: dict[str, Any] = {}
@@ -284,38 +403,74 @@ class Bench:
                 if status != 200:
                     raise HTTPError(f"HTTP {status}: {body[:200]!r}")
 
-            async def direct_stream() -> None:
-                if await direct.generate(n) != n:
-                    raise RuntimeError("short answer")
-
-            async def direct_unary() -> None:
-                if await direct.generate(n, streaming=False) != n:
-                    raise RuntimeError("short answer")
-
+            # The gateway sends a non-streamed chat with no stop strings as one streaming=false request
+            # on a pooled stream: the like-for-like baseline is that request from the limit client. A
+            # per-token stream and tritonclient's unary request are kept for information.
             cell: dict[str, Any] = {}
-            for name, call in (
-                ("direct_stream", direct_stream),
-                ("gateway", via_gateway),
-                ("direct_unary", direct_unary),
-            ):
-                cell[name] = await self.measured(
-                    lambda call=call, c=c, per_worker=per_worker: latencies(call, c, per_worker)
-                )
-                self.log(
-                    f"latency c={c} {name}: p50 {cell[name]['p50_ms']:.2f} ms, p99 {cell[name]['p99_ms']:.2f} ms"
-                    f", errors {cell[name]['errors']}"
-                )
-                await asyncio.sleep(0.3)
+            cell["limit_unary"] = await self.limit_latency("latency", c, per_worker, streaming=False)
+            self.log_latency(c, "limit_unary", cell["limit_unary"])
+            await asyncio.sleep(0.3)
+            cell["gateway"] = await self.measured(
+                lambda c=c, per_worker=per_worker: latencies(via_gateway, c, per_worker)
+            )
+            self.log_latency(c, "gateway", cell["gateway"])
+            await asyncio.sleep(0.3)
+            cell["limit_stream"] = await self.limit_latency("latency", c, per_worker, streaming=True)
+            self.log_latency(c, "limit_stream", cell["limit_stream"])
+            await asyncio.sleep(0.3)
+            cell["tritonclient_unary"] = await self.limit_latency(
+                "latency", c, per_worker, streaming=False, client="tritonclient"
+            )
+            self.log_latency(c, "tritonclient_unary", cell["tritonclient_unary"])
             for conn in conns:
                 conn.close()
-            # The gateway sends a non-streamed chat with no stop strings as one streaming=false request,
-            # so the like-for-like baseline is the direct unary request; the per-token stream is kept
-            # for information (it is what the gateway sent before that change).
-            cell["added_p50_ms"] = round(cell["gateway"]["p50_ms"] - cell["direct_unary"]["p50_ms"], 3)
-            cell["added_p99_ms"] = round(cell["gateway"]["p99_ms"] - cell["direct_unary"]["p99_ms"], 3)
-            cell["added_p50_ms_vs_stream"] = round(cell["gateway"]["p50_ms"] - cell["direct_stream"]["p50_ms"], 3)
+            cell["added_p50_ms"] = round(cell["gateway"]["p50_ms"] - cell["limit_unary"]["p50_ms"], 3)
+            cell["added_p99_ms"] = round(cell["gateway"]["p99_ms"] - cell["limit_unary"]["p99_ms"], 3)
+            cell["added_p50_ms_vs_tritonclient"] = round(
+                cell["gateway"]["p50_ms"] - cell["tritonclient_unary"]["p50_ms"], 3
+            )
             out[f"c{c}"] = cell
+        out["ttft_c1"] = await self.ttft()
         self.results["latency"] = out
+
+    def log_latency(self, c: int, name: str, r: dict[str, Any]) -> None:
+        self.log(f"latency c={c} {name}: p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, errors {r['errors']}")
+
+    async def ttft(self) -> dict[str, Any]:
+        """Time to the first streamed token at c = 1: a streamed chat through the gateway vs the same
+        streamed request from the limit client."""
+        n, count = self.p.latency_tokens, self.p.ttft_requests
+        out: dict[str, Any] = {"limit": await self.limit_latency("ttft", 1, count, streaming=True)}
+        self.log_latency(1, "ttft limit", out["limit"])
+        payload = self.chat_payload(n, True)
+        conn = self.new_conn()
+        samples: list[float] = []
+        errors: list[str] = []
+        try:
+            for i in range(5 + count):
+                first: list[float] = []
+
+                def on_count(_k: int, first: list[float] = first) -> None:
+                    if not first:
+                        first.append(time.perf_counter())
+
+                t0 = time.perf_counter()
+                try:
+                    got = await conn.post_stream("/v1/chat/completions", payload, on_count)
+                    if got != n:
+                        raise RuntimeError(f"{got} content chunks, wanted {n}")
+                except Exception as e:  # noqa: BLE001
+                    errors.append(f"{type(e).__name__}: {e}"[:300])
+                    continue
+                if i >= 5:
+                    samples.append(first[0] - t0)
+        finally:
+            conn.close()
+        out["gateway"] = {**percentiles_ms(samples), "errors": len(errors), "first_errors": errors[:3]}
+        self.log_latency(1, "ttft gateway", out["gateway"])
+        out["added_p50_ms"] = round(out["gateway"]["p50_ms"] - out["limit"]["p50_ms"], 3)
+        out["added_p99_ms"] = round(out["gateway"]["p99_ms"] - out["limit"]["p99_ms"], 3)
+        return out
 
     async def case_long_outputs(self) -> None:
         gw = self.gw_proc()
@@ -418,6 +573,236 @@ class Bench:
         }
         self.log(f"many streams: {self.results['many_streams']}")
 
+    async def case_guided(self) -> None:
+        """Gateway CPU per token and tokens/s with and without a guide (c = 16, 512-token streams):
+        a JSON schema (`response_format`, content deltas) and a forced tool call (argument deltas)."""
+        c, n = self.p.guided_concurrency, self.p.guided_tokens
+        payloads = {name: ({**self.chat_payload(n, True), **extra}, marker or CONTENT_MARKER)
+                    for name, (extra, marker) in GUIDED.items()}
+        conn = self.new_conn()
+        try:  # every variant streams what it should before anything is timed
+            for name, (payload, marker) in payloads.items():
+                got = await conn.post_stream("/v1/chat/completions", {**payload, "max_tokens": 64}, lambda k: None,
+                                             marker)
+                want = 64 if name == "unguided" else 63  # guided: the JSON object, then end_id
+                if got != want:
+                    raise RuntimeError(f"guided sanity: {name} streamed {got} token events, wanted {want}")
+        finally:
+            conn.close()
+        out: dict[str, Any] = {name: {"runs": []} for name in payloads}
+        for rep in range(self.p.guided_reps):
+            for name, (payload, marker) in payloads.items():
+                r = await self.gateway_relay(payload, c, marker)
+                out[name]["runs"].append(r)
+                self.log(
+                    f"guided c={c} {name} rep {rep}: {r['rate']:.0f} tokens/s, "
+                    f"{r['gateway_cpu_us_per_token']} us gateway CPU/token, errors {r['errors']}"
+                )
+                await asyncio.sleep(0.5)
+        for name in payloads:
+            runs = out[name]["runs"]
+            out[name]["tokens_per_s"] = round(_median([r["rate"] for r in runs]), 1)
+            out[name]["gateway_cpu_us_per_token"] = round(_median([r["gateway_cpu_us_per_token"] for r in runs]), 1)
+            out[name]["errors"] = sum(r["errors"] for r in runs)
+        base = out["unguided"]["runs"]
+        for name in ("json_schema", "tool_call"):
+            runs = out[name]["runs"]
+            out[name]["tok_s_ratio"] = round(
+                _median([g["rate"] / max(u["rate"], 1e-9) for u, g in zip(base, runs, strict=True)]), 3
+            )
+            out[name]["cpu_per_token_ratio"] = round(
+                _median([
+                    g["gateway_cpu_us_per_token"] / max(u["gateway_cpu_us_per_token"], 1e-9)
+                    for u, g in zip(base, runs, strict=True)
+                ]),
+                3,
+            )
+        out["concurrency"], out["tokens_per_request"] = c, n
+        self.results["guided"] = out
+
+    async def case_workers(self) -> None:
+        """Streamed tokens/s and gateway CPU per token (all its processes) with ``--workers 1`` and
+        ``--workers 2``: two more gateways, started once each, measured alternately."""
+        if not has_flag("--workers"):
+            self.results["workers"] = {
+                "skipped": "the gateway has no --workers flag (python openai_api_cli.py --help)"
+            }
+            self.log(f"workers: {self.results['workers']['skipped']}")
+            return
+        assert self.triton is not None
+        c, n = self.p.workers_concurrency, self.p.relay_tokens
+        gateways: dict[int, Gateway] = {}
+        out: dict[str, Any] = {"concurrency": c, "tokens_per_request": n}
+        try:
+            for w in (1, 2):
+                gateways[w] = Gateway(
+                    gateway_config(self.triton.grpc_url, self.triton.http_url),
+                    self.workdir,
+                    extra_args=["--workers", str(w)],
+                    name=f"gateway-workers{w}",
+                )
+                await asyncio.to_thread(gateways[w].start)
+                await asyncio.sleep(1.0)
+                gw = gateways[w]
+                out[f"workers{w}"] = {"runs": [], "processes": len(gw.processes())}
+                conn = self.new_conn(gw)
+                try:
+                    got = await conn.post_stream("/v1/chat/completions", self.chat_payload(32, True), lambda k: None)
+                finally:
+                    conn.close()
+                if got != 32:
+                    raise RuntimeError(f"--workers {w}: {got} content chunks, wanted 32")
+            for rep in range(self.p.workers_reps):
+                for w, gw in gateways.items():
+                    r = await self.gateway_relay(self.chat_payload(n, True), c, gateway=gw)
+                    out[f"workers{w}"]["runs"].append(r)
+                    self.log(
+                        f"workers={w} c={c} rep {rep}: {r['rate']:.0f} tokens/s, "
+                        f"{r['gateway_cpu_us_per_token']} us gateway CPU/token, cpu {r['cpu_pct']}"
+                    )
+                    await asyncio.sleep(0.5)
+        finally:
+            for gw in gateways.values():
+                gw.stop()
+        for w in (1, 2):
+            cell = out[f"workers{w}"]
+            cell["tokens_per_s"] = round(_median([r["rate"] for r in cell["runs"]]), 1)
+            cell["gateway_cpu_us_per_token"] = round(_median([r["gateway_cpu_us_per_token"] for r in cell["runs"]]), 1)
+        out["tok_s_ratio"] = round(
+            _median([
+                b["rate"] / max(a["rate"], 1e-9)
+                for a, b in zip(out["workers1"]["runs"], out["workers2"]["runs"], strict=True)
+            ]),
+            3,
+        )
+        self.results["workers"] = out
+
+    async def case_aiperf(self) -> None:
+        """NVIDIA AIPerf against the gateway (streamed chat at c = 16, 512 tokens; embeddings, 1 text per
+        request at c = 32), each beside this bench's own load generator on the same load."""
+        assert self.gateway is not None
+        gw = self.gateway
+        out: dict[str, Any] = {}
+        await asyncio.to_thread(aiperf_runner.ensure_venv, self.workdir / "aiperf-install.log")
+        c, n = self.p.aiperf_concurrency, self.p.relay_tokens
+        pool = ConnectionPool("127.0.0.1", gw.port)
+        ours = await stream_timings(
+            pool, "/v1/chat/completions", self.chat_payload(n, True), c, self.p.aiperf_warmup_s,
+            self.p.aiperf_duration_s,
+        )
+        pool.close()
+        ours.pop("window", None)
+        out["chat"] = {"concurrency": c, "output_tokens": n, "loadgen": ours}
+        self.log(
+            f"aiperf chat: our load generator {ours['rate']:.0f} tokens/s, TTFT p50 {ours['ttft']['p50_ms']:.2f} ms, "
+            f"ITL p50 {ours['itl']['p50_ms']:.3f} ms"
+        )
+        data = await asyncio.to_thread(
+            aiperf_runner.profile,
+            gw.url,
+            model=SYNTHETIC,
+            endpoint_type="chat",
+            concurrency=c,
+            duration_s=self.p.aiperf_duration_s,
+            warmup_s=self.p.aiperf_warmup_s,
+            input_tokens=32,
+            output_tokens=n,
+            streaming=True,
+            workdir=self.workdir,
+            name="chat",
+        )
+        m = aiperf_runner.metric
+        out["version"] = data.get("aiperf_version")
+        out["chat"]["aiperf"] = {
+            "ttft_p50_ms": m(data, "time_to_first_token", "p50"),
+            "ttft_p99_ms": m(data, "time_to_first_token", "p99"),
+            "itl_p50_ms": m(data, "inter_token_latency", "p50"),
+            "itl_p99_ms": m(data, "inter_token_latency", "p99"),
+            "output_tokens_per_s": m(data, "output_token_throughput"),
+            "requests_per_s": m(data, "request_throughput"),
+            "request_latency_p50_ms": m(data, "request_latency", "p50"),
+            "output_sequence_length_avg": m(data, "output_sequence_length"),
+            "requests": m(data, "request_count"),
+            "errors": data.get("error_summary"),
+            "command": data["command"],
+        }
+        self.log(f"aiperf chat: {out['chat']['aiperf']}")
+        if self.embeddings:  # Triton loads MiniLM whenever the embeddings or aiperf case runs
+            ce = self.p.aiperf_embed_concurrency
+            texts = [f"The quick brown fox number {i} jumps over the lazy dog near the river." for i in range(512)]
+            it = {"i": 0}
+            epool = ConnectionPool("127.0.0.1", gw.port)
+
+            async def embed_one() -> None:
+                it["i"] = (it["i"] + 1) % len(texts)
+                async with epool.connection() as conn:
+                    status, body = await conn.post_json(
+                        "/v1/embeddings", {"model": EMBEDDING, "input": texts[it["i"]]}
+                    )
+                if status != 200:
+                    raise HTTPError(f"HTTP {status}: {body[:200]!r}")
+
+            per_worker = max(4, int(self.p.aiperf_duration_s * 4))
+            mine = await latencies(embed_one, ce, per_worker, warmup=2)
+            epool.close()
+            out["embeddings"] = {"concurrency": ce, "loadgen": mine}
+            data = await asyncio.to_thread(
+                aiperf_runner.profile,
+                gw.url,
+                model=EMBEDDING,
+                endpoint_type="embeddings",
+                concurrency=ce,
+                duration_s=self.p.aiperf_duration_s,
+                warmup_s=self.p.aiperf_warmup_s,
+                input_tokens=16,
+                output_tokens=None,
+                streaming=False,
+                workdir=self.workdir,
+                name="embeddings",
+            )
+            out["embeddings"]["aiperf"] = {
+                "requests_per_s": m(data, "request_throughput"),
+                "request_latency_p50_ms": m(data, "request_latency", "p50"),
+                "request_latency_p99_ms": m(data, "request_latency", "p99"),
+                "requests": m(data, "request_count"),
+                "errors": data.get("error_summary"),
+                "command": data["command"],
+            }
+            self.log(f"aiperf embeddings: ours {mine['req_per_s']:.1f} req/s; aiperf {out['embeddings']['aiperf']}")
+        self.results["aiperf"] = out
+
+    async def case_perf_analyzer(self) -> None:
+        """NVIDIA's perf_analyzer as a cross-check of the limit, where it can run (see perf_analyzer_status)."""
+        ok, reason = perf_analyzer_status()
+        if not ok:
+            self.results["perf_analyzer"] = {"ran": False, "reason": reason}
+            self.log(f"perf_analyzer: {reason}")
+            return
+        assert self.triton is not None
+        exe = shutil.which("perf_analyzer") or str(Path(sys.executable).parent / "perf_analyzer")
+        data = self.workdir / "pa-input.json"
+        data.write_text(json.dumps({"data": [{
+            "input_ids": {"content": self.prompt_ids, "shape": [len(self.prompt_ids)]},
+            "input_lengths": [len(self.prompt_ids)],
+            "request_output_len": [self.p.relay_tokens],
+            "streaming": [True],
+        }]}))
+        out: dict[str, Any] = {"ran": True, "runs": {}}
+        for c in self.p.relay_concurrency:
+            cmd = [exe, "-m", SYNTHETIC, "-u", self.triton.grpc_url, "-i", "grpc", "--streaming",
+                   "--input-data", str(data), "--concurrency-range", str(c), "--measurement-interval",
+                   str(int(self.p.relay_measure_s * 1000))]
+            proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=300)
+            text = proc.stdout + proc.stderr
+            rate = None
+            for line in text.splitlines():  # "Response Throughput: N infer/sec" (decoupled models)
+                if "Response Throughput" in line:
+                    with contextlib.suppress(ValueError, IndexError):
+                        rate = float(line.split(":", 1)[1].split()[0])
+            out["runs"][f"c{c}"] = {"returncode": proc.returncode, "responses_per_s": rate, "tail": text[-800:]}
+            self.log(f"perf_analyzer c={c}: {rate} responses/s (exit {proc.returncode})")
+        self.results["perf_analyzer"] = out
+
     async def case_profile(self) -> None:
         assert self.gateway is not None
         out: dict[str, Any] = {}
@@ -429,7 +814,8 @@ class Bench:
                 status, _body = await conn.post_json("/v1/chat/completions", lat_payload)
                 counter.add(1 if status == 200 else 0)
 
-        loads = {"relay": (self.relay_worker("gateway"), 16), "latency": (latency_worker, 16)}
+        relay = self.gateway_stream_worker(self.chat_payload(self.p.relay_tokens, True))
+        loads = {"relay": (relay, 16), "latency": (latency_worker, 16)}
         for name, (worker, c) in loads.items():
             fmts = ["raw", *(["flamegraph"] if self.p.profile_svg else [])]
             for fmt in fmts:
@@ -535,6 +921,8 @@ class Bench:
             "latency_tokens": self.p.latency_tokens,
             "targets": TARGETS,
             "torch_threads": self.args.torch_threads,
+            "glibc": glibc_version(),
+            "cases": list(self.args.cases),
         }
         try:
             self.start()
@@ -548,15 +936,19 @@ class Bench:
             return
         cases = {
             "relay": self.case_relay,
+            "perf_analyzer": self.case_perf_analyzer,  # a cross-check of the limit, with the relay case
             "latency": self.case_latency,
             "long": self.case_long_outputs,
             "streams": self.case_many_streams,
+            "guided": self.case_guided,
+            "workers": self.case_workers,
+            "aiperf": self.case_aiperf,
             "profile": self.case_profile,
             "embeddings": self.case_embeddings,
         }
         try:
             for name, fn in cases.items():
-                if name not in self.args.cases:
+                if name not in self.args.cases and not (name == "perf_analyzer" and "relay" in self.args.cases):
                     continue
                 self.log(f"--- {name}")
                 try:
@@ -571,7 +963,7 @@ class Bench:
     def finish(self, started: float) -> None:
         self.results["meta"]["duration_s"] = round(time.time() - started, 1)
         self.results["meta"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
-        self.results["summary"] = summary_rows(self.results)
+        self.results["summary"] = build_summary(self.results)
         from bench.report import write_results
 
         paths = write_results(self.results, RESULTS)
@@ -588,103 +980,51 @@ def _git_commit() -> str:
         return ""
 
 
-def summary_rows(res: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per target: what was measured, against what, and whether it meets the target."""
-    rows: list[dict[str, Any]] = []
-    for key, cell in res.get("relay", {}).items():
-        rows.append(
-            {
-                "check": f"stream relay {key.replace('c', 'c=')} (tokens/s)",
-                "gateway": cell["gateway"]["tokens_per_s"],
-                "baseline": cell["direct"]["tokens_per_s"],
-                "baseline_name": "direct gRPC",
-                "value": cell["ratio"],
-                "unit": "x",
-                "target": f">= {TARGETS['relay_ratio_min']}",
-                "pass": cell["ratio"] >= TARGETS["relay_ratio_min"],
-            }
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def glibc_version() -> str:
+    """What ``ldd --version`` reports (first line), else the C library this interpreter runs on."""
+    try:
+        line = subprocess.run(["ldd", "--version"], capture_output=True, text=True, timeout=10).stdout.splitlines()[0]
+        return line.rsplit(" ", 1)[-1]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").rsplit(" ", 1)[-1]
+
+
+PERF_ANALYZER_GLIBC = (2, 38)  # the perf-analyzer wheel on PyPI is tagged manylinux_2_38
+
+
+def perf_analyzer_status() -> tuple[bool, str]:
+    """Whether NVIDIA's perf_analyzer can run here, and why not."""
+    version = glibc_version()
+    try:
+        have = tuple(int(x) for x in version.split(".")[:2])
+    except ValueError:
+        have = (0, 0)
+    exe = shutil.which("perf_analyzer") or (
+        str(Path(sys.executable).parent / "perf_analyzer")
+        if (Path(sys.executable).parent / "perf_analyzer").is_file()
+        else None
+    )
+    if have < PERF_ANALYZER_GLIBC:
+        return False, (
+            f"not run: the perf-analyzer wheel on PyPI (2.60.0) is tagged manylinux_2_38 (glibc >= 2.38) and this "
+            f"machine has glibc {version} (ldd --version); pip here resolves only the 0.1.0 placeholder package, "
+            "which has no binary"
         )
-    for key, cell in res.get("latency", {}).items():
-        rows.append(
-            {
-                "check": f"added latency {key.replace('c', 'c=')} p50 (ms)",
-                "gateway": round(cell["gateway"]["p50_ms"], 2),
-                "baseline": round(cell["direct_unary"]["p50_ms"], 2),
-                "baseline_name": "direct gRPC, same request",
-                "value": cell["added_p50_ms"],
-                "unit": "ms",
-                "target": f"<= {TARGETS['added_p50_ms_max']}",
-                "pass": cell["added_p50_ms"] <= TARGETS["added_p50_ms_max"],
-            }
-        )
-        rows.append(
-            {
-                "check": f"added latency {key.replace('c', 'c=')} p99 (ms)",
-                "gateway": round(cell["gateway"]["p99_ms"], 2),
-                "baseline": round(cell["direct_unary"]["p99_ms"], 2),
-                "baseline_name": "direct gRPC, same request",
-                "value": cell["added_p99_ms"],
-                "unit": "ms",
-                "target": "report",
-                "pass": None,
-            }
-        )
-    emb = res.get("embeddings", {})
-    for key in ("single_c32", "batch32_c4"):
-        cell = emb.get(key)
-        if not cell or "gateway" not in cell:
-            continue
-        label = "embeddings 1 text/request, c=32" if key == "single_c32" else "embeddings 32 texts/request, c=4"
-        ratio = cell.get("ratio")
-        rows.append(
-            {
-                "check": f"{label} (texts/s)",
-                "gateway": round(cell["gateway"]["rate"], 1),
-                "baseline": round(cell["infinity"]["rate"], 1) if "infinity" in cell else None,
-                "baseline_name": "Infinity",
-                "value": ratio,
-                "unit": "x",
-                "target": f">= {TARGETS['embeddings_ratio_min']}",
-                "pass": None if ratio is None else ratio >= TARGETS["embeddings_ratio_min"],
-            }
-        )
-    lo = res.get("long_outputs")
-    if lo:
-        rows.append(
-            {
-                "check": "gateway CPU/token, 8,192 vs 64 output tokens (us)",
-                "gateway": lo["cpu_us_per_token_8192"],
-                "baseline": lo["cpu_us_per_token_64"],
-                "baseline_name": "64-token requests",
-                "value": lo["ratio"],
-                "unit": "x",
-                "target": f"<= {TARGETS['long_output_cpu_ratio_max']}",
-                "pass": lo["ratio"] <= TARGETS["long_output_cpu_ratio_max"],
-            }
-        )
-    ms = res.get("many_streams")
-    if ms:
-        rows.append(
-            {
-                "check": f"gateway RSS per open stream, {ms['open']}/{ms['streams']} streams (KiB)",
-                "gateway": ms["rss_per_stream_kib"],
-                "baseline": None,
-                "baseline_name": "",
-                "value": None,
-                "unit": "",
-                "target": "report",
-                "pass": None if ms["open"] == ms["streams"] else False,
-            }
-        )
-    return rows
+    if exe is None:
+        return False, f"not run: glibc {version} would do, but no perf_analyzer binary is installed"
+    return True, f"perf_analyzer at {exe}, glibc {version}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    all_cases = ["relay", "latency", "long", "streams", "profile", "embeddings"]
+    all_cases = ALL_CASES
     p = argparse.ArgumentParser(
         prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--quick", action="store_true", help="short smoke run (~3 min): same cases, smaller samples")
+    p.add_argument("--quick", action="store_true", help="short smoke run (~5 min): same cases, smaller samples")
     p.add_argument("--cases", default=",".join(all_cases), help=f"comma-separated subset of {','.join(all_cases)}")
     p.add_argument(
         "--torch-threads",
@@ -693,7 +1033,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="OMP_NUM_THREADS for both embedding servers (Triton's MiniLM and Infinity); default 1",
     )
     p.add_argument("--skip-infinity", action="store_true", help="embeddings through the gateway only")
+    p.add_argument(
+        "--limit-procs",
+        default="1,2",
+        help="process counts the limit client is tried with at c > 1 (the faster counts); default 1,2",
+    )
     args = p.parse_args(argv)
+    try:
+        args.limit_procs = sorted({int(x) for x in args.limit_procs.split(",") if x.strip()})
+    except ValueError:
+        p.error("--limit-procs: comma-separated integers")
+    if not args.limit_procs or min(args.limit_procs) < 1:
+        p.error("--limit-procs: at least one count, each >= 1")
     args.cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = set(args.cases) - set(all_cases)
     if unknown:

@@ -11,8 +11,10 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -23,6 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from openai_api.embedded.launcher import EmbeddedTriton
 
@@ -101,15 +105,36 @@ def gateway_config(grpc_url: str, http_url: str) -> dict[str, Any]:
     }
 
 
-class Gateway:
-    """``openai_api_cli.py`` in its own process, pointed at the bench Triton."""
+@functools.cache
+def cli_help() -> str:
+    """``python openai_api_cli.py --help``: which flags this version of the gateway has."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "openai_api_cli.py"), "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
 
-    def __init__(self, config: dict[str, Any], workdir: Path) -> None:
+
+def has_flag(flag: str) -> bool:
+    """Whether ``--help`` lists ``flag`` itself (``--workers`` is not ``--cpu-workers``)."""
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", cli_help()) is not None
+
+
+class Gateway:
+    """``openai_api_cli.py`` in its own process, pointed at the bench Triton; ``extra_args`` are appended
+    to its command line (``--workers 2``)."""
+
+    def __init__(
+        self, config: dict[str, Any], workdir: Path, extra_args: list[str] | None = None, name: str = "gateway"
+    ) -> None:
         self.port = free_port()
         self.workdir = workdir
-        self.config_path = workdir / "gateway-config.json"
+        self.config_path = workdir / f"{name}-config.json"
         self.config_path.write_text(json.dumps(config, indent=2))
-        self.log_path = workdir / "gateway.log"
+        self.log_path = workdir / f"{name}.log"
+        self.extra_args = list(extra_args or [])
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -124,18 +149,19 @@ class Gateway:
     @staticmethod
     def _limit_flags() -> list[str]:
         """Lift the gateway's admission limits (if this version has them) so 1,000 streams fit."""
-        helptext = subprocess.run(
-            [sys.executable, str(REPO / "openai_api_cli.py"), "--help"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        ).stdout
         flags = []
         for flag in ("--max-in-flight", "--max-in-flight-per-model"):
-            if f"{flag} " in helptext:
+            if has_flag(flag):
                 flags += [flag, "100000"]
         return flags
+
+    def processes(self) -> list[psutil.Process]:
+        """The gateway's process and its children (``--workers N`` runs N processes)."""
+        root = psutil.Process(self.pid)
+        try:
+            return [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return [root]
 
     def start(self, prefix: list[str] | None = None) -> Gateway:
         cmd = [
@@ -151,6 +177,7 @@ class Gateway:
             "--uvicorn-log-level",
             "warning",
             *self._limit_flags(),
+            *self.extra_args,
         ]
         env = {**os.environ, "LOG_LEVEL": "WARNING"}
         with open(self.log_path, "ab") as log:

@@ -1,5 +1,6 @@
 """The synthetic LLM (triton_models/synthetic-llm) that bench/ measures the gateway with: a real
-tritonserver, called directly with tritonclient.grpc.aio, the way the bench's "direct" side does."""
+tritonserver, called directly with tritonclient.grpc.aio, the way the bench's old baseline
+(`bench/limit.py --client tritonclient`) does."""
 
 from __future__ import annotations
 
