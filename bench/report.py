@@ -160,15 +160,16 @@ def build_summary(res: dict[str, Any]) -> dict[str, Any]:
     )
     if out["limit_client"] is None:
         notes["limit_client"] = _why_missing(res, "relay")
+    pa = res.get("perf_analyzer")
+    pa_reason = pa.get("reason") if isinstance(pa, dict) and not pa.get("ran", True) else None
     for key in (*SUMMARY_KEYS[1:], *EXTRA_KEYS):
         case, read = _SOURCES[key]
         value = _num(read(res))
         out[key] = value
         if value is None:
-            notes[key] = _why_missing(res, case)
-    pa = res.get("perf_analyzer")
-    if isinstance(pa, dict) and not pa.get("ran", True):
-        notes["perf_analyzer"] = pa.get("reason", "")
+            notes[key] = "see `perf_analyzer`" if case == "perf_analyzer" and pa_reason else _why_missing(res, case)
+    if pa_reason:
+        notes["perf_analyzer"] = pa_reason
     out["notes"] = notes
     return out
 
