@@ -652,6 +652,8 @@ class Bench:
                     conn.close()
                 if got != 32:
                     raise RuntimeError(f"--workers {w}: {got} content chunks, wanted 32")
+                if w > 1 and len(gw.processes()) < w:
+                    out["warning"] = f"--workers {w} runs {len(gw.processes())} process(es)"
             for rep in range(self.p.workers_reps):
                 for w, gw in gateways.items():
                     r = await self.gateway_relay(self.chat_payload(n, True), c, gateway=gw)
