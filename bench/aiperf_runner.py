@@ -29,8 +29,14 @@ AIPERF_VERSION = "0.13.0"
 PACKAGES = [f"aiperf=={AIPERF_VERSION}"]
 TOKENIZER_NAME = "local/smollm2-135m-instruct"
 _SNAPSHOT = "0" * 40
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json",
-                    "special_tokens_map.json", "chat_template.jinja")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "config.json",
+    "generation_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def executable() -> Path:
@@ -92,25 +98,42 @@ def profile(
     """One ``aiperf profile`` run; returns the metrics AIPerf exported (its ``profile_export_aiperf.json``)."""
     out_dir = workdir / f"aiperf-{name}"
     cmd = [
-        str(executable()), "profile",
-        "--model", model,
-        "--url", url,
-        "--endpoint-type", endpoint_type,
+        str(executable()),
+        "profile",
+        "--model",
+        model,
+        "--url",
+        url,
+        "--endpoint-type",
+        endpoint_type,
         *(["--streaming"] if streaming else []),
-        "--concurrency", str(concurrency),
-        "--benchmark-duration", f"{duration_s:g}",
-        "--benchmark-grace-period", "30",
-        "--warmup-duration", f"{warmup_s:g}",
-        "--tokenizer", TOKENIZER_NAME,
-        "--prompt-input-tokens-mean", str(input_tokens),
-        "--prompt-input-tokens-stddev", "0",
-        *(["--prompt-output-tokens-mean", str(output_tokens), "--prompt-output-tokens-stddev", "0"]
-          if output_tokens else []),
-        "--random-seed", "7",
-        "--ui-type", "none",
+        "--concurrency",
+        str(concurrency),
+        "--benchmark-duration",
+        f"{duration_s:g}",
+        "--benchmark-grace-period",
+        "30",
+        "--warmup-duration",
+        f"{warmup_s:g}",
+        "--tokenizer",
+        TOKENIZER_NAME,
+        "--prompt-input-tokens-mean",
+        str(input_tokens),
+        "--prompt-input-tokens-stddev",
+        "0",
+        *(
+            ["--prompt-output-tokens-mean", str(output_tokens), "--prompt-output-tokens-stddev", "0"]
+            if output_tokens
+            else []
+        ),
+        "--random-seed",
+        "7",
+        "--ui-type",
+        "none",
         "--no-server-metrics",
         "--no-gpu-telemetry",
-        "--output-artifact-dir", str(out_dir),
+        "--output-artifact-dir",
+        str(out_dir),
     ]
     env = {
         **os.environ,
@@ -123,8 +146,9 @@ def profile(
     env.pop("PYTHONPATH", None)
     log = workdir / f"aiperf-{name}.log"
     with open(log, "wb") as f:
-        proc = subprocess.run(cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
-                              timeout=timeout_s)
+        proc = subprocess.run(
+            cmd, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s
+        )
     export = out_dir / "profile_export_aiperf.json"
     if proc.returncode != 0 or not export.is_file():
         tail = log.read_text(errors="replace")[-1500:]

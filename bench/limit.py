@@ -178,8 +178,19 @@ class Limit:
 
     def __init__(self, url: str, model: str, prompt_ids: list[int], end_id: int, pad_id: int) -> None:
         self.base = [
-            sys.executable, "-m", "bench.limit", "--url", url, "--model", model,
-            "--prompt-ids", ",".join(str(i) for i in prompt_ids), "--end-id", str(end_id), "--pad-id", str(pad_id),
+            sys.executable,
+            "-m",
+            "bench.limit",
+            "--url",
+            url,
+            "--model",
+            model,
+            "--prompt-ids",
+            ",".join(str(i) for i in prompt_ids),
+            "--end-id",
+            str(end_id),
+            "--pad-id",
+            str(pad_id),
         ]
 
     async def run(
@@ -203,9 +214,15 @@ class Limit:
         try:
             for share in shares:
                 cmd = [*self.base, "--client", client, "--mode", mode, "--concurrency", str(share), *flags]
-                children.append(await asyncio.create_subprocess_exec(
-                    *cmd, cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                    stderr=asyncio.subprocess.PIPE))
+                children.append(
+                    await asyncio.create_subprocess_exec(
+                        *cmd,
+                        cwd=REPO,
+                        stdin=asyncio.subprocess.PIPE,
+                        stdout=asyncio.subprocess.PIPE,
+                        stderr=asyncio.subprocess.PIPE,
+                    )
+                )
             for ch in children:
                 assert ch.stdout is not None
                 line = await asyncio.wait_for(ch.stdout.readline(), 180)
@@ -388,8 +405,9 @@ async def _main(a: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench.limit", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m bench.limit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--url", required=True, help="Triton gRPC host:port")
     p.add_argument("--model", required=True)
     p.add_argument("--prompt-ids", required=True, help="comma-separated prompt token ids")

@@ -136,7 +136,7 @@ def _why_missing(res: dict[str, Any], case: str) -> str:
     if isinstance(block, dict):
         for key in ("skipped", "reason", "infinity_error"):
             if isinstance(block.get(key), str):
-                return block[key]
+                return str(block[key])
     for f in res.get("failures", []):
         if f.get("case") in (case, "setup") or str(f.get("case", "")).startswith(case + "/"):
             return f"case {case!r} failed: {f.get('error', '')[:300]}"
@@ -155,9 +155,7 @@ def build_summary(res: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     notes: dict[str, str] = {}
     relay_meta = res.get("relay_meta") or {}
-    out["limit_client"] = (
-        f"{relay_meta['limit_client']}; {relay_meta['limit_processes']}" if relay_meta else None
-    )
+    out["limit_client"] = f"{relay_meta['limit_client']}; {relay_meta['limit_processes']}" if relay_meta else None
     if out["limit_client"] is None:
         notes["limit_client"] = _why_missing(res, "relay")
     pa = res.get("perf_analyzer")
@@ -223,32 +221,57 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     rows: list[tuple[str, str, str, str]] = []
 
     def row(what: str, key: str, unit: str = "", signed: bool = False, extra: str = "") -> None:
-        rows.append((f"{what} (`{key}`)", _val(s.get(key), unit, signed) + extra, _target(key, unit),
-                     _verdict(key, s.get(key))))
+        rows.append(
+            (f"{what} (`{key}`)", _val(s.get(key), unit, signed) + extra, _target(key, unit), _verdict(key, s.get(key)))
+        )
 
     for c in (1, 16, 64):
-        row(f"stream relay c={c}: gateway / limit tokens/s", f"relay_ratio_c{c}", "x",
-            extra=also("vs the old tritonclient limit", f"relay_ratio_tritonclient_c{c}", "x"))
+        row(
+            f"stream relay c={c}: gateway / limit tokens/s",
+            f"relay_ratio_c{c}",
+            "x",
+            extra=also("vs the old tritonclient limit", f"relay_ratio_tritonclient_c{c}", "x"),
+        )
     row("gateway CPU per relayed chat token, c=16", "cpu_us_per_token_c16", " us")
     row("gateway CPU per token, 8,192- vs 64-token streams", "cpu_growth_8192_vs_64", "x")
     row("non-streamed chat, added p50, c=1", "added_p50_ms_c1", " ms", signed=True)
     row("non-streamed chat, added p50, c=16", "added_p50_ms_c16", " ms", signed=True)
     row("non-streamed chat, added p99, c=16", "added_p99_ms_c16", " ms", signed=True)
     row("streamed chat, added time to first token p50, c=1", "added_ttft_p50_ms", " ms", signed=True)
-    row("guided (JSON schema) gateway CPU per token, c=16", "guided_cpu_us_per_token_c16", " us",
-        extra=also("unguided", "unguided_cpu_us_per_token_c16", " us"))
+    row(
+        "guided (JSON schema) gateway CPU per token, c=16",
+        "guided_cpu_us_per_token_c16",
+        " us",
+        extra=also("unguided", "unguided_cpu_us_per_token_c16", " us"),
+    )
     row("guided / unguided tokens/s, c=16", "guided_tok_s_ratio", "x")
     row("forced tool call gateway CPU per token, c=16", "tool_call_cpu_us_per_token_c16", " us")
     row("forced tool call / unguided tokens/s, c=16", "tool_call_tok_s_ratio", "x")
     row("`--workers 2` / `--workers 1` streamed tokens/s, c=64", "workers2_over_workers1_tok_s", "x")
-    row("AIPerf TTFT p50, streamed chat c=16", "aiperf_ttft_p50_ms", " ms",
-        extra=also("our load generator", "loadgen_ttft_p50_ms_c16", " ms"))
-    row("AIPerf inter-token latency p50, c=16", "aiperf_itl_p50_ms", " ms",
-        extra=also("our load generator", "loadgen_itl_p50_ms_c16", " ms"))
-    row("AIPerf output tokens/s, c=16", "aiperf_output_tok_s", "",
-        extra=also("our load generator", "loadgen_output_tok_s_c16"))
-    row("AIPerf embeddings requests/s, 1 text, c=32", "aiperf_embeddings_req_s", "",
-        extra=also("our load generator", "loadgen_embeddings_req_s"))
+    row(
+        "AIPerf TTFT p50, streamed chat c=16",
+        "aiperf_ttft_p50_ms",
+        " ms",
+        extra=also("our load generator", "loadgen_ttft_p50_ms_c16", " ms"),
+    )
+    row(
+        "AIPerf inter-token latency p50, c=16",
+        "aiperf_itl_p50_ms",
+        " ms",
+        extra=also("our load generator", "loadgen_itl_p50_ms_c16", " ms"),
+    )
+    row(
+        "AIPerf output tokens/s, c=16",
+        "aiperf_output_tok_s",
+        "",
+        extra=also("our load generator", "loadgen_output_tok_s_c16"),
+    )
+    row(
+        "AIPerf embeddings requests/s, 1 text, c=32",
+        "aiperf_embeddings_req_s",
+        "",
+        extra=also("our load generator", "loadgen_embeddings_req_s"),
+    )
     row("embeddings 1 text/request, c=32: gateway / Infinity", "embeddings_ratio_single_c32", "x")
     row("embeddings 32 texts/request, c=4: gateway / Infinity", "embeddings_ratio_batch32_c4", "x")
     row("gateway RSS per open stream (1,000 streams)", "rss_kib_per_open_stream", " KiB")

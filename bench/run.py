@@ -74,10 +74,12 @@ SLOW_DELAY_MS = 1000
 # Guided decoding through the gateway: a JSON schema (response_format), and a forced (named) tool call
 # whose arguments stream as tool-call deltas. The synthetic model emits one fixed JSON object either way.
 GUIDE_SCHEMA = {"type": "object", "properties": {"text": {"type": "string"}}}
-GUIDED = {
+GUIDED: dict[str, tuple[dict[str, Any], bytes | None]] = {
     "unguided": ({}, None),
-    "json_schema": ({"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": GUIDE_SCHEMA}}},
-                    None),
+    "json_schema": (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "t", "schema": GUIDE_SCHEMA}}},
+        None,
+    ),
     "tool_call": (
         {
             "tools": [{"type": "function", "function": {"name": "t", "parameters": GUIDE_SCHEMA}}],
@@ -313,32 +315,42 @@ class Bench:
                 cell = out.setdefault(
                     f"c{c}", {"limit": {"runs": []}, "tritonclient": {"runs": []}, "gateway": {"runs": []}}
                 )
-                variants: dict[str, dict[str, Any]] = {}
-                for procs in self.p.limit_procs:
-                    if procs > c:
-                        continue
-                    r = await self.limit_relay(c, "rpc", procs)
-                    variants[f"{procs}proc"] = r
+
+                async def run_limit(c: int = c, cell: dict[str, Any] = cell, rep: int = rep) -> None:
+                    variants: dict[str, dict[str, Any]] = {}
+                    for procs in self.p.limit_procs:
+                        if procs > c:
+                            continue
+                        r = await self.limit_relay(c, "rpc", procs)
+                        variants[f"{procs}proc"] = r
+                        self.log(
+                            f"relay c={c} limit ({procs} process{'es' if procs > 1 else ''}) rep {rep}: "
+                            f"{r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, errors {r['errors']}"
+                        )
+                        await asyncio.sleep(0.5)
+                    best = max(variants, key=lambda k: variants[k]["rate"])
+                    cell["limit"]["runs"].append({"rate": variants[best]["rate"], "best": best, "variants": variants})
+
+                async def run_tritonclient(c: int = c, cell: dict[str, Any] = cell, rep: int = rep) -> None:
+                    r = await self.limit_relay(c, "tritonclient", 1)
+                    cell["tritonclient"]["runs"].append(r)
                     self.log(
-                        f"relay c={c} limit ({procs} process{'es' if procs > 1 else ''}) rep {rep}: "
-                        f"{r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, errors {r['errors']}"
+                        f"relay c={c} tritonclient (old limit) rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}"
                     )
                     await asyncio.sleep(0.5)
-                best = max(variants, key=lambda k: variants[k]["rate"])
-                cell["limit"]["runs"].append({"rate": variants[best]["rate"], "best": best, "variants": variants})
-                r = await self.limit_relay(c, "tritonclient", 1)
-                cell["tritonclient"]["runs"].append(r)
-                self.log(
-                    f"relay c={c} tritonclient (old limit) rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}"
-                )
-                await asyncio.sleep(0.5)
-                r = await self.gateway_relay(self.chat_payload(n, True), c)
-                cell["gateway"]["runs"].append(r)
-                self.log(
-                    f"relay c={c} gateway rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, "
-                    f"{r['gateway_cpu_us_per_token']} us gateway CPU/token, errors {r['errors']}"
-                )
-                await asyncio.sleep(0.5)
+
+                async def run_gateway(c: int = c, cell: dict[str, Any] = cell, rep: int = rep) -> None:
+                    r = await self.gateway_relay(self.chat_payload(n, True), c)
+                    cell["gateway"]["runs"].append(r)
+                    self.log(
+                        f"relay c={c} gateway rep {rep}: {r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, "
+                        f"{r['gateway_cpu_us_per_token']} us gateway CPU/token, errors {r['errors']}"
+                    )
+                    await asyncio.sleep(0.5)
+
+                steps = [run_limit, run_tritonclient, run_gateway]
+                for step in steps if rep % 2 == 0 else reversed(steps):  # no side always first
+                    await step()
         for cell in out.values():
             # Limit and gateway runs alternate, so each pair saw the same neighbours: a ratio is the
             # median of the paired ratios, a rate the median of the runs.
@@ -577,13 +589,16 @@ class Bench:
         """Gateway CPU per token and tokens/s with and without a guide (c = 16, 512-token streams):
         a JSON schema (`response_format`, content deltas) and a forced tool call (argument deltas)."""
         c, n = self.p.guided_concurrency, self.p.guided_tokens
-        payloads = {name: ({**self.chat_payload(n, True), **extra}, marker or CONTENT_MARKER)
-                    for name, (extra, marker) in GUIDED.items()}
+        payloads = {
+            name: ({**self.chat_payload(n, True), **extra}, marker or CONTENT_MARKER)
+            for name, (extra, marker) in GUIDED.items()
+        }
         conn = self.new_conn()
         try:  # every variant streams what it should before anything is timed
             for name, (payload, marker) in payloads.items():
-                got = await conn.post_stream("/v1/chat/completions", {**payload, "max_tokens": 64}, lambda k: None,
-                                             marker)
+                got = await conn.post_stream(
+                    "/v1/chat/completions", {**payload, "max_tokens": 64}, lambda k: None, marker
+                )
                 want = 64 if name == "unguided" else 63  # guided: the JSON object, then end_id
                 if got != want:
                     raise RuntimeError(f"guided sanity: {name} streamed {got} token events, wanted {want}")
@@ -591,7 +606,9 @@ class Bench:
             conn.close()
         out: dict[str, Any] = {name: {"runs": []} for name in payloads}
         for rep in range(self.p.guided_reps):
-            for name, (payload, marker) in payloads.items():
+            order = list(payloads) if rep % 2 == 0 else list(reversed(payloads))  # no variant always first
+            for name in order:
+                payload, marker = payloads[name]
                 r = await self.gateway_relay(payload, c, marker)
                 out[name]["runs"].append(r)
                 self.log(
@@ -611,10 +628,12 @@ class Bench:
                 _median([g["rate"] / max(u["rate"], 1e-9) for u, g in zip(base, runs, strict=True)]), 3
             )
             out[name]["cpu_per_token_ratio"] = round(
-                _median([
-                    g["gateway_cpu_us_per_token"] / max(u["gateway_cpu_us_per_token"], 1e-9)
-                    for u, g in zip(base, runs, strict=True)
-                ]),
+                _median(
+                    [
+                        g["gateway_cpu_us_per_token"] / max(u["gateway_cpu_us_per_token"], 1e-9)
+                        for u, g in zip(base, runs, strict=True)
+                    ]
+                ),
                 3,
             )
         out["concurrency"], out["tokens_per_request"] = c, n
@@ -624,9 +643,7 @@ class Bench:
         """Streamed tokens/s and gateway CPU per token (all its processes) with ``--workers 1`` and
         ``--workers 2``: two more gateways, started once each, measured alternately."""
         if not has_flag("--workers"):
-            self.results["workers"] = {
-                "skipped": "the gateway has no --workers flag (python openai_api_cli.py --help)"
-            }
+            self.results["workers"] = {"skipped": "the gateway has no --workers flag (python openai_api_cli.py --help)"}
             self.log(f"workers: {self.results['workers']['skipped']}")
             return
         assert self.triton is not None
@@ -655,7 +672,8 @@ class Bench:
                 if w > 1 and len(gw.processes()) < w:
                     out["warning"] = f"--workers {w} runs {len(gw.processes())} process(es)"
             for rep in range(self.p.workers_reps):
-                for w, gw in gateways.items():
+                for w in (1, 2) if rep % 2 == 0 else (2, 1):
+                    gw = gateways[w]
                     r = await self.gateway_relay(self.chat_payload(n, True), c, gateway=gw)
                     out[f"workers{w}"]["runs"].append(r)
                     self.log(
@@ -671,10 +689,12 @@ class Bench:
             cell["tokens_per_s"] = round(_median([r["rate"] for r in cell["runs"]]), 1)
             cell["gateway_cpu_us_per_token"] = round(_median([r["gateway_cpu_us_per_token"] for r in cell["runs"]]), 1)
         out["tok_s_ratio"] = round(
-            _median([
-                b["rate"] / max(a["rate"], 1e-9)
-                for a, b in zip(out["workers1"]["runs"], out["workers2"]["runs"], strict=True)
-            ]),
+            _median(
+                [
+                    b["rate"] / max(a["rate"], 1e-9)
+                    for a, b in zip(out["workers1"]["runs"], out["workers2"]["runs"], strict=True)
+                ]
+            ),
             3,
         )
         self.results["workers"] = out
@@ -689,7 +709,11 @@ class Bench:
         c, n = self.p.aiperf_concurrency, self.p.relay_tokens
         pool = ConnectionPool("127.0.0.1", gw.port)
         ours = await stream_timings(
-            pool, "/v1/chat/completions", self.chat_payload(n, True), c, self.p.aiperf_warmup_s,
+            pool,
+            "/v1/chat/completions",
+            self.chat_payload(n, True),
+            c,
+            self.p.aiperf_warmup_s,
             self.p.aiperf_duration_s,
         )
         pool.close()
@@ -738,9 +762,7 @@ class Bench:
             async def embed_one() -> None:
                 it["i"] = (it["i"] + 1) % len(texts)
                 async with epool.connection() as conn:
-                    status, body = await conn.post_json(
-                        "/v1/embeddings", {"model": EMBEDDING, "input": texts[it["i"]]}
-                    )
+                    status, body = await conn.post_json("/v1/embeddings", {"model": EMBEDDING, "input": texts[it["i"]]})
                 if status != 200:
                     raise HTTPError(f"HTTP {status}: {body[:200]!r}")
 
@@ -783,17 +805,38 @@ class Bench:
         assert self.triton is not None
         exe = shutil.which("perf_analyzer") or str(Path(sys.executable).parent / "perf_analyzer")
         data = self.workdir / "pa-input.json"
-        data.write_text(json.dumps({"data": [{
-            "input_ids": {"content": self.prompt_ids, "shape": [len(self.prompt_ids)]},
-            "input_lengths": [len(self.prompt_ids)],
-            "request_output_len": [self.p.relay_tokens],
-            "streaming": [True],
-        }]}))
+        data.write_text(
+            json.dumps(
+                {
+                    "data": [
+                        {
+                            "input_ids": {"content": self.prompt_ids, "shape": [len(self.prompt_ids)]},
+                            "input_lengths": [len(self.prompt_ids)],
+                            "request_output_len": [self.p.relay_tokens],
+                            "streaming": [True],
+                        }
+                    ]
+                }
+            )
+        )
         out: dict[str, Any] = {"ran": True, "runs": {}}
         for c in self.p.relay_concurrency:
-            cmd = [exe, "-m", SYNTHETIC, "-u", self.triton.grpc_url, "-i", "grpc", "--streaming",
-                   "--input-data", str(data), "--concurrency-range", str(c), "--measurement-interval",
-                   str(int(self.p.relay_measure_s * 1000))]
+            cmd = [
+                exe,
+                "-m",
+                SYNTHETIC,
+                "-u",
+                self.triton.grpc_url,
+                "-i",
+                "grpc",
+                "--streaming",
+                "--input-data",
+                str(data),
+                "--concurrency-range",
+                str(c),
+                "--measurement-interval",
+                str(int(self.p.relay_measure_s * 1000)),
+            ]
             proc = await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=300)
             text = proc.stdout + proc.stderr
             rate = None
