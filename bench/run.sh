@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one benchmark command: set up (scripts/setup.sh, idempotent) then run every case side by side.
 #   bash bench/run.sh            full run (< 15 min on 2 cores), the numbers to commit
-#   bash bench/run.sh --quick    smoke run (~2-3 min)
+#   bash bench/run.sh --quick    smoke run (~5 min; first run also creates bench/.venv-{infinity,aiperf})
 # Results: bench/results/latest.md, bench/results/latest.json, bench/results/history/<date>-<mode>.json
 set -euo pipefail
 cd "$(dirname "$0")/.."
