@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openai_api.config import BUNDLED_CONFIG
 
@@ -31,7 +31,8 @@ class Option:
     """How a setting appears outside the code. `flag` defaults to `--field-name`; `unit` converts the flag's
     and the environment's value into the field's (1000 ms -> 1 s: 0.001); `env` overrides the variable's
     name; `negate` makes a boolean that defaults to true a `--no-...` flag; `shown_default` is what the docs
-    say when the default is computed."""
+    say when the default is computed; `parse` turns the flag's and the environment's text into the value when
+    the field's type alone cannot (a word such as `auto`), raising ValueError with the reason."""
 
     help: str
     group: str = "server"
@@ -41,6 +42,27 @@ class Option:
     env: str | None = None
     negate: bool = False
     shown_default: str | None = None
+    parse: Callable[[str], Any] | None = None
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, where the OS has one). A container's CPU quota
+    (cgroup cpu.max) is not an affinity and is not seen here: there, give the number."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def worker_count(text: str) -> int:
+    """`--workers` text: a number, or `auto` for the usable cores."""
+    text = text.strip().lower()
+    if text == "auto":
+        return usable_cores()
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"expected a number of processes or auto, not {text!r}") from None
 
 
 GROUPS = {"server": "server", "triton": "embedded Triton", "limits": "limits, overload and timeouts",
@@ -58,6 +80,12 @@ class Settings(BaseModel):
                                         shown_default="the bundled model_config.json")] = BUNDLED_CONFIG
     host: Annotated[str, Option("address to listen on", metavar="HOST")] = "localhost"
     port: Annotated[int, Option("port to listen on", metavar="PORT")] = 5100
+    workers: Annotated[int, Option(
+        "gateway processes serving the one port (a number, or auto = the usable cores), under a supervisor that "
+        "restarts a worker that dies and drains them all on SIGTERM. Limits (--max-in-flight, "
+        "--max-in-flight-per-model, --max-connections, --cpu-workers) and replica health are per worker; "
+        "/metrics sums them all. 1 = one process, no supervisor", metavar="N",
+        parse=worker_count)] = Field(default=1, ge=1)
     api_keys: Annotated[list[str], Option(
         "accept this API key (repeatable; the environment takes a comma-separated list). With keys set, every "
         "route except /health and /health/ready needs `Authorization: Bearer KEY`", flag="--api-key",
@@ -90,12 +118,14 @@ class Settings(BaseModel):
     max_rerank_documents: Annotated[int, Option("documents per rerank request (Cohere's limit); 400 past it",
                                                 group="limits", metavar="N")] = 1000
     max_in_flight: Annotated[int, Option(
-        "requests (POSTs) in flight in the gateway, a request that fans out counting once per Triton sequence; "
-        "an immediate 429 with Retry-After past it, never a queue", group="limits", metavar="N")] = 512
+        "requests (POSTs) in flight in one gateway process, a request that fans out counting once per Triton "
+        "sequence; an immediate 429 with Retry-After past it, never a queue. Per worker: a host with --workers N "
+        "admits up to N x this", group="limits", metavar="N")] = 512
     max_in_flight_per_model: Annotated[int, Option(
         "generations (Triton sequences) in flight per model: a request takes one per prompt x n; an immediate "
         "429 past it, a 400 (too_many_sequences) for a request that could never fit. A Triton LLM instance "
-        "batches tens to a few hundred sequences", group="limits", metavar="N")] = 256
+        "batches tens to a few hundred sequences. Per worker, like --max-in-flight", group="limits",
+        metavar="N")] = 256
     retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
                                          metavar="SECONDS")] = 1
     header_timeout_s: Annotated[float, Option(
@@ -104,10 +134,10 @@ class Settings(BaseModel):
         group="limits", flag="--header-timeout", metavar="SECONDS")] = 10.0
     max_connections: Annotated[int, Option(
         "open connections beyond this are closed at once (kept below the open-files limit, which is raised to "
-        "fit); 0 = no cap", group="limits", metavar="N")] = 10000
+        "fit); 0 = no cap. Per worker", group="limits", metavar="N")] = 10000
     cpu_workers: Annotated[int, Option(
         "threads that render chat templates and tokenize big inputs off the event loop; bounded so a burst of "
-        "big requests cannot take every core from it", group="limits", metavar="N",
+        "big requests cannot take every core from it. Per worker", group="limits", metavar="N",
         shown_default="up to 4 (cores)")] = Field(default_factory=lambda: min(4, os.cpu_count() or 1), ge=1)
     template_timeout_s: Annotated[float, Option(
         "longest one chat-template render may take; past it the request is a 400 (template_limit_exceeded)",
@@ -134,8 +164,8 @@ class Settings(BaseModel):
     # --- APIs -----------------------------------------------------------------------------------------------
     responses_store: Annotated[int, Option(
         "keep this many /v1/responses answers (with store: true) in memory, for previous_response_id and GET "
-        "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400)", group="server",
-        metavar="N")] = Field(default=0, ge=0)
+        "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400). The store lives in one "
+        "process's memory, so it needs --workers 1", group="server", metavar="N")] = Field(default=0, ge=0)
 
     # --- logging ---------------------------------------------------------------------------------------------
     verbose: Annotated[bool, Option("log more about requests, models and Triton (debug level)",
@@ -152,8 +182,19 @@ class Settings(BaseModel):
     # included: Prometheus sends the key with `authorization: {credentials: KEY}`). Not a setting.
     open_paths: frozenset[str] = Field(default=frozenset({"/health", "/health/ready", "/ping"}), exclude=True)
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> Any:
+        return worker_count(value) if isinstance(value, str) else value  # `Settings(workers="auto")` too
+
     @model_validator(mode="after")
     def _normalise(self) -> Settings:
+        if self.workers > 1 and self.responses_store:
+            # Refused rather than documented: with a shared listening socket any worker may take the
+            # follow-up request, so previous_response_id would fail at random (N-1 times in N).
+            raise ValueError(f"--responses-store keeps answers in one process's memory; with --workers "
+                             f"{self.workers} a previous_response_id would reach another worker. Use --workers 1 "
+                             f"with a store, or no store")
         if self.stream_idle_timeout_s is not None and self.stream_idle_timeout_s <= 0:
             object.__setattr__(self, "stream_idle_timeout_s", None)
         if self.log_prompts and not self.verbose:
@@ -188,6 +229,8 @@ class Settings(BaseModel):
             err = e.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else ""
             option = dict(options()).get(name)
+            if option is None and isinstance(err.get("ctx", {}).get("error"), ValueError):
+                raise ValueError(str(err["ctx"]["error"])) from None  # a rule across settings: in its own words
             where = f"{flag_of(name, option)} / {env_name(name, option)}" if option else "settings"
             raise ValueError(f"{where}: {err['msg']}") from None
 
@@ -195,6 +238,11 @@ class Settings(BaseModel):
 def _from_env(name: str, opt: Option, raw: str) -> Any:
     if Settings.model_fields[name].annotation is bool:
         return raw.strip().lower() in ("1", "true", "yes", "on")
+    if opt.parse is not None:
+        try:
+            return opt.parse(raw)
+        except ValueError as e:
+            raise ValueError(f"{env_name(name, opt)}: {e}") from None
     if opt.unit != 1.0:
         try:
             return float(raw) * opt.unit
@@ -257,10 +305,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             target.add_argument(flag, dest=name, action="append", default=None, metavar=opt.metavar, help=help_text)
         elif get_origin(annotation) is Literal:
             target.add_argument(flag, dest=name, choices=get_args(annotation), default=None, help=help_text)
+        elif opt.parse is not None:
+            target.add_argument(flag, dest=name, type=_argparse_type(opt.parse), default=None, metavar=opt.metavar,
+                                help=help_text)
         else:
             kind = _base_type(annotation)
             convert = {int: int, float: float, Path: Path, str: str}.get(kind, str)
             target.add_argument(flag, dest=name, type=convert, default=None, metavar=opt.metavar, help=help_text)
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` for argparse, which shows an ArgumentTypeError's own words ("argument --workers: ...")."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return convert
 
 
 def markdown_table() -> str:

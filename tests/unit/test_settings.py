@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from openai_api.cli import parse_args
-from openai_api.settings import Settings, markdown_table, options
+from openai_api.settings import Settings, markdown_table, options, usable_cores
 from tests.helpers import REPO
 
 
@@ -57,3 +57,24 @@ def test_every_setting_has_a_flag_and_help() -> None:
 def test_the_readme_table_is_generated_from_the_settings() -> None:
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert markdown_table() in readme, "README's command-line table is stale: python -m openai_api.settings"
+
+
+def test_workers_take_a_number_or_auto_from_the_flag_or_the_environment() -> None:
+    assert settings([]).workers == 1
+    assert settings(["--workers", "3"]).workers == 3
+    assert settings([], {"OPENAI_API_WORKERS": "2"}).workers == 2
+    assert settings(["--workers", "auto"]).workers == usable_cores()
+    assert settings([], {"OPENAI_API_WORKERS": "auto"}).workers == usable_cores()
+    with pytest.raises(ValueError, match="--workers / OPENAI_API_WORKERS: Input should be greater than or equal to 1"):
+        settings(["--workers", "0"])
+    with pytest.raises(ValueError, match="OPENAI_API_WORKERS: expected a number of processes or auto"):
+        settings([], {"OPENAI_API_WORKERS": "many"})
+    with pytest.raises(SystemExit):  # argparse: "argument --workers: expected a number of processes or auto"
+        settings(["--workers", "many"])
+
+
+def test_a_responses_store_is_refused_with_several_workers() -> None:
+    """The store is one process's memory: behind several workers previous_response_id would fail at random."""
+    with pytest.raises(ValueError, match=r"^--responses-store keeps answers in one process's memory"):
+        settings(["--workers", "2", "--responses-store", "100"])
+    assert settings(["--workers", "1", "--responses-store", "100"]).responses_store == 100
