@@ -5,6 +5,16 @@ the tests do). The per-token hot path costs O(1): the instrumented backend (`ser
 the clock once per chunk and makes one histogram observation; token counts are accumulated locally and
 added to the counters once per sequence.
 
+With `--workers N` (`openai_api.supervisor`) each worker process has its own `Metrics`, and `/metrics`
+on any of them must answer for all of them. The supervisor sets `PROMETHEUS_MULTIPROC_DIR` (a fresh
+directory) in every worker's environment before it imports prometheus_client, which then keeps every
+value in a per-process file there; `render` reads them all (`MultiProcessCollector`): counters and
+histograms are summed over every worker that ever ran (a restarted worker's counts stay in), the
+in-flight gauges are summed over the live ones (`livesum`; the supervisor calls `mark_process_dead`
+for a worker that ended). The process metrics (RSS, CPU, fds) cannot be summed from files: they are
+read from /proc for every process in `PROCESSES_FILE` (written by the supervisor) at each scrape,
+one series per process labelled `worker` (0..N-1, or `supervisor`) and `pid`.
+
 The outermost middleware (`RequestContextMiddleware` in `openai_api.http.middleware`) opens a
 `RequestStats` per request, reachable anywhere below it through `current_stats()` (a context variable:
 it follows the request into the tasks Starlette and `asyncio.gather` create), and records the request's
@@ -13,10 +23,17 @@ metrics and access-log line from it when the response is done.
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Callable, Iterable, Mapping
 from contextvars import ContextVar, Token
+from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
 # End-to-end latency: from a few ms (embeddings) to minutes (long generations).
@@ -25,6 +42,53 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Inter-token latency: a decode step, from sub-millisecond to a stalled second.
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+# prometheus_client's own switch to multiprocess mode (read once, when it is imported).
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# In the multiprocess directory: {"worker label": pid} of the processes whose /proc figures are exported.
+PROCESSES_FILE = "processes.json"
+
+
+def write_processes(folder: Path, processes: Mapping[str, int]) -> None:
+    """Record the gateway's processes for the process metrics (whole-file replace: a scrape never reads
+    half of it)."""
+    tmp = folder / (PROCESSES_FILE + ".tmp")
+    tmp.write_text(json.dumps(dict(processes)), encoding="utf-8")
+    os.replace(tmp, folder / PROCESSES_FILE)
+
+
+def process_ended(folder: Path, pid: int) -> None:
+    """A worker ended: its live gauges leave the sums (its counters and histograms stay in them)."""
+    untyped: Any = mark_process_dead  # prometheus_client leaves it unannotated
+    untyped(pid, str(folder))
+
+
+def _constant(pid: int) -> Callable[[], int]:
+    return lambda: pid
+
+
+class GatewayProcessCollector:
+    """`ProcessCollector`'s metrics for each process listed in `PROCESSES_FILE`, labelled `worker` and
+    `pid` (a sum over them is the host's gateway footprint). Without the file, this process alone."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def _processes(self) -> dict[str, int]:
+        try:
+            data = json.loads((self.folder / PROCESSES_FILE).read_text(encoding="utf-8"))
+            return {str(k): int(v) for k, v in data.items()}
+        except (OSError, ValueError, AttributeError):
+            return {"self": os.getpid()}
+
+    def collect(self) -> Iterable[Metric]:
+        families: dict[str, Metric] = {}
+        for worker, pid in self._processes().items():
+            # A process that ended between the file and the read just contributes nothing.
+            for family in ProcessCollector(pid=_constant(pid), registry=None).collect():
+                out = families.setdefault(family.name, Metric(family.name, family.documentation, family.type))
+                for sample in family.samples:
+                    out.add_sample(sample.name, {**sample.labels, "worker": worker, "pid": str(pid)}, sample.value)
+        return list(families.values())
 
 
 class Metrics:
@@ -32,15 +96,28 @@ class Metrics:
 
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry(auto_describe=True)
-        # The operator's first questions under load: memory (process_resident_memory_bytes), CPU seconds,
-        # open file descriptors against their limit (process_open_fds, process_max_fds), from /proc.
-        ProcessCollector(registry=r)
+        folder = os.environ.get(MULTIPROC_ENV)
+        self.multiprocess_dir = Path(folder) if folder else None
+        if self.multiprocess_dir is None:
+            # The operator's first questions under load: memory (process_resident_memory_bytes), CPU seconds,
+            # open file descriptors against their limit (process_open_fds, process_max_fds), from /proc.
+            ProcessCollector(registry=r)
+            self.exported = r
+        else:
+            # What /metrics shows: every worker's values from their files, and every process's /proc figures.
+            self.exported = CollectorRegistry(auto_describe=True)
+            # (prometheus_client leaves this constructor unannotated; called through Any for mypy strict)
+            merged: Any = MultiProcessCollector
+            merged(self.exported, path=str(self.multiprocess_dir))
+            self.exported.register(GatewayProcessCollector(self.multiprocess_dir))
         self.requests = Counter("openai_api_requests", "HTTP requests by route template, model and status.",
                                 ["route", "model", "status"], registry=r)
-        self.in_flight = Gauge("openai_api_requests_in_flight", "HTTP requests being served now.", registry=r)
+        # livesum: with workers, the host's figure (what is in flight in the processes alive now).
+        self.in_flight = Gauge("openai_api_requests_in_flight", "HTTP requests being served now.", registry=r,
+                               multiprocess_mode="livesum")
         self.model_in_flight = Gauge("openai_api_model_requests_in_flight",
                                      "Generations (Triton sequences) in flight per model.",
-                                     ["model"], registry=r)
+                                     ["model"], registry=r, multiprocess_mode="livesum")
         self.latency = Histogram("openai_api_request_duration_seconds",
                                  "End-to-end request latency (until the last byte), by route and model.",
                                  ["route", "model"], buckets=REQUEST_BUCKETS, registry=r)
@@ -66,7 +143,7 @@ class Metrics:
         self.rejected.labels(reason).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.exported)
 
 
 class RequestStats:
