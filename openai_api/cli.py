@@ -22,10 +22,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def setup_logging(verbose: bool) -> None:
+def setup_logging(verbose: bool, *, with_pid: bool = False) -> None:
+    """The gateway's log format; `with_pid` (--workers > 1) names the process on every line, so an access-log
+    line says which worker served the request."""
     level = os.environ.get("LOG_LEVEL", "DEBUG" if verbose else "INFO").upper()
+    pid = " [%(process)d]" if with_pid else ""
     logging.basicConfig(level=level if level in logging.getLevelNamesMapping() else "INFO",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s %(levelname)s{pid} %(name)s: %(message)s")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -39,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    setup_logging(settings.verbose)
+    setup_logging(settings.verbose, with_pid=settings.workers > 1)
     triton = None
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
@@ -70,16 +73,20 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("embedded Triton ready: gRPC %s, HTTP %s, metrics %s", triton.grpc_url, triton.http_url,
                         triton.metrics_url)
 
+        if settings.workers > 1:
+            from openai_api.supervisor import Supervisor
+
+            # The workers share this process's Triton (started once, above) and its config as it is now.
+            return Supervisor(config, settings).run()
+
         from openai_api.app import create_app
-        from openai_api.server import DrainingServer, uvicorn_config
+        from openai_api.server import serve
 
         app = create_app(config, settings)
         logger.info("gateway listening on http://%s:%d/v1 (%d models, API keys %s)", settings.host, settings.port,
                     len(config.all_models()), "required" if settings.api_keys else "off")
         # uvicorn's own access log is off: the gateway writes one structured line per request instead.
-        server = DrainingServer(uvicorn_config(app, settings, log_level=settings.uvicorn_log_level),
-                                lifecycle=app.state.gateway.lifecycle, grace_s=settings.shutdown_grace_s)
-        server.run()
+        serve(app, settings)
         logger.info("gateway stopped")
         return 0
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ exit. The signal is handled rather than re-raised, so the process exits 0.
 from __future__ import annotations
 
 import logging
+import socket
 import time
 from types import FrameType
 from typing import Any
@@ -78,3 +79,11 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "access_log": False,
                               "timeout_graceful_shutdown": 5, "http": http, **overrides}
     return uvicorn.Config(app, **kwargs)
+
+
+def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+    """Serve `app` until a signal's drain ends: on `settings`' host and port, or on listening `sockets`
+    already bound (a worker of `--workers`, sharing the supervisor's)."""
+    server = DrainingServer(uvicorn_config(app, settings, log_level=settings.uvicorn_log_level),
+                            lifecycle=app.state.gateway.lifecycle, grace_s=settings.shutdown_grace_s)
+    server.run(sockets=sockets)

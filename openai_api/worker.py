@@ -1,0 +1,71 @@
+"""One worker process of `--workers N`: `python -m openai_api.worker RUN_DIR INDEX FDS SUPERVISOR_PID`, started
+only by `openai_api.supervisor`.
+
+It reads the settings and model config the supervisor resolved (`RUN_DIR/worker.pickle`: every worker,
+restarted ones included, serves exactly what the supervisor checked at start-up, even if the files have
+changed since), builds the app and serves it on the supervisor's listening sockets (the inherited file
+descriptors FDS) with the single process's drain (`server.serve`): SIGTERM -> new requests 503, requests
+in flight get --shutdown-grace, exit 0.
+
+The supervisor dying without a word (SIGKILL, OOM) reaches the worker as SIGTERM (PR_SET_PDEATHSIG on
+Linux), so an orphan drains and exits instead of serving on unsupervised.
+
+Exit status: 0 after a drain; `BOOT_FAILURE` when the app cannot be built from the config.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from openai_api.cli import setup_logging
+from openai_api.config import GatewayConfig
+from openai_api.settings import Settings
+from openai_api.supervisor import BOOT_FAILURE, HANDOFF
+
+logger = logging.getLogger("openai_api")
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int) -> None:
+    """SIGTERM to this process when the supervisor dies (Linux; elsewhere an orphan is left to the operator)."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+    if os.getppid() != parent:  # the supervisor died before the line above took effect: nothing to serve for
+        raise SystemExit(0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    run_dir, index, fds, parent = argv if argv is not None else sys.argv[1:]
+    _die_with_parent(int(parent))
+    with open(Path(run_dir) / HANDOFF, "rb") as f:
+        config, settings = pickle.load(f)  # written by our own supervisor, in its private (0700) directory
+    if not isinstance(config, GatewayConfig) or not isinstance(settings, Settings):
+        raise TypeError(f"{run_dir}/{HANDOFF} does not hold a config and settings")
+    setup_logging(settings.verbose, with_pid=True)
+    # The family and type are read from each descriptor (uvicorn's own `fd=` would take them for AF_UNIX).
+    sockets = [socket.socket(fileno=int(fd)) for fd in fds.split(",")]
+    try:
+        from openai_api.app import create_app
+
+        app = create_app(config, settings)
+    except Exception:
+        logger.exception("worker %s: the app could not be built", index)
+        return BOOT_FAILURE
+    from openai_api.server import serve
+
+    serve(app, settings, sockets)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

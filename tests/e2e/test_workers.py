@@ -1,0 +1,174 @@
+"""`--workers 2` end to end: the real CLI in a subprocess, against the session's Triton (the synthetic LLM, for
+speed). Two worker processes answer on one port, /metrics adds up what both served, a worker killed with
+SIGKILL is restarted while the port keeps answering, and SIGTERM drains: a stream in flight finishes and
+the process exits 0 with no worker left behind. Which worker answered is read from the access log, whose
+lines carry the process id with workers."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psutil
+
+from openai_api.embedded.launcher import EmbeddedTriton
+from tests.e2e.test_reliability_observability import metric
+from tests.e2e.test_reliability_shutdown import AUTH, start_cli, stop, wait_healthy
+from tests.helpers import MODELS, REPO, free_port, requires_models
+
+pytestmark = requires_models("smollm2-135m-instruct")
+
+MODEL = "synthetic-llm"
+CHAT = "/v1/chat/completions"
+STARTED = re.compile(r"worker (\d+) (?:started|restarted) \(pid (\d+)")
+
+
+def write_config(folder: Path, triton: EmbeddedTriton) -> Path:
+    """The synthetic LLM (it answers as fast as Triton takes tokens) with SmolLM2's tokenizer and template."""
+    path = folder / "model_config.json"
+    path.write_text(json.dumps({
+        "model_infos": [{"name": MODEL, "end_id": -1, "max_len": 32768}],
+        "llm": [{"name": MODEL, "url": triton.grpc_url, "path": str(MODELS / "smollm2-135m-instruct"),
+                 "triton_model": MODEL, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}],
+        "embedding": [], "rerank": []}), encoding="utf-8")
+    return path
+
+
+def chat(url: str, rid: str, max_tokens: int = 4) -> httpx.Response:
+    """One request on a connection of its own: SO_REUSEPORT places each new connection by its hash."""
+    return httpx.post(f"{url}{CHAT}", headers={**AUTH, "X-Request-Id": rid}, timeout=60, json={
+        "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": max_tokens})
+
+
+def served_by(log: Path) -> dict[str, int]:
+    """request id -> pid of the worker whose access-log line names it."""
+    found = re.findall(r"\[(\d+)\] openai_api\.access: .* request_id=(\S+)", log.read_text(errors="replace"))
+    return {rid: int(pid) for pid, rid in found}
+
+
+def workers(log: Path) -> dict[int, int]:
+    """worker index -> its current pid, from the supervisor's log."""
+    return {int(i): int(pid) for i, pid in STARTED.findall(log.read_text(errors="replace"))}
+
+
+def until(check: Callable[[], bool], log: Path, what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s:\n{log.read_text(errors='replace')[-3000:]}")
+        time.sleep(0.1)
+
+
+def test_two_workers_share_the_port_add_up_metrics_survive_a_kill_and_drain_on_sigterm(
+        triton: EmbeddedTriton, tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "cli.log"
+    proc = start_cli(["--port", str(port), "--config-file", str(write_config(tmp_path, triton)), "--workers", "2",
+                      "--shutdown-grace", "30"], log)
+    gateway = psutil.Process(proc.pid)
+    try:
+        wait_healthy(proc, url, log, timeout=60)
+        until(lambda: len(workers(log)) == 2, log, "two workers")
+        first = workers(log)
+        assert all(p.pid in first.values() for p in gateway.children()), "workers are the supervisor's children"
+
+        # 1. Both workers answer on the one port.
+        sent = 0
+        for i in range(24):
+            r = chat(url, f"w-{i}")
+            assert r.status_code == 200, r.text
+            sent += 1
+        until(lambda: len({r for r in served_by(log) if r.startswith("w-")}) == 24, log, "24 access-log lines")
+        pids = {pid for rid, pid in served_by(log).items() if rid.startswith("w-")}
+        assert pids == set(first.values()), (pids, first)
+
+        # 2. /metrics, whichever worker answers it, counts what both served, and each process's own figures.
+        for _ in range(3):
+            text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text
+            assert metric(text, "openai_api_requests_total", route=CHAT, model=MODEL, status="200") == sent
+            assert metric(text, "openai_api_completion_tokens_total", model=MODEL) == 4 * sent
+            for index, pid in first.items():
+                assert metric(text, "process_resident_memory_bytes", worker=str(index), pid=str(pid)) > 0
+            assert metric(text, "process_resident_memory_bytes", worker="supervisor", pid=str(proc.pid)) > 0
+
+        # 3. SIGKILL one worker: the other keeps the port answering, the dead one is restarted and serves again.
+        victim = first[0]
+        psutil.Process(victim).kill()
+        until(lambda: f"worker 0 (pid {victim}) died" in log.read_text(), log, "the supervisor sees the death")
+        for i in range(10):
+            r = chat(url, f"k-{i}")
+            assert r.status_code == 200, r.text
+            sent += 1
+        until(lambda: workers(log)[0] != victim, log, "worker 0 restarted")
+        reborn = workers(log)[0]
+        deadline = time.monotonic() + 30
+        while reborn not in served_by(log).values():  # new connections reach it once it listens
+            assert time.monotonic() < deadline, f"the restarted worker never served:\n{log.read_text()[-3000:]}"
+            r = chat(url, f"r-{sent}")
+            assert r.status_code == 200, r.text
+            sent += 1
+            time.sleep(0.1)  # its access-log line is written after the response
+        text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text
+        # The dead worker's counts stay in the sums; its process figures are gone, the new one's are there.
+        assert metric(text, "openai_api_requests_total", route=CHAT, model=MODEL, status="200") == sent
+        assert metric(text, "process_resident_memory_bytes", pid=str(victim)) == 0
+        assert metric(text, "process_resident_memory_bytes", worker="0", pid=str(reborn)) > 0
+
+        # 4. SIGTERM drains: a stream in flight finishes, new requests get 503, the process exits 0.
+        events: list[str] = []
+        at_signal: list[int] = []
+        first_chunk = threading.Event()
+        failure: list[BaseException] = []
+
+        def stream() -> None:
+            try:
+                with httpx.stream("POST", f"{url}{CHAT}", headers=AUTH, timeout=60, json={
+                        "model": MODEL, "messages": [{"role": "user", "content": "Go on."}], "stream": True,
+                        "max_tokens": 30000}) as r:  # ~2 s here: still running when the drain starts
+                    for line in r.iter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+                            first_chunk.set()
+            except BaseException as e:  # noqa: BLE001 - reported by the test thread
+                failure.append(e)
+                first_chunk.set()
+
+        t = threading.Thread(target=stream)
+        t.start()
+        assert first_chunk.wait(60), "no first chunk"
+        living = [psutil.Process(pid) for pid in workers(log).values()]
+        at_signal.append(len(events))
+        proc.send_signal(signal.SIGTERM)
+        # The supervisor passes it on within 0.1 s; each worker says when it drains.
+        until(lambda: log.read_text().count(": draining;") == 2, log, "both workers draining", timeout=10)
+        r = httpx.post(f"{url}{CHAT}", headers=AUTH, timeout=30, json={
+            "model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "shutting_down", r.text
+        t.join(60)
+        assert not failure, failure
+        assert events[-1] == "[DONE]" and len(events) > at_signal[0] + 1, (at_signal, len(events), events[-2:])
+        assert ": draining; 1 requests in flight" in log.read_text()  # the stream's worker drained it
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert psutil.wait_procs(living, timeout=10)[1] == [], "a worker outlived the supervisor"
+        text = log.read_text()
+        assert text.count("stopped: exit code 0") == 2 and "Traceback" not in text, text[-3000:]
+    finally:
+        stop(proc)
+        for pid in STARTED.findall(log.read_text(errors="replace")):  # only if the test failed: no stray worker
+            if psutil.pid_exists(int(pid[1])):
+                psutil.Process(int(pid[1])).kill()
+
+
+def test_the_cli_refuses_a_responses_store_with_workers() -> None:
+    out = subprocess.run([sys.executable, "openai_api_cli.py", "--workers", "2",
+                          "--responses-store", "10"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "--responses-store keeps answers in one process's memory" in out.stderr
