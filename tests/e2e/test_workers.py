@@ -7,6 +7,7 @@ lines carry the process id with workers."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import psutil
 from openai_api.embedded.launcher import EmbeddedTriton
 from tests.e2e.test_reliability_observability import metric
 from tests.e2e.test_reliability_shutdown import AUTH, start_cli, stop, wait_healthy
+from tests.e2e.test_reliability_shutdown import write_config as write_shutdown_config
 from tests.helpers import MODELS, REPO, free_port, requires_models
 
 pytestmark = requires_models("smollm2-135m-instruct")
@@ -172,3 +174,37 @@ def test_the_cli_refuses_a_responses_store_with_workers() -> None:
     out = subprocess.run([sys.executable, "openai_api_cli.py", "--workers", "2",
                           "--responses-store", "10"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--responses-store keeps answers in one process's memory" in out.stderr
+
+
+def test_the_embedded_triton_is_started_once_and_shared_by_the_workers(tmp_path: Path) -> None:
+    """`--embedded-triton --workers 2` (what `scripts/run.sh --workers 2` runs): one tritonserver, in the
+    supervisor, serving both workers; SIGTERM stops the workers, then Triton, and exits 0."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "cli.log"
+    # Only the embedding model: the embedded Triton starts in seconds.
+    proc = start_cli(["--port", str(port), "--embedded-triton", "--workers", "2",
+                      "--config-file", str(write_shutdown_config(tmp_path, None, ("embedding",)))], log)
+    tritons: list[psutil.Process] = []
+    try:
+        wait_healthy(proc, url, log, timeout=240)
+        until(lambda: len(workers(log)) == 2, log, "two workers")
+        children = psutil.Process(proc.pid).children()
+        tritons += [c for c in children if c.name() == "tritonserver"]
+        assert len(tritons) == 1, [c.name() for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert {c.pid for c in children} == {tritons[0].pid, *workers(log).values()}
+        for i in range(16):  # on connections of their own, so both workers take some
+            r = httpx.post(f"{url}/v1/embeddings", headers={**AUTH, "X-Request-Id": f"e-{i}"}, timeout=60,
+                           json={"model": "all-minilm-l6-v2", "input": "hello"})
+            assert r.status_code == 200, r.text
+        until(lambda: sum(rid.startswith("e-") for rid in served_by(log)) == 16, log, "16 access-log lines")
+        assert {pid for rid, pid in served_by(log).items() if rid.startswith("e-")} == set(workers(log).values())
+        living = [psutil.Process(pid) for pid in workers(log).values()]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert psutil.wait_procs([*living, *tritons], timeout=10)[1] == [], "a worker or Triton outlived the gateway"
+    finally:
+        stop(proc)
+        for t in tritons:  # only if the test failed: never leave a tritonserver behind
+            if t.is_running():
+                os.killpg(t.pid, signal.SIGKILL)
