@@ -111,6 +111,13 @@ class Dockerfile:
             images.append(self.expand(words[0]))
         return images
 
+    def env(self) -> dict[str, str]:
+        """The final stage's ENV (key=value form), later ones winning."""
+        out: dict[str, str] = {}
+        for ins in self.all("ENV", self.final_stage):
+            out.update(pair.split("=", 1) for pair in ins.args.split() if "=" in pair)
+        return out
+
     def entrypoint(self) -> list[str]:
         found = self.all("ENTRYPOINT", self.final_stage)
         assert found, f"{self.path}: no ENTRYPOINT in the final stage"

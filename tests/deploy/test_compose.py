@@ -116,6 +116,7 @@ def test_gateway_mounts(compose: dict[str, Any]) -> None:
     assert gateway["read_only"] is True and "/tmp" in gateway["tmpfs"]
     assert any(p.endswith(":5100") for p in gateway["ports"])
     assert "OPENAI_API_KEYS" in gateway["environment"]
+    assert str(gateway["environment"]["OPENAI_API_WORKERS"]) == "1", "--workers: 1 unless exported"
 
 
 def test_triton_reads_prepared_models(compose: dict[str, Any]) -> None:

@@ -150,6 +150,13 @@ def test_gateway_entrypoint_and_cmd(gateway: Dockerfile) -> None:
     assert option_value(entrypoint + cmd, "--port") in exposed
 
 
+def test_gateway_workers_from_the_environment(gateway: Dockerfile) -> None:
+    """The image exposes --workers as OPENAI_API_WORKERS, one process unless the deployment says otherwise."""
+    env = gateway.env()
+    assert env["OPENAI_API_WORKERS"] == "1"
+    assert Settings.from_args(parse_args(gateway.entrypoint()[1:]), env).workers == 1
+
+
 def test_gateway_keeps_bundled_chat_templates(gateway: Dockerfile) -> None:
     # Bare template names in a config fall back to <site-packages>/chat_templates in an installed copy.
     copies = [ins.args for ins in gateway.all("COPY")]

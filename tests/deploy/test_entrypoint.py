@@ -5,6 +5,7 @@ port and config file swapped for local ones, against a Triton that is not runnin
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -45,7 +46,10 @@ def _console_script() -> Path:
 
 
 @requires_models("smollm2-135m-instruct", "all-minilm-l6-v2")
-def test_image_command_line_starts_and_stops_cleanly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("workers", [None, "2"], ids=["image-env", "workers-2"])
+def test_image_command_line_starts_and_stops_cleanly(tmp_path: Path, workers: str | None) -> None:
+    """With the image's environment (OPENAI_API_WORKERS=1), and with OPENAI_API_WORKERS=2 as the Kubernetes
+    manifest sets it."""
     dockerfile = Dockerfile.parse(GATEWAY_DOCKERFILE)
     argv = dockerfile.entrypoint() + dockerfile.cmd()
     assert argv[0] == "openai-api"
@@ -65,8 +69,11 @@ def test_image_command_line_starts_and_stops_cleanly(tmp_path: Path) -> None:
     log_path = tmp_path / "gateway.log"
     with open(log_path, "wb") as log:
         # cwd is an empty folder, as in the image (WORKDIR /tmp): nothing may rely on the repo's cwd.
+        env = {**os.environ, **{k: v for k, v in dockerfile.env().items() if k.startswith("OPENAI_API_")}}
+        if workers is not None:
+            env["OPENAI_API_WORKERS"] = workers
         proc = subprocess.Popen(argv, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL, env=env)
     try:
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -93,7 +100,7 @@ def test_image_command_line_starts_and_stops_cleanly(tmp_path: Path) -> None:
             proc.kill()
             proc.wait(timeout=10)
     log_text = log_path.read_text(encoding="utf-8", errors="replace")
-    assert "Application shutdown complete" in log_text, log_text
+    assert log_text.count("Application shutdown complete") == int(workers or 1), log_text
     assert "Traceback" not in log_text, log_text
     # 0, not "killed by SIGTERM" (plain uvicorn >= 0.29 re-raises the signal after its shutdown).
     assert code == 0, f"exit code {code}:\n{log_text}"

@@ -190,3 +190,14 @@ def test_configmap_model_config_loads(tmp_path: Path) -> None:
     assert {m.name for m in loaded.all_models()} == {"smollm2-135m-instruct", "all-minilm-l6-v2", "minilm-rerank"}
     for m in loaded.all_models():
         assert re.fullmatch(r"triton:800[01]", m.url)
+
+
+def test_workers_are_set_and_fit_the_cpu_limit(container: dict[str, Any]) -> None:
+    """--workers through OPENAI_API_WORKERS: a number the settings accept, not more than the CPUs the pod may
+    use (`auto` would count the node's)."""
+    env = {e["name"]: e for e in container["env"]}
+    value = env["OPENAI_API_WORKERS"]["value"]
+    workers = Settings.from_args(parse_args([]), {"OPENAI_API_WORKERS": value}).workers
+    cpu = str(container["resources"]["limits"]["cpu"])
+    cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
+    assert value != "auto" and 1 <= workers <= max(cores, 1)
