@@ -43,6 +43,7 @@ import os
 import pickle
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -67,8 +68,11 @@ _BACKLOG = 2048  # uvicorn's default
 # Linux balances connections over the sockets of a SO_REUSEPORT group; elsewhere the option does not
 # balance, so there the workers share one set of sockets.
 REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
-# Where `openai_api` is imported from here: the workers must run this same code, whatever their cwd.
+# Where `openai_api` is imported from here: the workers must run this same code. From an installed copy
+# (site-packages) they find it anyway; from a checkout or an editable install of another tree, they are
+# pointed at this one (PYTHONPATH), and never at a copy in their cwd (python -P).
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
+_INSTALLED = _PACKAGE_ROOT in {str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages())}
 
 
 def bind_listeners(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> list[socket.socket]:
@@ -161,24 +165,26 @@ class Supervisor:
 
     def run(self) -> int:
         s = self.settings
-        try:
-            probe = bind_listeners(s.host, s.port, listen=not REUSE_PORT)
-        except OSError as e:
-            logger.error("%s", e)
-            return LISTEN_FAILURE
-        self._port = probe[0].getsockname()[1]
-        if REUSE_PORT:
-            for sock in probe:  # the port is free; each worker gets its own sockets on it (_start)
-                sock.close()
-        else:
-            self._shared = probe
-        # Private (0700): it holds the pickled settings, API keys included.
-        self._run_dir = Path(tempfile.mkdtemp(prefix="openai-api-workers-"))
-        self.metrics_dir.mkdir()
-        with open(self._run_dir / HANDOFF, "wb") as f:
-            pickle.dump((self.config, self.settings), f)
+        # First: a signal from here on stops the gateway in order (one that came before the loop stops it
+        # before any worker starts).
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
+            try:
+                probe = bind_listeners(s.host, s.port, listen=not REUSE_PORT)
+            except OSError as e:
+                logger.error("%s", e)
+                return LISTEN_FAILURE
+            self._port = probe[0].getsockname()[1]
+            if REUSE_PORT:
+                for sock in probe:  # the port is free; each worker gets its own sockets on it (_start)
+                    sock.close()
+            else:
+                self._shared = probe
+            # Private (0700): it holds the pickled settings, API keys included.
+            self._run_dir = Path(tempfile.mkdtemp(prefix="openai-api-workers-"))
+            self.metrics_dir.mkdir()
+            with open(self._run_dir / HANDOFF, "wb") as f:
+                pickle.dump((self.config, self.settings), f)
             logger.info("gateway listening on http://%s:%d/v1 (%d workers, %d models, API keys %s)", s.host, self._port,
                         s.workers, len(self.config.all_models()), "required" if s.api_keys else "off")
             return self._loop()
@@ -191,8 +197,9 @@ class Supervisor:
                 sock.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-            shutil.rmtree(self._run_dir, ignore_errors=True)
-            logger.info("gateway stopped")
+            if self._run_dir is not None:
+                shutil.rmtree(self._run_dir, ignore_errors=True)
+                logger.info("gateway stopped")
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signals.append(signum)  # nothing else in a handler: the loop acts within _POLL_S
@@ -248,8 +255,10 @@ class Supervisor:
         fds = ",".join(str(sock.fileno()) for sock in sockets)
         env = dict(os.environ)
         env[MULTIPROC_ENV] = str(self.metrics_dir)  # a fresh directory, whatever the environment said
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-        return [sys.executable, "-m", "openai_api.worker", str(self._run_dir), str(index), fds, str(os.getpid())], env
+        if not _INSTALLED:
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        args = [str(self._run_dir), str(index), fds, str(os.getpid())]
+        return [sys.executable, "-P", "-m", "openai_api.worker", *args], env
 
     def _start(self, slot: WorkerSlot) -> None:
         slot.started = time.monotonic()
