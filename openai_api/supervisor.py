@@ -9,8 +9,8 @@ started (the supervisor), as gunicorn's arbiter or vLLM's `--api-server-count` r
   which then carried all of that client's load. The costs: a busy worker still gets its share of new
   connections, and a worker that dies takes with it the connections queued on its socket but not yet
   accepted (they are reset; its restart gets a fresh socket, so nothing waits on a dead one). Before
-  that, the port is bound once without SO_REUSEPORT, so a port held by anyone (another gateway with
-  workers included) fails start-up as a single process's would. Where SO_REUSEPORT does not balance
+  any worker starts, the port is bound once without SO_REUSEPORT, so a port held by anyone (another
+  gateway with workers included) fails start-up as a single process's would. Where SO_REUSEPORT does not balance
   (macOS, the BSDs), all workers share one socket instead.
 * **Each worker is a fresh interpreter** (`python -m openai_api.worker`; nothing forked from this process,
   whose threads include the embedded Triton's supervisor) in its own process group, so a terminal's
