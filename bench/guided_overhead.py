@@ -32,8 +32,11 @@ SCHEMA = {
         "name": {"type": "string", "maxLength": 24},
         "age": {"type": "integer", "minimum": 0, "maximum": 120},
         "mood": {"enum": ["happy", "sad", "calm"]},
-        "address": {"type": "object", "properties": {"city": {"type": "string"}, "zip": {"type": "string",
-                    "pattern": "^[0-9]{5}$"}}, "required": ["city", "zip"]},
+        "address": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+            "required": ["city", "zip"],
+        },
         "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 3},
     },
     "required": ["name", "age", "mood", "address", "tags"],
@@ -88,8 +91,10 @@ def main() -> None:
     compiler.ready()
     ready_s = time.perf_counter() - t0
 
-    times = {"tool schema (no length bounds)": compile_times(compiler, TOOL, args.runs),
-             "person schema (maxLength 24, pattern, nested, array)": compile_times(compiler, SCHEMA, args.runs)}
+    times = {
+        "tool schema (no length bounds)": compile_times(compiler, TOOL, args.runs),
+        "person schema (maxLength 24, pattern, nested, array)": compile_times(compiler, SCHEMA, args.runs),
+    }
 
     spec = GuideSpec("json_schema", json.dumps(SCHEMA), "bench")
     guide_us, fwd_ms, sample_us, tokens = [], [], [], 0
@@ -122,16 +127,22 @@ def main() -> None:
 
     med = statistics.median
     step_ms = med(fwd_ms) + med(sample_us) / 1e3
-    print(f"xgrammar {compiler.version}; torch {torch.__version__}, 1 thread; {tokens} guided tokens "
-          f"over {len(PROMPTS)} prompts (person schema, temperature 0.8)")
+    print(
+        f"xgrammar {compiler.version}; torch {torch.__version__}, 1 thread; {tokens} guided tokens "
+        f"over {len(PROMPTS)} prompts (person schema, temperature 0.8)"
+    )
     print(f"compiler set-up (tokenizer index, once per model): {ready_s * 1e3:.0f} ms")
     for name, (first, cached) in times.items():
-        print(f"compile {name}: first median {med(first) * 1e3:.2f} ms (min {min(first) * 1e3:.2f}, "
-              f"max {max(first) * 1e3:.2f}); cached median {med(cached) * 1e6:.1f} us")
+        print(
+            f"compile {name}: first median {med(first) * 1e3:.2f} ms (min {min(first) * 1e3:.2f}, "
+            f"max {max(first) * 1e3:.2f}); cached median {med(cached) * 1e6:.1f} us"
+        )
     print(f"unguided decode step (forward + sampling): median {step_ms:.1f} ms")
-    print(f"guide per token (fill + apply + accept + finished check): median {med(guide_us):.0f} us, "
-          f"p90 {sorted(guide_us)[int(len(guide_us) * 0.9)]:.0f} us = {med(guide_us) / 1e3 / step_ms * 100:.2f}% "
-          "of a step")
+    print(
+        f"guide per token (fill + apply + accept + finished check): median {med(guide_us):.0f} us, "
+        f"p90 {sorted(guide_us)[int(len(guide_us) * 0.9)]:.0f} us = {med(guide_us) / 1e3 / step_ms * 100:.2f}% "
+        "of a step"
+    )
 
 
 if __name__ == "__main__":

@@ -107,6 +107,8 @@ class Profile:
         self.streams_tokens = 25 if quick else 35  # seconds each stream lasts at 1 token/s
         self.ttft_requests = 100 if quick else 300  # c = 1, streamed, 16 tokens
         self.limit_procs: tuple[int, ...] = (1, 2)  # the limit at c > 1: the best of one process and two
+        # ... and of these read paces (us of busy work per token, one process): see bench.limit's relay mode
+        self.limit_pace_us: tuple[int, ...] = (0, 40)
         self.embed_warmup_s, self.embed_measure_s = (2.0, 5.0) if quick else (3.0, 12.0)
         self.profile_s = 5 if quick else 10
         self.profile_svg = not quick
@@ -123,6 +125,7 @@ class Bench:
         self.args = args
         self.p = Profile(args.quick)
         self.p.limit_procs = tuple(args.limit_procs)
+        self.p.limit_pace_us = tuple(args.limit_pace_us)
         self.workdir = Path(tempfile.mkdtemp(prefix="bench-"))
         self.results: dict[str, Any] = {"failures": []}
         self.gateway: Gateway | None = None
@@ -289,7 +292,7 @@ class Bench:
         r["loadavg_1m"] = round(os.getloadavg()[0], 2)
         return r
 
-    async def limit_relay(self, c: int, client: str, procs: int) -> dict[str, Any]:
+    async def limit_relay(self, c: int, client: str, procs: int, pace_us: int = 0) -> dict[str, Any]:
         """The same 512-token streams straight from Triton, from ``bench.limit`` process(es)."""
         assert self.limit is not None
         r = await self.limit.run(
@@ -301,6 +304,7 @@ class Bench:
             tokens=self.p.relay_tokens,
             warmup=self.p.relay_warmup_s,
             measure=self.p.relay_measure_s,
+            **({"pace_us": pace_us} if pace_us else {}),
         )
         r.setdefault("window_cpu_s", {})["limit"] = round(r["cpu_s"], 4)
         r["cpu_pct"] = self.window_pct(r)
@@ -318,13 +322,14 @@ class Bench:
 
                 async def run_limit(c: int = c, cell: dict[str, Any] = cell, rep: int = rep) -> None:
                     variants: dict[str, dict[str, Any]] = {}
-                    for procs in self.p.limit_procs:
-                        if procs > c:
-                            continue
-                        r = await self.limit_relay(c, "rpc", procs)
-                        variants[f"{procs}proc"] = r
+                    tries = [(procs, 0) for procs in self.p.limit_procs if procs <= c]
+                    tries += [(1, pace) for pace in self.p.limit_pace_us if pace]
+                    for procs, pace in tries:
+                        r = await self.limit_relay(c, "rpc", procs, pace)
+                        variants[f"{procs}proc" + (f"-pace{pace}us" if pace else "")] = r
                         self.log(
-                            f"relay c={c} limit ({procs} process{'es' if procs > 1 else ''}) rep {rep}: "
+                            f"relay c={c} limit ({procs} process{'es' if procs > 1 else ''}"
+                            f"{f', {pace} us/token' if pace else ''}) rep {rep}: "
                             f"{r['rate']:.0f} tokens/s, cpu {r['cpu_pct']}, errors {r['errors']}"
                         )
                         await asyncio.sleep(0.5)
@@ -373,11 +378,19 @@ class Bench:
         self.results["relay_meta"] = {
             "limit_client": LABELS["rpc"],
             "limit_processes": (
-                f"the best of {' and '.join(str(p) for p in self.p.limit_procs)} processes at c > 1"
-                if len(self.p.limit_procs) > 1
-                else f"{self.p.limit_procs[0]} process(es)"
+                (
+                    f"the best of {' and '.join(str(p) for p in self.p.limit_procs)} processes at c > 1"
+                    if len(self.p.limit_procs) > 1
+                    else f"{self.p.limit_procs[0]} process(es)"
+                )
+                + (
+                    f", and of {' and '.join(str(x) for x in self.p.limit_pace_us)} us of client work per token"
+                    if len([x for x in self.p.limit_pace_us if x]) > 0
+                    else ""
+                )
             ),
             "limit_procs": list(self.p.limit_procs),
+            "limit_pace_us": list(self.p.limit_pace_us),
             "old_limit_client": LABELS["tritonclient"],
         }
 
@@ -1083,7 +1096,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="1,2",
         help="process counts the limit client is tried with at c > 1 (the faster counts); default 1,2",
     )
+    p.add_argument(
+        "--limit-pace-us",
+        default="0,40",
+        help="us of busy client work per token the one-process limit is also tried with (the fastest counts: "
+        "Triton delivers more to a client that is not waiting on every message); default 0,40",
+    )
     args = p.parse_args(argv)
+    try:
+        args.limit_pace_us = sorted({int(x) for x in args.limit_pace_us.split(",") if x.strip()} | {0})
+    except ValueError:
+        p.error("--limit-pace-us: comma-separated integers")
     try:
         args.limit_procs = sorted({int(x) for x in args.limit_procs.split(",") if x.strip()})
     except ValueError:
