@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -26,11 +27,13 @@ logger = logging.getLogger("openai_api")
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, *, lifecycle: Lifecycle, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, *, lifecycle: Lifecycle, grace_s: float,
+                 heartbeat: Callable[[], None] | None = None) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
         self.grace_s = grace_s
         self.drain_started: float | None = None
+        self.heartbeat = heartbeat
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.drain_started is None:
@@ -46,6 +49,9 @@ class DrainingServer(uvicorn.Server):
             self.force_exit = True
 
     async def on_tick(self, counter: int) -> bool:
+        # uvicorn ticks every 0.1 s on the event loop: a beat a second says the loop runs (see supervisor).
+        if self.heartbeat is not None and counter % 10 == 0:
+            self.heartbeat()
         if self.drain_started is not None and not self.should_exit:
             left = self.grace_s - (time.monotonic() - self.drain_started)
             if not self.lifecycle.tasks or left <= 0:
@@ -81,9 +87,12 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
     return uvicorn.Config(app, **kwargs)
 
 
-def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None) -> None:
+def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None = None,
+          heartbeat: Callable[[], None] | None = None) -> None:
     """Serve `app` until a signal's drain ends: on `settings`' host and port, or on listening `sockets`
-    already bound (a worker of `--workers`, sharing the supervisor's)."""
+    already bound (a worker of `--workers`, sharing the supervisor's). `heartbeat` is called on the event
+    loop once a second while it serves."""
     server = DrainingServer(uvicorn_config(app, settings, log_level=settings.uvicorn_log_level),
-                            lifecycle=app.state.gateway.lifecycle, grace_s=settings.shutdown_grace_s)
+                            lifecycle=app.state.gateway.lifecycle, grace_s=settings.shutdown_grace_s,
+                            heartbeat=heartbeat)
     server.run(sockets=sockets)

@@ -86,6 +86,10 @@ class Settings(BaseModel):
         "--max-in-flight-per-model, --max-connections, --cpu-workers) and replica health are per worker; "
         "/metrics sums them all. 1 = one process, no supervisor", metavar="N",
         parse=worker_count)] = Field(default=1, ge=1)
+    worker_timeout_s: Annotated[float, Option(
+        "with --workers > 1: a worker whose event loop has not run for this many seconds (blocked, hung, "
+        "stopped) is killed and started again, as a worker that dies is; 0 = never", flag="--worker-timeout",
+        metavar="SECONDS")] = Field(default=30.0, ge=0)
     api_keys: Annotated[list[str], Option(
         "accept this API key (repeatable; the environment takes a comma-separated list). With keys set, every "
         "route except /health and /health/ready needs `Authorization: Bearer KEY`", flag="--api-key",

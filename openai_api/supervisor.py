@@ -26,6 +26,11 @@ started (the supervisor), as gunicorn's arbiter or vLLM's `--api-server-count` r
   (30 s), back to 1 s once a worker has stayed up `stable_after` (60 s). A worker whose app cannot be
   built at start-up (`BOOT_FAILURE`: the config every worker shares is wrong, so restarting cannot help)
   stops the gateway with that status; later, the same failure is retried like a crash.
+* **A worker that stops running without exiting** (its event loop blocked by a bug, a hung call, SIGSTOP)
+  is found by its heartbeat: each worker's loop touches `RUN_DIR/alive-PID` once a second while it serves
+  (`heartbeat_path`). One that has not for `--worker-timeout` seconds (30) is killed (SIGKILL) and then
+  restarted as a crashed one is. A worker still booting (no file yet) is not judged; nor are workers
+  while they drain (the drain has its own deadline).
 * **SIGTERM / SIGINT**: every worker is sent SIGTERM and drains (new requests 503, requests in flight get
   --shutdown-grace); the supervisor waits for all of them, then returns 0. A second signal is passed on
   (each worker ends its drain at once); a third, or workers still running `KILL_AFTER_S` past the grace,
@@ -73,6 +78,12 @@ REUSE_PORT = sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT"
 # pointed at this one (PYTHONPATH), and never at a copy in their cwd (python -P).
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[1])
 _INSTALLED = _PACKAGE_ROOT in {str(Path(p).resolve()) for p in (*site.getsitepackages(), site.getusersitepackages())}
+
+
+def heartbeat_path(run_dir: str | Path, pid: int) -> Path:
+    """The file worker `pid` touches once a second while its event loop runs (per pid, so a restarted
+    worker never inherits its predecessor's last beat)."""
+    return Path(run_dir) / f"alive-{pid}"
 
 
 def bind_listeners(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> list[socket.socket]:
@@ -135,6 +146,7 @@ class WorkerSlot:
     due: float | None = 0.0  # when to start it next (monotonic); None: not to be started again
     starts: int = 0
     pids: list[int] = field(default_factory=list)  # every pid it has had, oldest first
+    killed_why: str | None = None  # why the supervisor killed the current process, if it did
 
 
 class Supervisor:
@@ -213,6 +225,8 @@ class Supervisor:
             for slot in self.slots:
                 if slot.proc is not None and (code := slot.proc.poll()) is not None:
                     self._ended(slot, code, now)
+                elif slot.proc is not None and not self.stopping and slot.killed_why is None:
+                    self._check_heartbeat(slot)
                 if slot.proc is None and slot.due is not None and now >= slot.due and not self.stopping:
                     self._start(slot)
             if self.stopping:
@@ -223,6 +237,19 @@ class Supervisor:
                     self._send(signal.SIGKILL)
                     self.kill_at = None
             time.sleep(_POLL_S)
+
+    def _check_heartbeat(self, slot: WorkerSlot) -> None:
+        timeout = self.settings.worker_timeout_s
+        if not timeout or slot.proc is None or self._run_dir is None:
+            return
+        try:
+            silent = time.time() - heartbeat_path(self._run_dir, slot.proc.pid).stat().st_mtime
+        except FileNotFoundError:
+            return  # still booting: it beats once it serves
+        if silent > timeout:
+            slot.killed_why = f"its event loop has not run for {silent:.0f} s (--worker-timeout {timeout:g})"
+            logger.error("worker %d (pid %d): %s; killing it", slot.index, slot.proc.pid, slot.killed_why)
+            slot.proc.kill()  # the loop reaps it next and restarts it as a crashed worker
 
     def _signalled(self, signum: int, count: int) -> None:
         if count == 1:
@@ -291,6 +318,9 @@ class Supervisor:
         assert slot.proc is not None
         pid = slot.proc.pid
         slot.proc = None
+        why, slot.killed_why = slot.killed_why, None
+        if self._run_dir is not None:
+            heartbeat_path(self._run_dir, pid).unlink(missing_ok=True)
         process_ended(self.metrics_dir, pid)
         self._write_processes()
         if self.stopping:
@@ -302,8 +332,9 @@ class Supervisor:
             self.exit_code = BOOT_FAILURE
             self._stop()
             return
-        self._restart_later(slot, now, f"worker {slot.index} (pid {pid}) died after {now - slot.started:.1f} s: "
-                                       f"{describe_exit(code)}")
+        ended = f"killed after {now - slot.started:.1f} s: {why}" if why else \
+            f"died after {now - slot.started:.1f} s: {describe_exit(code)}"
+        self._restart_later(slot, now, f"worker {slot.index} (pid {pid}) {ended}")
 
     def _restart_later(self, slot: WorkerSlot, now: float, why: str) -> None:
         if now - slot.started >= self.stable_after:

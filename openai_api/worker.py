@@ -5,7 +5,8 @@ It reads the settings and model config the supervisor resolved (`RUN_DIR/worker.
 restarted ones included, serves exactly what the supervisor checked at start-up, even if the files have
 changed since), builds the app and serves it on the supervisor's listening sockets (the inherited file
 descriptors FDS) with the single process's drain (`server.serve`): SIGTERM -> new requests 503, requests
-in flight get --shutdown-grace, exit 0.
+in flight get --shutdown-grace, exit 0. While it serves, its event loop touches `RUN_DIR/alive-PID` once a
+second: the supervisor kills and restarts a worker whose loop has stopped (`--worker-timeout`).
 
 The supervisor dying without a word (SIGKILL, OOM) reaches the worker as SIGTERM (PR_SET_PDEATHSIG on
 Linux), so an orphan drains and exits instead of serving on unsupervised.
@@ -27,7 +28,7 @@ from pathlib import Path
 from openai_api.cli import setup_logging
 from openai_api.config import GatewayConfig
 from openai_api.settings import Settings
-from openai_api.supervisor import BOOT_FAILURE, HANDOFF
+from openai_api.supervisor import BOOT_FAILURE, HANDOFF, heartbeat_path
 
 logger = logging.getLogger("openai_api")
 _PR_SET_PDEATHSIG = 1
@@ -63,7 +64,15 @@ def main(argv: list[str] | None = None) -> int:
         return BOOT_FAILURE
     from openai_api.server import serve
 
-    serve(app, settings, sockets)
+    alive = heartbeat_path(run_dir, os.getpid())
+
+    def beat() -> None:
+        try:
+            alive.touch()
+        except OSError:  # the run directory is gone with the supervisor: PR_SET_PDEATHSIG drains us anyway
+            pass
+
+    serve(app, settings, sockets, heartbeat=beat)
     return 0
 
 

@@ -1,6 +1,7 @@
 """`--workers 2` end to end: the real CLI in a subprocess, against the session's Triton (the synthetic LLM, for
 speed). Two worker processes answer on one port, /metrics adds up what both served, a worker killed with
-SIGKILL is restarted while the port keeps answering, and SIGTERM drains: a stream in flight finishes and
+SIGKILL is restarted while the port keeps answering, one stopped with SIGSTOP is killed on its missed
+heartbeat and restarted, and SIGTERM drains: a stream in flight finishes and
 the process exits 0 with no worker left behind. Which worker answered is read from the access log, whose
 lines carry the process id with workers."""
 
@@ -75,7 +76,7 @@ def test_two_workers_share_the_port_add_up_metrics_survive_a_kill_and_drain_on_s
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "cli.log"
     proc = start_cli(["--port", str(port), "--config-file", str(write_config(tmp_path, triton)), "--workers", "2",
-                      "--shutdown-grace", "30"], log)
+                      "--shutdown-grace", "30", "--worker-timeout", "5"], log)
     gateway = psutil.Process(proc.pid)
     try:
         wait_healthy(proc, url, log, timeout=60)
@@ -124,6 +125,23 @@ def test_two_workers_share_the_port_add_up_metrics_survive_a_kill_and_drain_on_s
         assert metric(text, "openai_api_requests_total", route=CHAT, model=MODEL, status="200") == sent
         assert metric(text, "process_resident_memory_bytes", pid=str(victim)) == 0
         assert metric(text, "process_resident_memory_bytes", worker="0", pid=str(reborn)) > 0
+
+        # 3b. A worker that stops without exiting (SIGSTOP: what a blocked event loop looks like from outside)
+        # misses its heartbeat, is killed after --worker-timeout and restarted; then both serve again.
+        stuck = workers(log)[1]
+        os.kill(stuck, signal.SIGSTOP)
+        until(lambda: f"worker 1 (pid {stuck}): its event loop has not run for" in log.read_text(), log,
+              "the supervisor sees the stopped worker", timeout=30)
+        until(lambda: workers(log)[1] != stuck, log, "worker 1 restarted")
+        assert not psutil.pid_exists(stuck) or psutil.Process(stuck).status() == psutil.STATUS_ZOMBIE
+        revived = workers(log)[1]
+        deadline = time.monotonic() + 30
+        while revived not in served_by(log).values():
+            assert time.monotonic() < deadline, f"the restarted worker never served:\n{log.read_text()[-3000:]}"
+            r = chat(url, f"s-{sent}")
+            assert r.status_code == 200, r.text
+            sent += 1
+            time.sleep(0.1)
 
         # 4. SIGTERM drains: a stream in flight finishes, new requests get 503, the process exits 0.
         events: list[str] = []

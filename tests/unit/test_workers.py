@@ -19,10 +19,18 @@ from prometheus_client import values
 from openai_api.config import BUNDLED_CONFIG, load_config
 from openai_api.observability import MULTIPROC_ENV, Metrics, process_ended, write_processes
 from openai_api.settings import Settings
-from openai_api.supervisor import BOOT_FAILURE, REUSE_PORT, Supervisor, bind_listeners, describe_exit
+from openai_api.supervisor import (
+    BOOT_FAILURE,
+    REUSE_PORT,
+    Supervisor,
+    bind_listeners,
+    describe_exit,
+    heartbeat_path,
+)
 from tests.helpers import free_port
 
-# A stand-in worker: writes its pid, then waits for SIGTERM and exits 0 (or exits at once with $EXIT_WITH).
+# A stand-in worker: writes its pid, then waits for SIGTERM and exits 0 (or exits at once with $EXIT_WITH),
+# touching its heartbeat file ($BEAT: the supervisor's run directory) as a real worker's event loop does.
 FAKE_WORKER = """
 import os, signal, sys, time
 folder = sys.argv[1]
@@ -30,7 +38,11 @@ open(os.path.join(folder, str(os.getpid())), "w").close()
 if os.environ.get("EXIT_WITH"):
     sys.exit(int(os.environ["EXIT_WITH"]))
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+beat = os.path.join(os.environ["BEAT"], f"alive-{os.getpid()}") if os.environ.get("BEAT") else None
 while True:
+    if beat:
+        open(beat, "a").close()
+        os.utime(beat)
     time.sleep(0.05)
 """
 
@@ -38,13 +50,18 @@ while True:
 class FakeWorkers(Supervisor):
     """The real supervisor, starting FAKE_WORKER instead of the gateway."""
 
-    def __init__(self, folder: Path, workers: int, **kw: float) -> None:
+    def __init__(self, folder: Path, workers: int, *, beat: bool = False, worker_timeout_s: float = 30.0,
+                 **kw: float) -> None:
         super().__init__(load_config(BUNDLED_CONFIG), Settings(workers=workers, port=free_port(), host="127.0.0.1",
-                                                               shutdown_grace_s=5), **kw)
+                                                               shutdown_grace_s=5, worker_timeout_s=worker_timeout_s),
+                         **kw)
         self.folder = folder
+        self.beat = beat
 
     def _command(self, index: int, sockets: list[socket.socket]) -> tuple[list[str], dict[str, str]]:
         _, env = super()._command(index, sockets)
+        if self.beat:
+            env["BEAT"] = str(self._run_dir)
         return [sys.executable, "-c", FAKE_WORKER, str(self.folder)], env
 
 
@@ -112,6 +129,34 @@ def test_a_worker_that_dies_is_restarted_with_back_off_and_sigterm_drains_all(
     for pid in seen["all"]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def test_a_worker_whose_loop_stops_is_killed_and_restarted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A worker that stops beating (here: SIGSTOP, as a blocked event loop looks from outside) is killed after
+    --worker-timeout and started again; its neighbour, beating all along, is left alone."""
+    caplog.set_level(logging.INFO, "openai_api")
+    sup = FakeWorkers(tmp_path, 2, beat=True, worker_timeout_s=1.0, restart_delay=0.2)
+    seen: dict[str, int] = {}
+
+    def script() -> None:
+        until(lambda: len(started_pids(tmp_path)) == 2)
+        until(lambda: all(sup._run_dir is not None and slot.proc is not None
+                          and heartbeat_path(sup._run_dir, slot.proc.pid).exists() for slot in sup.slots))
+        proc = sup.slots[1].proc
+        assert proc is not None
+        seen["stopped"] = proc.pid
+        os.kill(proc.pid, signal.SIGSTOP)
+        until(lambda: len(started_pids(tmp_path)) == 3)
+        time.sleep(2.0)  # longer than the timeout: the beating ones stay
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    assert run_in_background(sup, script) == 0
+    assert sup.slots[0].starts == 1 and sup.slots[1].starts == 2
+    text = caplog.text
+    assert f"worker 1 (pid {seen['stopped']}): its event loop has not run for" in text
+    assert "(--worker-timeout 1); killing it" in text and "starting it again in 0.2 s" in text
+    with pytest.raises(ProcessLookupError):
+        os.kill(seen["stopped"], 0)
 
 
 def test_a_worker_that_cannot_build_the_app_stops_the_gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
