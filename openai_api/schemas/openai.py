@@ -100,6 +100,8 @@ class CompletionRequest(_Sampling):
     logprobs: int | None = Field(default=None, ge=0, le=5)
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's extension: the tokenizer's added tokens (BOS) around a text prompt; false sends the text alone.
+    add_special_tokens: bool = True
 
 
 class ResponsesRequest(_Request):

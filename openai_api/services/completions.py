@@ -25,8 +25,10 @@ from openai_api.triton.llm import GenerationRequest
 logger = logging.getLogger(__name__)
 
 
-def _prompts(rt: LLMRuntime, prompt: Any) -> list[tuple[str, list[int]]]:
-    """(text, ids) per prompt; OpenAI's four prompt forms, with the empty cases refused."""
+def _prompts(rt: LLMRuntime, prompt: Any, add_special_tokens: bool) -> list[tuple[str, list[int]]]:
+    """(text, ids) per prompt; OpenAI's four prompt forms, with the empty cases refused. Text is tokenized with
+    the tokenizer's added tokens (a Llama or Mistral tokenizer's BOS) unless `add_special_tokens` is false,
+    as vLLM does: a raw prompt has no chat template to write them. Token-id prompts are sent as given."""
     if isinstance(prompt, str):
         prompt = [prompt]
     if not prompt:
@@ -39,7 +41,7 @@ def _prompts(rt: LLMRuntime, prompt: Any) -> list[tuple[str, list[int]]]:
         if isinstance(p, str):
             if not p:
                 raise InvalidRequestError(f"prompt[{i}] is an empty string.", param="prompt")
-            out.append((p, encode_prompt(rt, p, "prompt")))
+            out.append((p, encode_prompt(rt, p, "prompt", add_special_tokens)))
         else:
             if not p:
                 raise InvalidRequestError(f"prompt[{i}] is an empty list of tokens.", param="prompt")
@@ -95,7 +97,7 @@ class CompletionsService:
         guide = request_guide(req)  # vLLM's guided_* / structured_outputs fields
         if guide is not None:
             require_support(rt.backend, rt.name, guide)
-        prompts = await self.preprocess.run(_text_size(req.prompt), _prompts, rt, req.prompt)
+        prompts = await self.preprocess.run(_text_size(req.prompt), _prompts, rt, req.prompt, req.add_special_tokens)
         greqs: list[GenerationRequest] = []
         for text, ids in prompts:
             max_tokens = resolve_max_tokens(rt, req.max_tokens, len(ids), "prompt")

@@ -90,12 +90,13 @@ def _context_error(rt: LLMRuntime, param: str) -> ContextLengthExceededError:
         f"more than {rt.context_length} tokens. Please reduce the length of the {param}.", param=param)
 
 
-def encode_prompt(rt: LLMRuntime, text: str, param: str) -> list[int]:
-    """Token ids of `text`, or a context-length 400 found without tokenizing all of a huge text."""
+def encode_prompt(rt: LLMRuntime, text: str, param: str, add_special_tokens: bool = False) -> list[int]:
+    """Token ids of `text` (with the tokenizer's added tokens, a BOS say, when `add_special_tokens`), or a
+    context-length 400 found without tokenizing all of a huge text."""
     _, over = rt.tokenizer.bound(text, rt.context_length)
     if over:
         raise _context_error(rt, param)
-    return rt.tokenizer.encode(text)
+    return rt.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _encode_marked(tok: TextTokenizer, rendered: str) -> list[int]:

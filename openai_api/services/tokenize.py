@@ -6,9 +6,9 @@ content kept plain): `count` is then the prompt a chat request would send, and m
 refuse as longer than the context are refused here too. LLMs and encoders alike: `max_model_len` is an
 LLM's context length or an encoder's `max_tokens`. A prompt is counted whole even past it (as vLLM does:
 a client asks in order to know), up to `MAX_COUNT` tokens (or `max_model_len`, if more), found without
-tokenizing all of a huge text; past that, a 400. `add_special_tokens` unset tokenizes a prompt as this
-gateway sends it: without added tokens for an LLM (as `/v1/completions`), with them for an encoder
-(`[CLS] ... [SEP]`, as `/v1/embeddings`).
+tokenizing all of a huge text; past that, a 400. `add_special_tokens` (default true, as vLLM's) tokenizes a
+prompt as this gateway sends it: with the tokenizer's added tokens, an LLM's BOS (as `/v1/completions`
+by default) or an encoder's `[CLS] ... [SEP]` (as `/v1/embeddings`).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class TokenizeService:
             ids = await self._chat_ids(name, req)
         else:
             prompt = req.prompt or ""
-            special = req.add_special_tokens if req.add_special_tokens is not None else name not in self.registry.llms
+            special = req.add_special_tokens is not False
             ids = await self.preprocess.run(len(prompt), _encode, tok, prompt, max(max_len, MAX_COUNT), special)
         body: dict[str, Any] = {"count": len(ids), "max_model_len": max_len, "tokens": ids, "token_strs": None}
         if req.return_token_strs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
@@ -50,3 +51,27 @@ def test_text_no_tokenizer_takes_is_a_400(tok: TextTokenizer) -> None:
                  lambda: tok.encode_batch(["ok", "a\ud800b"])):
         with pytest.raises(InvalidRequestError):
             call()
+
+
+def test_completions_prompts_get_the_tokenizers_bos_unless_asked_not_to(tok: TextTokenizer) -> None:
+    """A Llama-style tokenizer (a post-processor that puts BOS first): a text prompt of `/v1/completions` gets
+    it by default, as vLLM's does, and not with `add_special_tokens: false`; token ids go as given."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+    from tokenizers.processors import TemplateProcessing
+
+    from openai_api.schemas.openai import CompletionRequest
+    from openai_api.services.completions import _prompts
+
+    hf = Tokenizer.from_str(tok.tokenizer.to_str())
+    bos_id = hf.token_to_id("<|im_start|>")
+    hf.post_processor = TemplateProcessing(single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos_id)])
+    llama_like = TextTokenizer(folder=tok.folder, tokenizer=hf, bos_token="<|im_start|>", eos_token=tok.eos_token,
+                               eos_token_ids=tok.eos_token_ids)
+    rt: Any = SimpleNamespace(tokenizer=llama_like, context_length=2048)
+    plain = tok.encode("Once upon a time")
+    assert CompletionRequest(model="m", prompt="x").add_special_tokens is True
+    assert _prompts(rt, "Once upon a time", True) == [("Once upon a time", [bos_id, *plain])]
+    assert _prompts(rt, ["Once upon a time"], False) == [("Once upon a time", plain)]
+    assert _prompts(rt, [plain], True)[0][1] == plain
