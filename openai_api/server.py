@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from openai_api.http.connections import guarded_protocol, raise_fd_limit
 from openai_api.http.limits import Lifecycle
 from openai_api.settings import Settings
+from openai_api.text.workers import map_big_allocations
 
 logger = logging.getLogger("openai_api")
 
@@ -92,6 +93,7 @@ def serve(app: FastAPI, settings: Settings, sockets: list[socket.socket] | None 
     """Serve `app` until a signal's drain ends: on `settings`' host and port, or on listening `sockets`
     already bound (a worker of `--workers`, sharing the supervisor's). `heartbeat` is called on the event
     loop once a second while it serves."""
+    map_big_allocations()  # hostile multi-megabyte bodies must not ratchet the serving process's RSS up
     server = DrainingServer(uvicorn_config(app, settings, log_level=settings.uvicorn_log_level),
                             lifecycle=app.state.gateway.lifecycle, grace_s=settings.shutdown_grace_s,
                             heartbeat=heartbeat)

@@ -40,15 +40,34 @@ _CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void
 _names = itertools.count()
 
 
-def _find_malloc_trim() -> Callable[[int], int] | None:
+def _glibc(symbol: str) -> Callable[..., int] | None:
     name = ctypes.util.find_library("c")
     if not name:
         return None
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        fn: Callable[..., int] = getattr(ctypes.CDLL(name), symbol)
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
         return None
-    return trim
+    return fn
+
+
+def _find_malloc_trim() -> Callable[[int], int] | None:
+    return _glibc("malloc_trim")
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+BIG_ALLOCATION = 1 << 20
+
+
+def map_big_allocations() -> bool:
+    """glibc: give every allocation of `BIG_ALLOCATION` (1 MiB) or more a mapping of its own, returned to the
+    system when freed. By default glibc raises that threshold (up to 32 MiB) each time such a block is freed,
+    so after the first big request, multi-megabyte bodies, their decoded text and parsed JSON come from the
+    heap instead and stay in the process's RSS as free fragments (on the event loop's thread too, which no
+    `malloc_trim` here reaches). A fixed threshold keeps them out: only big requests pay a mmap and a munmap.
+    False where malloc is not glibc's."""
+    mallopt = _glibc("mallopt")
+    return bool(mallopt is not None and mallopt(_M_MMAP_THRESHOLD, BIG_ALLOCATION))
 
 
 # glibc's malloc_trim(0): hand free heap pages back to the system. A job here handled a big input (a
