@@ -66,6 +66,7 @@ from smollm2_engine import (
     SmolLM2Engine,
     batched_scalar,
     batched_string,
+    checked_temperature,
     input_array,
     seeded_generator,
     word_list,
@@ -98,9 +99,7 @@ class TritonPythonModel(SmolLM2Engine):
         prompt = prompt[:length]
         max_new = int(batched_scalar(request, "request_output_len", 16))
         self.validate_prompt(prompt, max_new, "request_output_len")
-        temperature = float(batched_scalar(request, "temperature", 1.0))
-        if temperature < 0:
-            raise RequestError("temperature must be >= 0")
+        temperature = checked_temperature(float(batched_scalar(request, "temperature", 1.0)))
         return Job(
             request=request,
             sender=sender,

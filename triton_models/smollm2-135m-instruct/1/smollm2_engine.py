@@ -65,6 +65,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from smollm2_guide import GuideCompiler, GuideEnded, GuideError, GuideSpec, GuideUnavailable
+from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 MODEL_FOLDER = "smollm2-135m-instruct"
@@ -75,6 +76,13 @@ DEFAULT_MAX_SEQUENCE = 8192
 
 class RequestError(ValueError):
     """Invalid request; the message goes back to the client verbatim."""
+
+
+def checked_temperature(value: float, name: str = "temperature") -> float:
+    """A sampling temperature, refused when negative (0 is greedy)."""
+    if value < 0:
+        raise RequestError(f"{name} must be >= 0")
+    return value
 
 
 def triton_error(message: str, code_name: str = "INVALID_ARG") -> Any:
@@ -192,6 +200,9 @@ class SmolLM2Engine:
 
     # A protocol without guide inputs (FasterTransformer) sets this False: no grammar thread, no compiler.
     GUIDED_DECODING = True
+    # A protocol that takes prompt text (vLLM, the TensorRT-LLM ensemble, custom text) sets this True: the
+    # engine then loads the model's tokenizer (`self.tokenizer`, `encode_text`).
+    TEXT_PROMPTS = False
 
     def parse(self, request: Any, sender: Any) -> Job:
         raise NotImplementedError
@@ -215,6 +226,10 @@ class SmolLM2Engine:
         eos = getattr(self.model.config, "eos_token_id", None)
         self.default_end_id = int(eos[0] if isinstance(eos, list) else eos) if eos is not None else -1
         self.vocab_size = int(self.model.config.vocab_size)
+        if self.TEXT_PROMPTS:
+            self.tokenizer = Tokenizer.from_file(str(self.weights_dir / "tokenizer.json"))
+            self.tokenizer.no_truncation()
+            self.tokenizer.no_padding()
         self.logger.log_info(f"{self.model_name}: loaded {self.weights_dir} in {time.monotonic() - t0:.1f} s")
 
         stats_dir = os.environ.get("OPENAI_API_REF_STATS_DIR")
@@ -275,6 +290,14 @@ class SmolLM2Engine:
                 continue
             self._bump("started", active=1)
             (self.to_compile if job.guide is not None else self.incoming).put(job)
+
+    def encode_text(self, text: str, input_name: str) -> list[int]:
+        """A text prompt's ids, with the tokenizer's added tokens (as the production backends' tokenizers
+        add them); an empty prompt is refused, naming `input_name`."""
+        prompt: list[int] = self.tokenizer.encode(text, add_special_tokens=True).ids
+        if not prompt:
+            raise RequestError(f"{input_name}: the prompt is empty")
+        return prompt
 
     def validate_prompt(self, prompt: list[int], max_new: int, output_name: str) -> None:
         """Shared limits: ids in the vocabulary, a non-negative budget, prompt + budget within range."""

@@ -46,7 +46,6 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tokenizers import Tokenizer
 
 # The engine lives in the TensorRT-LLM reference model's version folder (a top-level folder of its
 # own would be taken for a model by Triton).
@@ -57,6 +56,7 @@ from smollm2_engine import (
     SmolLM2Engine,
     batched_scalar,
     batched_string,
+    checked_temperature,
     input_array,
     seeded_generator,
 )
@@ -68,11 +68,7 @@ _FLAGS = ("exclude_input_in_output", "return_log_probs", "return_num_input_token
 class TritonPythonModel(SmolLM2Engine):
     """Decoupled SmolLM2 generator, TensorRT-LLM ensemble/BLS text tensors; see the module docstring."""
 
-    def initialize(self, args: dict[str, str]) -> None:
-        super().initialize(args)
-        self.tokenizer = Tokenizer.from_file(str(self.weights_dir / "tokenizer.json"))
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
+    TEXT_PROMPTS = True
 
     def _words(self, request: Any, name: str) -> list[list[int]]:
         """A BYTES [1, N] words input as token sequences (empty words dropped, as the preprocessing does)."""
@@ -99,14 +95,10 @@ class TritonPythonModel(SmolLM2Engine):
         for name in ("beam_width", "num_return_sequences"):
             if int(batched_scalar(request, name, 1)) != 1:
                 raise RequestError(f"{name}: only 1 is supported by this model")
-        prompt = self.tokenizer.encode(text, add_special_tokens=True).ids
-        if not prompt:
-            raise RequestError("text_input: the prompt is empty")
+        prompt = self.encode_text(text, "text_input")
         max_new = int(max_tokens)
         self.validate_prompt(prompt, max_new, "max_tokens")
-        temperature = float(batched_scalar(request, "temperature", 1.0))
-        if temperature < 0:
-            raise RequestError("temperature must be >= 0")
+        temperature = checked_temperature(float(batched_scalar(request, "temperature", 1.0)))
         return Job(
             request=request,
             sender=sender,

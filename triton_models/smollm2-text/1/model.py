@@ -29,22 +29,25 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tokenizers import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
-from smollm2_engine import Job, RequestError, SmolLM2Engine, batched_scalar, batched_string, seeded_generator
+from smollm2_engine import (
+    Job,
+    RequestError,
+    SmolLM2Engine,
+    batched_scalar,
+    batched_string,
+    checked_temperature,
+    seeded_generator,
+)
 
 
 class TritonPythonModel(SmolLM2Engine):
     """Decoupled SmolLM2 generator, custom text tensors, cumulative output; see the module docstring."""
 
+    TEXT_PROMPTS = True
     GUIDED_DECODING = False  # no guide inputs
 
-    def initialize(self, args: dict[str, str]) -> None:
-        super().initialize(args)
-        self.tokenizer = Tokenizer.from_file(str(self.weights_dir / "tokenizer.json"))
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
 
     def parse(self, request: Any, sender: Any) -> Job:
         text = batched_string(request, "prompt")
@@ -53,13 +56,9 @@ class TritonPythonModel(SmolLM2Engine):
         max_new = batched_scalar(request, "max_new_tokens", None)
         if max_new is None or int(max_new) < 1:
             raise RequestError("max_new_tokens is required and must be at least 1")
-        prompt = self.tokenizer.encode(text, add_special_tokens=True).ids
-        if not prompt:
-            raise RequestError("prompt: the prompt is empty")
+        prompt = self.encode_text(text, "prompt")
         self.validate_prompt(prompt, int(max_new), "max_new_tokens")
-        temperature = float(batched_scalar(request, "temperature", 1.0))
-        if temperature < 0:
-            raise RequestError("temperature must be >= 0")
+        temperature = checked_temperature(float(batched_scalar(request, "temperature", 1.0)))
         return Job(
             request=request,
             sender=sender,

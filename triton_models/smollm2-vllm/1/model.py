@@ -47,13 +47,12 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 # The engine lives in the TensorRT-LLM reference model's version folder (a top-level folder of its
 # own would be taken for a model by Triton).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
-from smollm2_engine import Job, RequestError, SmolLM2Engine, input_array, seeded_generator
+from smollm2_engine import Job, RequestError, SmolLM2Engine, checked_temperature, input_array, seeded_generator
 from smollm2_guide import vllm_guide
 
 # Priming the decoder with the prompt's tail gives the same leading-space handling as decoding the
@@ -83,11 +82,7 @@ def _number(params: dict[str, Any], key: str, default: Any, kind: type) -> Any:
 class TritonPythonModel(SmolLM2Engine):
     """Decoupled SmolLM2 generator, vLLM-backend text interface; see the module docstring."""
 
-    def initialize(self, args: dict[str, str]) -> None:
-        super().initialize(args)
-        self.tokenizer = Tokenizer.from_file(str(self.weights_dir / "tokenizer.json"))
-        self.tokenizer.no_truncation()
-        self.tokenizer.no_padding()
+    TEXT_PROMPTS = True
 
     def parse(self, request: Any, sender: Any) -> Job:
         text = input_array(request, "text_input")
@@ -101,17 +96,14 @@ class TritonPythonModel(SmolLM2Engine):
         if prepend and stream:
             raise RequestError("When streaming, `exclude_input_in_output` = False is not allowed.")
         params = self._sampling_parameters(request)
-        prompt = self.tokenizer.encode(prompt_text, add_special_tokens=True).ids
-        if not prompt:
-            raise RequestError("text_input: the prompt is empty")
+        prompt = self.encode_text(prompt_text, "text_input")
         max_tokens = params.get("max_tokens", 16)
         max_new = self.max_sequence - len(prompt) if max_tokens is None else _number(params, "max_tokens", 16, int)
         if max_new < 1:
             raise RequestError(f"sampling_parameters.max_tokens must be at least 1, got {max_new}")
         self.validate_prompt(prompt, max_new, "max_tokens")
-        temperature = _number(params, "temperature", 1.0, float)
-        if temperature < 0:
-            raise RequestError("sampling_parameters.temperature must be >= 0")
+        temperature = checked_temperature(_number(params, "temperature", 1.0, float),
+                                          "sampling_parameters.temperature")
         top_k = _number(params, "top_k", -1, int)
         stop_ids = params.get("stop_token_ids") or []
         if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
