@@ -18,11 +18,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from bench.stack import REPO, SMOLLM_TOKENIZER
+from bench.stack import ensure_venv as ensure_venv_of
 
 VENV = REPO / "bench" / ".venv-aiperf"
 AIPERF_VERSION = "0.13.0"
@@ -45,21 +45,7 @@ def executable() -> Path:
 
 def ensure_venv(log: Path) -> None:
     """Create the venv and install AIPerf if absent; raise RuntimeError with pip's tail on failure."""
-    if executable().is_file():
-        return
-    with open(log, "ab") as out:
-        if not (VENV / "bin" / "python").is_file():
-            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, stdout=out, stderr=subprocess.STDOUT)
-        proc = subprocess.run(
-            [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", *PACKAGES],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    if proc.returncode != 0 or not executable().is_file():
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if not ln.startswith("WARNING: Location")]
-        raise RuntimeError(
-            f"pip install {' '.join(PACKAGES)} failed (exit {proc.returncode}): " + " | ".join(lines[-8:])
-        )
+    ensure_venv_of(VENV, PACKAGES, executable(), log)
 
 
 def hf_cache(workdir: Path) -> Path:

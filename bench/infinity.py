@@ -13,10 +13,10 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 from bench.stack import MINILM_FOLDER, REPO, free_port, wait_http
+from bench.stack import ensure_venv as ensure_venv_of
 
 VENV = REPO / "bench" / ".venv-infinity"
 INFINITY_VERSION = "0.0.78"
@@ -30,21 +30,7 @@ def executable() -> Path:
 
 def ensure_venv(log: Path) -> None:
     """Create the venv and install Infinity if absent; raise RuntimeError with pip's tail on failure."""
-    if executable().is_file():
-        return
-    with open(log, "ab") as out:
-        if not (VENV / "bin" / "python").is_file():
-            subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True, stdout=out, stderr=subprocess.STDOUT)
-        proc = subprocess.run(
-            [str(VENV / "bin" / "python"), "-m", "pip", "install", "-q", *PACKAGES],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    if proc.returncode != 0 or not executable().is_file():
-        lines = [ln for ln in log.read_text(errors="replace").splitlines() if not ln.startswith("WARNING: Location")]
-        raise RuntimeError(
-            f"pip install {' '.join(PACKAGES)} failed (exit {proc.returncode}): " + " | ".join(lines[-8:])
-        )
+    ensure_venv_of(VENV, PACKAGES, executable(), log)
 
 
 class InfinityServer:

@@ -293,16 +293,9 @@ def _merge(outs: list[dict[str, Any]]) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------- child
 def _percentiles(samples_ms: list[float]) -> dict[str, Any]:
-    import numpy as np
+    from bench.load import percentiles_ms
 
-    arr = np.asarray(samples_ms) if samples_ms else np.asarray([float("nan")])
-    return {
-        "p50_ms": float(np.percentile(arr, 50)),
-        "p90_ms": float(np.percentile(arr, 90)),
-        "p99_ms": float(np.percentile(arr, 99)),
-        "mean_ms": float(arr.mean()),
-        "n": len(samples_ms),
-    }
+    return percentiles_ms([x / 1000.0 for x in samples_ms])
 
 
 async def _sleep_until(wall: float) -> None:

@@ -44,6 +44,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def ensure_venv(venv: Path, packages: list[str], executable: Path, log: Path) -> None:
+    """A tool's own venv (git-ignored): created and ``packages`` installed unless ``executable`` is already
+    there; RuntimeError with pip's tail (from ``log``) on failure."""
+    if executable.is_file():
+        return
+    with open(log, "ab") as out:
+        if not (venv / "bin" / "python").is_file():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(
+            [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *packages],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    if proc.returncode != 0 or not executable.is_file():
+        lines = [ln for ln in log.read_text(errors="replace").splitlines() if not ln.startswith("WARNING: Location")]
+        raise RuntimeError(
+            f"pip install {' '.join(packages)} failed (exit {proc.returncode}): " + " | ".join(lines[-8:])
+        )
+
+
 def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None) -> None:
     deadline = time.monotonic() + timeout
     while True:
