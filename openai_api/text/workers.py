@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import functools
 import itertools
 import logging
 import queue
@@ -40,14 +41,19 @@ _CLEAR_ASYNC_EXC = ctypes.PYFUNCTYPE(ctypes.c_int, ctypes.c_ulong, ctypes.c_void
 _names = itertools.count()
 
 
-def _glibc(symbol: str) -> Callable[..., int] | None:
-    name = ctypes.util.find_library("c")
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")  # runs ldconfig: once per process
     if not name:
         return None
     try:
-        fn: Callable[..., int] = getattr(ctypes.CDLL(name), symbol)
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to tune
+        return ctypes.CDLL(name)
+    except OSError:
         return None
+
+
+def _glibc(symbol: str) -> Callable[..., int] | None:
+    fn: Callable[..., int] | None = getattr(_libc(), symbol, None)  # None: not glibc (musl, macOS)
     return fn
 
 
