@@ -160,7 +160,8 @@ def _first(*values: Any) -> Any:
 def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
                              request_id: str, choice_index: int = 0, prompt_text: str = "") -> GenerationRequest:
     info, gdefaults = rt.info, rt.tokenizer.generation_defaults
-    if req.logit_bias:
+    # A bias of 0 changes nothing (some clients send {} or zeros by default): only a real bias is refused.
+    if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
         raise InvalidRequestError("logit_bias is not supported by this model's Triton backend.",
                                   param="logit_bias", code="unsupported_parameter")
     if req.min_tokens and req.min_tokens > max_tokens:

@@ -44,7 +44,7 @@ from typing import Any
 from tritonclient.grpc import InferResult
 
 from openai_api.errors import BackendError, InvalidRequestError
-from openai_api.triton.base import SpecAdapter
+from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, GuideKind
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.tensorrt_llm import trtllm_guide
@@ -270,6 +270,8 @@ class TextAdapter(SpecAdapter):
                 continue
             name = self._input(wire.parameters.get(param))
             if name is None:
+                if is_neutral(param, value):
+                    continue  # a value that changes nothing (what many clients always send) needs no input
                 raise self.refuse(param)
             r.add(spec, name, value)
         for param in ("end_id", "pad_id"):

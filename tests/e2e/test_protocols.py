@@ -186,6 +186,27 @@ def test_neutral_values_of_parameters_the_ft_model_lacks_are_accepted(client: op
     assert done.choices[0].text == plain
 
 
+@pytest.mark.parametrize("model", MODELS)
+def test_every_variant_accepts_the_neutral_values_clients_send_by_default(client: openai.OpenAI, reference: Any,
+                                                                         model: str) -> None:
+    # What LangChain, LlamaIndex and many chat UIs send with every request (issue #20): no-op values
+    # and a seed are accepted by every protocol and, greedy, change nothing.
+    neutral: dict[str, Any] = {"presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {}, "n": 1,
+                               "seed": 42, "top_p": 1}
+    r = client.chat.completions.create(model=model, **neutral, **GREEDY)
+    assert r.choices[0].message.content == reference.choices[0].message.content
+    text, finish, _ = stream_text(client, model=model, **neutral, **GREEDY)
+    assert text == reference.choices[0].message.content and finish == r.choices[0].finish_reason
+    done = client.completions.create(model=model, prompt=PROMPT, temperature=0, max_tokens=20, **neutral)
+    assert done.choices[0].text == reference.choices[0].message.content
+    # A real penalty on a model without the input is still refused (see the FT and text tests above),
+    # and so is a real logit bias: only a value that changes nothing is taken without a way to honour it.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, logit_bias={"42": 5}, **GREEDY)
+    assert e.value.body["param"] == "logit_bias"  # type: ignore[index]
+    assert client.chat.completions.create(model=model, logit_bias={"42": 0}, **GREEDY).choices
+
+
 @pytest.mark.parametrize(("model", "triton_model"), [(VLLM, "smollm2-vllm"), (FT, "smollm2-ft"),
                                                     (TRT_TEXT, "smollm2-ensemble"), (TEXT, "smollm2-text")])
 def test_client_going_away_cancels_the_triton_request(gateway: GatewayServer, ref_stats_dir: Path, model: str,

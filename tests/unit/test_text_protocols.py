@@ -293,6 +293,25 @@ async def test_custom_model_gets_its_own_names_and_dtypes_and_cumulative_text_is
     assert e.value.param == "response_format"
 
 
+async def test_neutral_values_of_parameters_a_text_model_lacks_are_not_sent_and_not_refused() -> None:
+    # What many clients send with every request (issue #20): values that change nothing need no input.
+    neutral = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0, "top_p": 1.0,
+               "top_k": 0}
+    client = FakeClient(CUSTOM, [text_result("x", batched=False, output="completion")])
+    await collect(custom_adapter(client).generate(request(seed=5, **neutral)))
+    t = sent(client.requests[0])
+    assert t["seed"].tolist() == [5] and not set(neutral) & set(t)
+    # The 2023 ensemble has no frequency_penalty input: 0 is dropped, 0.5 is refused.
+    client = FakeClient(OLD_ENSEMBLE, [text_result("x")])
+    adapter = make(TensorRTLLMTextAdapter, client, "ensemble")
+    await collect(adapter.generate(request(frequency_penalty=0.0, presence_penalty=0.0)))
+    t = sent(client.requests[0])
+    assert "frequency_penalty" not in t and t["presence_penalty"].tolist() == [[0.0]]
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(adapter.generate(request(frequency_penalty=0.5)))
+    assert e.value.param == "frequency_penalty"
+
+
 def test_block_tensors_the_model_lacks_are_named_with_their_config_key() -> None:
     wire = TextWire.configured({**CUSTOM_BLOCK, "max_tokens": "max_len", "stream": "temperature",
                                 "parameters": {"top_k": "k"}})
