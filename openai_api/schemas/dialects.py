@@ -1,7 +1,8 @@
 """Request bodies of the retrieval and tokenizer dialects beside OpenAI's: NVIDIA NIM's `/v1/ranking`,
 Hugging Face TEI's `/embed` and `/rerank`, Infinity's `/rerank`, and vLLM's `/tokenize` / `/detokenize`.
 
-As for OpenAI's bodies, unknown fields are accepted and ignored; what a field may hold beyond its type
+As for OpenAI's bodies, unknown fields are accepted and ignored, known ones have strict JSON types (a wrong
+type is a 400 naming the field); what a field may hold beyond its type
 (one of `texts` / `documents`, a truncation spelling) is checked by the services, with a 400 naming it.
 """
 
@@ -9,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from openai_api.schemas.openai import ChatMessage, RerankDocument, _Request
+from openai_api.schemas.openai import STRICT, ChatMessage, RerankDocument, _Request
 
 
 class RankingText(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     text: str
 
 

@@ -2,45 +2,54 @@
 
 Unknown fields are accepted and ignored (logged at debug), as vLLM does, so newer clients keep
 working; fields we know but cannot honour are refused with a 400 naming them by the services.
+
+Every known field has a strict JSON type (pydantic strict mode, `STRICT`): no integer for a boolean, no
+string for a number, no boolean for an integer; an integer is a number (OpenAI takes `"temperature": 1`).
+A wrong type is a 400 naming the field (`http.responses.validation_error`), never a silent coercion.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 # Token counts and top-k travel as INT32 in every Triton LLM protocol (and vLLM turns them into int32 tensors).
 _INT32_MAX = 2**31 - 1
 
 
+# Strict on every request model, nested ones included: strictness is per model, not inherited by fields.
+STRICT = ConfigDict(extra="allow", strict=True)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     def unknown_fields(self) -> list[str]:
         return sorted((self.model_extra or {}).keys())
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     include_usage: bool = False
 
 
 class ToolCallFunction(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     name: str
     arguments: str = ""
 
 
 class ToolCall(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     id: str = ""
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
@@ -67,6 +76,25 @@ class _Sampling(_Request):
     min_tokens: int | None = Field(default=None, ge=0, le=_INT32_MAX)
     user: str | None = None
     logit_bias: dict[str, float] | None = None
+    # vLLM's extensions, typed here so that a wrong type is a 400 like any other field. The guided fields
+    # become a guide (`services.guides`); `ignore_eos` true and `skip_special_tokens` false are refused by
+    # the services (no Triton protocol here carries them), their defaults are accepted.
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+
+    @field_validator("stream_options")
+    @classmethod
+    def _stream_options_need_stream(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        # As OpenAI, vLLM and Triton's own frontend: options for a stream on a plain answer are a client bug,
+        # not something to ignore. `stream` is declared first, so it is in `info.data` (unless invalid itself).
+        if value is not None and info.data.get("stream") is False:
+            raise PydanticCustomError("stream_options", "stream_options can only be used when stream is true")
+        return value
 
     def stop_list(self) -> list[str]:
         if self.stop is None:
@@ -137,7 +165,7 @@ class EmbeddingRequest(_Request):
 
 
 class RerankDocument(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
     text: str
 
 

@@ -16,6 +16,7 @@ from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
     collect_choices,
+    refuse_vllm_extensions,
     resolve_max_tokens,
 )
 from openai_api.services.guides import request_guide, require_support
@@ -99,6 +100,7 @@ class ChatService:
         self.preprocess = preprocess
 
     def _refuse_unsupported(self, rt: LLMRuntime, req: ChatCompletionRequest) -> None:
+        refuse_vllm_extensions(req)
         if req.top_logprobs:
             raise InvalidRequestError(
                 "top_logprobs > 0 is not supported: Triton's TensorRT-LLM protocol returns only the sampled "

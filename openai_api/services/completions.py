@@ -14,6 +14,7 @@ from openai_api.services.generation import (
     TextEvent,
     build_generation_request,
     collect_choices,
+    refuse_vllm_extensions,
     resolve_max_tokens,
 )
 from openai_api.services.guides import request_guide, require_support
@@ -78,6 +79,7 @@ class CompletionsService:
         if req.suffix:
             raise InvalidRequestError("suffix is not supported: the models behind this gateway do not do "
                                       "fill-in-the-middle.", param="suffix", code="unsupported_parameter")
+        refuse_vllm_extensions(req)
         if req.best_of is not None and req.best_of != req.n:
             raise InvalidRequestError("best_of is not supported (only best_of == n).", param="best_of",
                                       code="unsupported_parameter")

@@ -157,6 +157,17 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+def refuse_vllm_extensions(req: _Sampling) -> None:
+    """400 for vLLM's `ignore_eos: true` / `skip_special_tokens: false`: the Triton protocols here carry
+    neither (their defaults, which many vLLM clients always send, are what every request gets)."""
+    if req.ignore_eos:
+        raise InvalidRequestError("ignore_eos is not supported: the model's Triton backend always stops at its "
+                                  "end token.", param="ignore_eos", code="unsupported_parameter")
+    if not req.skip_special_tokens:
+        raise InvalidRequestError("skip_special_tokens=false is not supported: special tokens are always left "
+                                  "out of the text.", param="skip_special_tokens", code="unsupported_parameter")
+
+
 def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
                              request_id: str, choice_index: int = 0, prompt_text: str = "") -> GenerationRequest:
     info, gdefaults = rt.info, rt.tokenizer.generation_defaults
