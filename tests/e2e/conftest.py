@@ -27,8 +27,10 @@ API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
 # A reasoning model: the synthetic LLM with its thinking section on (derived into a temporary repository).
 REASONING = "synthetic-reasoning"
+# The replay models stream the golden corpus's recorded completions (tests/e2e/test_families.py).
+REPLAY_MODELS = ["replay-llm", "replay-llm-vllm"]
 TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "smollm2-ensemble", "smollm2-text",
-                 "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING]
+                 "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING, *REPLAY_MODELS]
 
 
 class GatewayServer:
