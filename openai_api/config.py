@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from openai_api.text.parsers import ReasoningParserName, ToolParserName
 from openai_api.text.templates import ChatTemplate, TemplateError
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -126,13 +127,18 @@ class LLMModel(_Served):
     chat_template: Path | None = None
     transport: Transport = "grpc"
     protocol: LLMProtocol = "auto"
-    tool_parser: Literal["hermes", "llama3_json"] | None = Field(
-        default=None, description="how tool calls are read from the output; default hermes (<tool_call> JSON)")
+    # How tool calls are read from the output: one family of `text/parsers.py`. `auto` (the default) picks
+    # the family from the chat template and the tokenizer's special tokens, logged at start-up (hermes when
+    # nothing says otherwise).
+    tool_parser: ToolParserName | Literal["auto"] | None = Field(
+        default="auto", description="how tool calls are read from the output (a family name, or auto)")
     # A user who writes `<|im_start|>system` in a message must not open a system turn: special-token text in
     # message content is tokenized as plain text, so only the template's own markup yields control tokens.
     escape_special_tokens: bool = True
-    # How a reasoning model's thinking is told from its answer (`reasoning_content`): see text/reasoning.py.
-    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = None
+    # How a reasoning model's thinking is told from its answer (`reasoning_content`): see text/parsers.py.
+    # `auto`: from the template and tokenizer (a template that writes `<think>`, `[THINK]`, harmony channels);
+    # null: no reasoning section is split off.
+    reasoning_parser: ReasoningParserName | Literal["auto"] | None = "auto"
     # How guides reach a Triton vLLM backend: `structured_outputs` (current vLLM), `guided_decoding` (older),
     # or `auto`: the current one until the backend refuses it by name, then the older one.
     guided_decoding_key: Literal["auto", "structured_outputs", "guided_decoding"] = "auto"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -25,6 +26,7 @@ from openai_api.services.preprocess import Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
+from openai_api.text.templates import ChatTemplate
 from openai_api.triton.llm import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -46,19 +48,53 @@ def message_text(msg: ChatMessage, index: int) -> str | None:
     return "".join(parts)
 
 
-def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def template_arguments(arguments: str, index: int, call: int) -> Any:
+    """An earlier call's `arguments` (OpenAI's JSON string) as the value it encodes, as transformers and vLLM
+    hand it to templates; "" is {} (vLLM's reading). Not JSON: a 400 naming the field."""
+    if not arguments.strip():
+        return {}
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        raise InvalidRequestError(
+            f"messages[{index}].tool_calls[{call}].function.arguments is not valid JSON; the model's chat template "
+            "reads it as a JSON object.", param=f"messages[{index}].tool_calls[{call}].function.arguments") from None
+
+
+def template_messages(messages: list[ChatMessage], template: ChatTemplate | None = None) -> list[dict[str, Any]]:
+    """The messages as the model's chat template reads them (what transformers' `apply_chat_template` and vLLM
+    pass): `developer` becomes `system`; content is a string (text parts joined) or, for a template that loops
+    over content parts (`template.content_as_parts`), the list of text parts as sent; an assistant's
+    `tool_calls` keep OpenAI's shape (`id`, `type`, `function.name`) with `function.arguments` decoded to its
+    JSON value unless the template wants the string (`template.arguments_as_text`: it tests `is string` or
+    only prints or concatenates it); an assistant's null content is left out (transformers drops None fields);
+    `name`, `tool_call_id` and a string `reasoning_content` pass through.
+    Without a template the messages stay as OpenAI sent them (arguments as strings)."""
+    parts = template is not None and template.content_as_parts
+    decode = template is not None and not template.arguments_as_text
     out = []
     for i, m in enumerate(messages):
-        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": message_text(m, i)}
-        if d["content"] is None and m.role != "assistant":
-            raise InvalidRequestError(f"messages[{i}].content is required for role {m.role!r}.",
-                                      param=f"messages[{i}].content")
+        text = message_text(m, i)
+        d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
+                             "content": [{"type": "text", "text": p["text"]} for p in m.content]
+                             if parts and isinstance(m.content, list) else text}
+        if d["content"] is None:
+            if m.role != "assistant":
+                raise InvalidRequestError(f"messages[{i}].content is required for role {m.role!r}.",
+                                          param=f"messages[{i}].content")
+            del d["content"]  # as transformers drops None fields: templates test `is defined`, never print None
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls:
             d["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+            if decode:
+                for j, tc in enumerate(d["tool_calls"]):
+                    tc["function"]["arguments"] = template_arguments(tc["function"]["arguments"], i, j)
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
+        reasoning = (m.model_extra or {}).get("reasoning_content")
+        if m.role == "assistant" and isinstance(reasoning, str):
+            d["reasoning_content"] = reasoning
         out.append(d)
     return out
 
@@ -84,6 +120,11 @@ class PreparedChat:
     greqs: list[GenerationRequest]
     stops: list[str]
     prompt_tokens: int
+    prompt_text: str = ""
+
+    def output(self) -> ChoiceOutput:
+        """A new reader of one choice's output (its reasoning, content and tool calls)."""
+        return ChoiceOutput(self.plan, self.rt.reasoning_parser, self.rt.tool_parser, self.prompt_text)
 
 
 async def collect_plain(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:
@@ -119,7 +160,11 @@ class ChatService:
                 raise InvalidRequestError(
                     f"chat_template_kwargs may not set {key!r}: the gateway sets it from the request itself.",
                     param=f"chat_template_kwargs.{key}")
-        messages = apply_plan_to_messages(plan, template_messages(req.messages), rt)
+        # OpenAI's top-level `reasoning_effort` reaches templates that read it (gpt-oss), as in vLLM.
+        effort = getattr(req, "reasoning_effort", None)
+        if isinstance(effort, str) and "reasoning_effort" not in extra:
+            extra = {**extra, "reasoning_effort": effort}
+        messages = apply_plan_to_messages(plan, template_messages(req.messages, rt.template), rt)
         return await self.preprocess.chat(
             rt, messages, plan.prefill,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
@@ -146,12 +191,12 @@ class ChatService:
         for g in greqs:
             g.return_logprobs = req.logprobs
             g.guide = guide
-        return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids))
+        return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids), prompt.text)
 
     async def count_reasoning(self, rt: LLMRuntime, out: ChoiceOutput, whole: str) -> int:
         """A whole answer's reasoning tokens: its thinking section (tags included, as a stream counts it)
         re-tokenized, since Triton sent the tokens at once; off the event loop when long."""
-        text = whole[: out.splitter.thinking_chars] if out.splitter is not None else ""
+        text = whole[: out.thinking_chars]
         return await self.preprocess.run(len(text), count_tokens, rt, text) if text else 0
 
     async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
@@ -161,12 +206,12 @@ class ChatService:
         awaits the first item still gets backend errors as exceptions (and a proper HTTP status).
         """
         p = await self.prepare(req, request_id)
-        rt, plan, greqs, stops, prompt_tokens = p.rt, p.plan, p.greqs, p.stops, p.prompt_tokens
+        rt, greqs, stops, prompt_tokens = p.rt, p.greqs, p.stops, p.prompt_tokens
         completion_id = f"chatcmpl-{request_id}" if request_id else f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            encoder = ChatStreamEncoder(rt, ChatChunkEncoder(completion_id, created, req.model), plan, req.n,
+            encoder = ChatStreamEncoder(p, ChatChunkEncoder(completion_id, created, req.model), req.n,
                                         req.logprobs, include_usage)
             return sse_stream(rt, greqs, stops, encoder, prompt_tokens, completion_id)
         results = await collect_plain(rt, greqs, stops)
@@ -174,13 +219,14 @@ class ChatService:
         completion_tokens = reasoning_tokens = 0
         for i, (text, finish, produced, ids, lps) in enumerate(results):
             completion_tokens += produced
-            out = ChoiceOutput(plan, rt.config.reasoning_parser)
-            message, finish = chat_message(assemble(out.push(text, last=True)), finish, out.splitter is not None)
+            out = p.output()
+            message, finish = chat_message(assemble(out.push(text, last=True, cut=finish == "length")), finish,
+                                           rt.reasoning_parser is not None)
             reasoning_tokens += await self.count_reasoning(rt, out, text)
             logprobs = {"content": logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
         usage = usage_dict(prompt_tokens, completion_tokens,
-                           reasoning_tokens if rt.config.reasoning_parser else None)
+                           reasoning_tokens if rt.reasoning_parser else None)
         return {"id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage}
 
@@ -211,16 +257,16 @@ class ChatStreamEncoder:
     and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`. A plain chat (no tools,
     no reasoning parser, no log-probs) takes the fast path: its text is its content."""
 
-    def __init__(self, rt: LLMRuntime, chunks: ChatChunkEncoder, plan: ToolPlan, n: int, logprobs: bool,
+    def __init__(self, prepared: PreparedChat, chunks: ChatChunkEncoder, n: int, logprobs: bool,
                  include_usage: bool) -> None:
-        self.rt = rt
+        self.rt = prepared.rt
         self.chunks = chunks
         self.n = n
         self.logprobs = logprobs
         self.include_usage = include_usage
-        reasoning = rt.config.reasoning_parser
-        plain = plan.forced is None and plan.parser is None and reasoning is None
-        self.outputs = None if plain else [ChoiceOutput(plan, reasoning) for _ in range(n)]
+        first = prepared.output()
+        plain = prepared.plan.forced is None and first.parser is None
+        self.outputs = None if plain else [first, *(prepared.output() for _ in range(n - 1))]
 
     def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
         enc = self.chunks
@@ -232,7 +278,7 @@ class ChatStreamEncoder:
             elif ev.text:
                 out.append(enc.content(index, ev.text))
         else:
-            deltas = self.outputs[index].push(ev.text, last, ev.completion_tokens)
+            deltas = self.outputs[index].push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
             lp = self._logprobs(ev) if self.logprobs and ev.token_ids else None
             for d in deltas:
                 if d.kind == "content":
@@ -263,6 +309,6 @@ class ChatStreamEncoder:
         if not self.include_usage:
             return DONE
         reasoning = None
-        if self.rt.config.reasoning_parser is not None and self.outputs is not None:
+        if self.rt.reasoning_parser is not None and self.outputs is not None:
             reasoning = sum(o.reasoning_tokens for o in self.outputs)
         return self.chunks.usage(prompt_tokens, completion_tokens, reasoning) + DONE

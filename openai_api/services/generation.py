@@ -50,7 +50,7 @@ class SequenceText:
                  "produced", "stopped")
 
     def __init__(self, rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> None:
-        self._detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids)
+        self._detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids, drop_ids=rt.drop_ids)
         self._matcher = StopStringMatcher([*rt.stop_strings, *stops])
         self._tokenizer = rt.tokenizer
         self._max_tokens = greq.max_tokens

@@ -26,7 +26,8 @@ class ModelsService:
             card["max_model_len"] = rt.context_length
             kinds = rt.backend.guide_kinds  # None until Triton's config was read
             card["capabilities"] = {
-                "tools": True, "tool_parser": rt.config.tool_parser or "hermes",
+                "tools": True, "tool_parser": rt.tool_parser, "reasoning_parser": rt.reasoning_parser,
+                "parallel_tool_calls": True, "forced_tool_calls": None if kinds is None else "json_schema" in kinds,
                 "structured_outputs": None if kinds is None else bool(kinds),
                 "guided_types": None if kinds is None else sorted(kinds)}
         else:

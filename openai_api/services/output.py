@@ -1,12 +1,13 @@
 """One choice's generated text as what an API returns: reasoning, content and tool calls.
 
 `ChoiceOutput` takes a choice's text as it is generated (or all of it at once, `last=True`) and returns
-`Delta`s in order. It applies the model's reasoning parser first (`text.reasoning`: the thinking goes
-to `reasoning` deltas), then the request's tool handling to what remains: a forced call's guided JSON
-(`services.tools`: a named call streams its arguments as generated, a `required` call is sent whole
-once its JSON is complete), or the model's tool parser for `tool_choice: auto` (call text held back,
-never sent as content, each call sent once it parses). Chat streams, plain chat answers and the
-Responses API read the same deltas, so the streamed and the plain answer to a request are one answer.
+`Delta`s in order. The model's parser families (`text.parsers`) split it: the thinking goes to
+`reasoning` deltas, and with `tool_choice: auto` the family's call markup is held back (never sent as
+content) and each call is sent once its region ends. A forced call's guided JSON is read here instead
+(`services.tools`: a named call streams its arguments as generated, a `required` call is sent whole once
+its JSON is complete, or as the calls complete before a cut by max_tokens). Chat streams, plain chat
+answers and the Responses API read the same deltas, so the streamed and the plain answer to a request
+are one answer.
 
 A plain chat without tools or reasoning does not come here: its text is its content, and the encoders
 skip this per-token work.
@@ -18,8 +19,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from openai_api.services.tools import ToolPlan
-from openai_api.text.reasoning import ReasoningParserName, ReasoningSplitter
-from openai_api.text.tool_parsers import ParsedToolCall, ToolStreamParser
+from openai_api.text.parsers import ParsedToolCall, Parser, make_parser
 
 
 @dataclass(slots=True)
@@ -45,58 +45,79 @@ class Assembled:
 
 class ChoiceOutput:
     """Per choice (see the module docstring). `calls` counts the tool calls sent so far; `reasoning_tokens`
-    the generated tokens that belong to the thinking, when pushes say how many tokens exist so far."""
+    the generated tokens that belong to the thinking, when pushes say how many tokens exist so far.
+    `reasoning`: the model's reasoning family; `prompt`: the rendered prompt (whether it opened the
+    thinking section itself)."""
 
-    def __init__(self, plan: ToolPlan, reasoning: ReasoningParserName | None) -> None:
+    def __init__(self, plan: ToolPlan, reasoning: str | None, tool_parser: str | None = None,
+                 prompt: str | None = None) -> None:
         self.plan = plan
-        self.splitter = ReasoningSplitter(reasoning) if reasoning else None
+        family = plan.family if plan.forced is None else None
+        self.parser: Parser | None = make_parser(family or tool_parser, reasoning, tools_active=family is not None,
+                                                 ctx=plan.ctx, prompt=prompt)
         self.calls = 0
         self.reasoning_tokens = 0
         self._produced = 0
-        self._undecided = 0  # tokens pushed before the splitter knew whether they open a thinking section
+        self._undecided = 0  # tokens pushed before the parser knew whether they open a thinking section
         self._held: list[str] = []  # a required call's JSON until it is complete
         self._named_id = ""
-        self._parser: ToolStreamParser | None = None
-        if plan.forced is None and plan.parser is not None:
-            self._parser = plan.parser.streamer()
-            if plan.prefill:
-                self._parser.push(plan.prefill)
+        self._cut = False
+        if self.parser is not None and family is not None and plan.prefill:
+            self.parser.push(plan.prefill)
 
     @property
     def reasoning_text(self) -> str:
-        return self.splitter.reasoning_text if self.splitter is not None else ""
+        return self.parser.reasoning_text if self.parser is not None else ""
 
-    def push(self, text: str, last: bool = False, produced: int | None = None) -> list[Delta]:
-        """The deltas of `text`, the choice's next piece (`last`: its end). `produced`: tokens generated so
-        far; those new since the previous push count as reasoning tokens when they are (part of) thinking
-        (the token that ends the thinking counts too: it is the end tag)."""
+    @property
+    def thinking_chars(self) -> int:
+        return self.parser.thinking_chars if self.parser is not None else 0
+
+    def push(self, text: str, last: bool = False, produced: int | None = None, cut: bool = False) -> list[Delta]:
+        """The deltas of `text`, the choice's next piece (`last`: its end; `cut`: it ended at max_tokens).
+        `produced`: tokens generated so far; those new since the previous push count as reasoning tokens
+        when they are (part of) thinking (the token that ends the thinking counts too: it is the end tag)."""
         out: list[Delta] = []
-        content = text
-        if self.splitter is not None:
-            was_thinking = self.splitter.thinking
-            reasoning, content = self.splitter.push(text)
-            if last:
-                r2, c2 = self.splitter.finish()
-                reasoning, content = reasoning + r2, content + c2
-            if produced is not None:
-                new, self._produced = produced - self._produced, produced
-                if self.splitter.undecided:
-                    self._undecided += new
+        self._cut = cut
+        parser = self.parser
+        if parser is None:
+            self._route(text, last, out)
+            return out
+        was_thinking = parser.thinking
+        pieces = parser.push(text) if text else []
+        if last:
+            pieces += parser.finish()
+        if produced is not None:
+            new, self._produced = produced - self._produced, produced
+            if parser.undecided:
+                self._undecided += new
+            else:
+                if was_thinking or parser.thinking or any(p.kind == "reasoning" for p in pieces):
+                    self.reasoning_tokens += self._undecided + new
+                self._undecided = 0
+        content: list[str] = []
+        for p in pieces:
+            if p.kind == "reasoning":
+                out.append(Delta("reasoning", p.text))
+            elif p.kind == "content":
+                if self.plan.forced is None:
+                    out.append(Delta("content", p.text))
                 else:
-                    if was_thinking or reasoning or self.splitter.thinking:
-                        self.reasoning_tokens += self._undecided + new
-                    self._undecided = 0
-            if reasoning:
-                out.append(Delta("reasoning", reasoning))
-        if self.plan.forced == "named":
-            self._named(content, last, out)
-        elif self.plan.forced == "required":
-            self._required(content, last, out)
-        elif self._parser is not None:
-            self._parsed(content, last, out)
-        elif content:
-            out.append(Delta("content", content))
+                    content.append(p.text)
+            elif p.call is not None and (self.plan.parallel or self.calls == 0):
+                self._add_calls([p.call], out)
+        if self.plan.forced is not None:
+            self._route("".join(content), last, out)
         return out
+
+    def _route(self, text: str, last: bool, out: list[Delta]) -> None:
+        """Text that is not thinking: a forced call's guided JSON, or plain content."""
+        if self.plan.forced == "named":
+            self._named(text, last, out)
+        elif self.plan.forced == "required":
+            self._required(text, last, out)
+        elif text:
+            out.append(Delta("content", text))
 
     def _named(self, text: str, last: bool, out: list[Delta]) -> None:
         if not self.calls and (text or last):
@@ -111,23 +132,12 @@ class ChoiceOutput:
         if not last:
             return
         whole = "".join(self._held)
-        calls = self.plan.calls_from(whole)
-        if not calls:  # cut by max_tokens: the text as produced
+        calls = self.plan.calls_from(whole, cut=self._cut)
+        if not calls:  # nothing complete (cut by max_tokens before the first call ended): the text as produced
             if whole:
                 out.append(Delta("content", whole))
             return
         self._add_calls(calls, out)
-
-    def _parsed(self, text: str, last: bool, out: list[Delta]) -> None:
-        assert self._parser is not None
-        events = [self._parser.push(text)] if text else []
-        if last:
-            events.append(self._parser.finish())
-        for ev in events:
-            if ev.content:
-                out.append(Delta("content", ev.content))
-            calls = ev.calls if self.plan.parallel else ev.calls[: max(0, 1 - self.calls)]
-            self._add_calls(calls, out)
 
     def _add_calls(self, calls: list[ParsedToolCall], out: list[Delta]) -> None:
         for call in calls:

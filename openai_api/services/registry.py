@@ -10,6 +10,7 @@ from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.observability import Metrics
 from openai_api.services.backends import encoder_backend, llm_backend
+from openai_api.text.parsers import ReasoningParserName, ToolParserName, detect_family, detect_reasoning, keep_markers
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.triton.client import TritonClientPool
@@ -41,6 +42,12 @@ class LLMRuntime:
     bad_token_words: list[list[int]] = field(default_factory=list)
     # The bad words as text, for protocols that take words as strings.
     bad_strings: list[str] = field(default_factory=list)
+    # The output's parser families, `auto` resolved at start-up (`text.parsers`); None: none.
+    tool_parser: ToolParserName = "hermes"
+    reasoning_parser: ReasoningParserName | None = None
+    # Special tokens the detokenizer drops: every one but the parser families' markers. None: decode
+    # with special tokens skipped (no marker of the families is a special token of this tokenizer).
+    drop_ids: frozenset[int] | None = None
 
     @property
     def name(self) -> str:
@@ -67,9 +74,30 @@ def _words(tokenizer: TextTokenizer, words: list[str | list[int]]) -> list[list[
     return out
 
 
+def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | None
+                    ) -> tuple[ToolParserName, ReasoningParserName | None, frozenset[int] | None]:
+    """The model's tool and reasoning families (`auto`: read from its template and special tokens) and the
+    special-token ids its detokenizer drops (all but the families' markers; None: skip every special)."""
+    source = template.source if template is not None else ""
+    configured, thinking = m.tool_parser, m.reasoning_parser
+    tool: ToolParserName = detect_family(source, tok.special_tokens) if configured == "auto" or configured is None \
+        else configured
+    reasoning = detect_reasoning(source, tool) if thinking == "auto" else thinking
+    if m.tool_parser == "auto" or m.reasoning_parser == "auto":
+        logger.info("model %s: tool parser %s%s, reasoning parser %s%s", m.name, tool,
+                    " (auto)" if m.tool_parser == "auto" else "", reasoning,
+                    " (auto)" if m.reasoning_parser == "auto" else "")
+    specials = {tok.tokenizer.token_to_id(t): t for t in tok.special_tokens}
+    keep = set(keep_markers(tool, reasoning))
+    if not keep & set(specials.values()):
+        return tool, reasoning, None
+    return tool, reasoning, frozenset(i for i, t in specials.items() if i is not None and t not in keep)
+
+
 def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
     tok = TextTokenizer.from_folder(m.path)
     template = ChatTemplate.from_file(m.chat_template) if m.chat_template else ChatTemplate.from_tokenizer_dir(m.path)
+    tool_parser, reasoning_parser, drop_ids = resolve_parsers(m, tok, template)
     end_id = info.end_id if info.end_id is not None and info.end_id >= 0 else (
         tok.eos_token_ids[0] if tok.eos_token_ids else None)
     pad_id = info.pad_id if info.pad_id is not None and info.pad_id >= 0 else (
@@ -87,7 +115,8 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
                                for w in info.bad_words) if s]
     return LLMRuntime(config=m, info=info, tokenizer=tok, template=template, backend=backend,
                       context_length=context, end_id=end_id, pad_id=pad_id, stop_token_words=stop_words,
-                      stop_strings=sorted(set(stop_strings)), bad_token_words=bad_words, bad_strings=bad_strings)
+                      stop_strings=sorted(set(stop_strings)), bad_token_words=bad_words, bad_strings=bad_strings,
+                      tool_parser=tool_parser, reasoning_parser=reasoning_parser, drop_ids=drop_ids)
 
 
 class ModelRegistry:

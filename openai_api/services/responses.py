@@ -39,7 +39,7 @@ from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService, PreparedChat, collect_plain
 from openai_api.services.generation import TextEvent
-from openai_api.services.output import ChoiceOutput, Delta, assemble
+from openai_api.services.output import Delta, assemble
 from openai_api.services.streaming import sse_stream
 
 # Responses request fields that pass through to the chat request as they are (sampling extensions too).
@@ -208,7 +208,7 @@ class ResponsesService:
             encoder = ResponsesStreamEncoder(resp, self._keep)
             return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id)
         [(text, finish, produced, _, _)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
-        resp.add(resp.output.push(text, last=True))
+        resp.add(resp.output.push(text, last=True, cut=finish == "length"))
         resp.output.reasoning_tokens = await self.chat.count_reasoning(prepared.rt, resp.output, text)
         result = resp.finish(finish, produced)
         self._keep(resp, result)
@@ -238,7 +238,7 @@ class ResponseBuilder:
         self.created = int(time.time())
         self.prepared = prepared
         self.conversation = conversation
-        self.output = ChoiceOutput(prepared.plan, prepared.rt.config.reasoning_parser)
+        self.output = prepared.output()
         self.items: list[dict[str, Any]] = []
         self.deltas: list[Delta] = []
 
@@ -249,7 +249,7 @@ class ResponseBuilder:
         answer = assemble(self.deltas)
         items: list[dict[str, Any]] = []
         rid = self.id.removeprefix("resp_")
-        if self.output.splitter is not None and answer.reasoning:
+        if answer.reasoning:
             items.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": status,
                           "content": [{"type": "reasoning_text", "text": answer.reasoning}]})
         text = answer.content
@@ -358,7 +358,8 @@ class ResponsesStreamEncoder:
             created = self.resp.response("in_progress", [], None)
             out += [self._event("response.created", response=created),
                     self._event("response.in_progress", response=created)]
-        deltas = self.resp.output.push(ev.text, ev.finish_reason is not None, ev.completion_tokens)
+        deltas = self.resp.output.push(ev.text, ev.finish_reason is not None, ev.completion_tokens,
+                                       cut=ev.finish_reason == "length")
         self.resp.add(deltas)
         rid = self.resp.id.removeprefix("resp_")
         for d in deltas:

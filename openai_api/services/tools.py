@@ -23,7 +23,7 @@ from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.guides import check_schema
 from openai_api.services.registry import LLMRuntime
-from openai_api.text.tool_parsers import HermesToolParser, ParsedToolCall, ToolParser, get_parser
+from openai_api.text.parsers import ParsedToolCall, ToolContext
 from openai_api.triton.llm import Guide
 
 
@@ -32,7 +32,10 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None = None  # passed to the template's `tools` variable
     system_text: str | None = None  # injected when the template ignores `tools`
     prefill: str = ""  # appended after the generation prompt
-    parser: ToolParser | None = None
+    # The tool format read from the output with `tool_choice` auto (`text.parsers.FAMILIES`); None: no
+    # tools, or the output is a forced call's guided JSON.
+    family: str | None = None
+    ctx: ToolContext = field(default_factory=ToolContext)
     parallel: bool = True
     stops: list[str] = field(default_factory=list)  # extra stop strings
     # A forced call: "named" (the output is `forced_name`'s arguments) or "required" (the output is a
@@ -42,14 +45,17 @@ class ToolPlan:
     guide: Guide | None = None
     args_key: str = "arguments"
 
-    def calls_from(self, text: str) -> list[ParsedToolCall] | None:
-        """The tool calls a forced call's guided output holds (None: it does not parse, e.g. cut by length)."""
+    def calls_from(self, text: str, cut: bool = False) -> list[ParsedToolCall] | None:
+        """The tool calls a forced call's guided output holds (None: it does not parse). `cut`: the output
+        was cut by max_tokens: a `required` list returns the calls that were complete before the cut."""
         if self.forced == "named":
             return [ParsedToolCall(self.forced_name, text)]
         try:
             data = json.loads(text)
-        except ValueError:
-            return None
+        except (ValueError, RecursionError):
+            data = _complete_items(text) if cut else None
+            if not data:
+                return None
         items = data if isinstance(data, list) else [data]
         calls = []
         for item in items:
@@ -59,12 +65,32 @@ class ToolPlan:
         return calls or None
 
 
-def _tool_system_text(tools: list[dict[str, Any]], parser: ToolParser) -> str:
+def _complete_items(text: str) -> list[Any]:
+    """The complete items at the start of a JSON array cut short (`[{...}, {...}, {"na`)."""
+    body = text.lstrip()
+    if not body.startswith("["):
+        return []
+    decoder = json.JSONDecoder()
+    items: list[Any] = []
+    pos = 1
+    while True:
+        while pos < len(body) and body[pos] in " \t\r\n,":
+            pos += 1
+        try:
+            item, pos = decoder.raw_decode(body, pos)
+        except (ValueError, RecursionError):
+            return items
+        items.append(item)
+
+
+def _tool_system_text(tools: list[dict[str, Any]], family: str) -> str:
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    if isinstance(parser, HermesToolParser):
-        fmt = ('<tool_call>\n{"name": <function-name>, "arguments": <arguments-json-object>}\n</tool_call>')
-    else:
+    if family == "llama3_json":
         fmt = '{"name": <function-name>, "parameters": <arguments-json-object>}'
+    elif family == "pythonic":
+        fmt = "[<function-name>(<argument>=<value>, ...)]"
+    else:
+        fmt = ('<tool_call>\n{"name": <function-name>, "arguments": <arguments-json-object>}\n</tool_call>')
     return ("You are a function calling AI model. You may call one or more of the functions described in "
             f"<tools></tools> to answer the user.\n<tools>\n{lines}\n</tools>\nTo call a function, reply with "
             f"the call in exactly this form:\n{fmt}\nIf no function is needed, answer normally.")
@@ -109,19 +135,20 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
     names = _validate_tools(req.tools)
     if choice == "none":
         return ToolPlan()
-    parser = get_parser(rt.config.tool_parser, frozenset(names))
-    plan = ToolPlan(parser=parser, parallel=req.parallel_tool_calls is not False)
+    family = rt.tool_parser
+    plan = ToolPlan(family=family, ctx=ToolContext.from_tools(req.tools), parallel=req.parallel_tool_calls is not False)
     if rt.template is not None and rt.template.uses_tools:
         plan.tools = req.tools
     else:
-        plan.system_text = _tool_system_text(req.tools, parser)
-    hermes = isinstance(parser, HermesToolParser)
+        plan.system_text = _tool_system_text(req.tools, family)
+    hermes = family == "hermes"
     if choice in (None, "auto"):
         return plan
-    plan.args_key = "arguments" if hermes else "parameters"
+    plan.family = None  # a forced call: the output is guided JSON, read by `calls_from`
+    plan.args_key = "parameters" if family == "llama3_json" else "arguments"
     # A reasoning model thinks first: no prefill (it would skip the thinking), and its backend applies
-    # the guide once the reasoning section has ended.
-    reasons = getattr(rt.config, "reasoning_parser", None) is not None
+    # the guide once the reasoning section has ended. Only the JSON formats have a call opening to prefill.
+    reasons = rt.reasoning_parser is not None
     opening = "" if reasons else ("<tool_call>\n" if hermes else "")
     if choice == "required":
         call = _call_schema(req.tools, plan.args_key)
@@ -136,7 +163,9 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
                                       param="tool_choice")
         params = _parameters(req.tools, names.index(name))
         # The call's start in the model's own format keeps the model in context; the guide does the rest.
-        plan.prefill = "" if reasons else opening + f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
+        json_call = family in ("hermes", "llama3_json")  # formats whose call opens with this JSON
+        opens = f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
+        plan.prefill = "" if reasons or not json_call else opening + opens
         plan.forced, plan.forced_name, plan.parallel = "named", name, False
         plan.guide = Guide("json_schema", json.dumps(params, ensure_ascii=False), "tool_choice")
         return plan
@@ -144,7 +173,7 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
                               "{'type': 'function', 'function': {'name': ...}}.", param="tool_choice")
 
 
-def tool_call_text(call: dict[str, Any], parser_name: str | None) -> str:
+def tool_call_text(call: dict[str, Any], family: str | None) -> str:
     """An assistant's earlier tool call, written back in the model's own call format for templates
     that do not render `tool_calls` themselves."""
     fn = call.get("function", {})
@@ -153,7 +182,7 @@ def tool_call_text(call: dict[str, Any], parser_name: str | None) -> str:
         args = json.loads(args) if isinstance(args, str) else args
     except ValueError:
         pass
-    if (parser_name or "hermes") == "hermes":
+    if family != "llama3_json":
         return "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False) \
             + "\n</tool_call>"
     return json.dumps({"name": fn.get("name"), "parameters": args}, ensure_ascii=False)
@@ -165,7 +194,7 @@ def apply_plan_to_messages(plan: ToolPlan, messages: list[dict[str, Any]], rt: L
     out = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(tool_call_text(c, rt.config.tool_parser) for c in m["tool_calls"])
+            calls = "\n".join(tool_call_text(c, rt.tool_parser) for c in m["tool_calls"])
             m = {**m, "content": ((m.get("content") or "") + ("\n" if m.get("content") else "") + calls)}
             m.pop("tool_calls")
         elif m["role"] == "tool":

@@ -110,7 +110,7 @@ def plan(**kw: Any) -> Any:
 
     from openai_api.services.tools import plan_tools
 
-    rt = SimpleNamespace(config=SimpleNamespace(tool_parser=kw.pop("parser", None)), template=None)
+    rt = SimpleNamespace(tool_parser=kw.pop("parser", "hermes"), reasoning_parser=None, template=None)
     return plan_tools(rt, chat(tools=TOOLS, **kw))  # type: ignore[arg-type]
 
 
@@ -134,7 +134,14 @@ def test_required_is_guided_to_one_of_the_offered_calls_or_a_list_of_them() -> N
     calls = plan(tool_choice="required").calls_from(
         '[{"name": "get_time", "arguments": {"tz": "UTC"}}, {"name": "get_weather", "arguments": {"city": "Oslo"}}]')
     assert [c.name for c in calls] == ["get_time", "get_weather"]
-    assert plan(tool_choice="required").calls_from('[{"name": "get_time", "argu') is None  # cut by length
+    assert plan(tool_choice="required").calls_from('[{"name": "get_time", "argu') is None  # not cut: malformed
+    # Cut by max_tokens: the calls complete before the cut are the answer's calls.
+    cut = plan(tool_choice="required").calls_from(
+        '[{"name": "get_time", "arguments": {"tz": "UTC"}}, {"name": "get_weather", "argu', cut=True)
+    assert [(c.name, json.loads(c.arguments)) for c in cut] == [("get_time", {"tz": "UTC"})]
+    assert plan(tool_choice="required").calls_from('[{"name": "get_time", "argu', cut=True) is None
+    mistral = plan(tool_choice={"type": "function", "function": {"name": "get_time"}}, parser="mistral")
+    assert mistral.prefill == "" and mistral.forced == "named"  # no JSON opening in Mistral's own format
 
 
 def test_a_tool_schema_guided_decoding_cannot_enforce_is_a_400_naming_the_tool() -> None:
@@ -142,7 +149,7 @@ def test_a_tool_schema_guided_decoding_cannot_enforce_is_a_400_naming_the_tool()
     from types import SimpleNamespace
 
     from openai_api.services.tools import plan_tools
-    rt = SimpleNamespace(config=SimpleNamespace(tool_parser=None), template=None)
+    rt = SimpleNamespace(tool_parser="hermes", reasoning_parser=None, template=None)
     with pytest.raises(InvalidRequestError) as e:
         plan_tools(rt, chat(tools=bad, tool_choice="required"))  # type: ignore[arg-type]
     assert e.value.param == "tools[0].function.parameters.not"

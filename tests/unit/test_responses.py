@@ -168,7 +168,7 @@ async def test_what_a_self_hosted_model_cannot_do_is_a_400_naming_it(app: FastAP
 
 async def test_a_reasoning_model_returns_a_reasoning_item(app: FastAPI, validate: Callable[..., None]) -> None:
     rt = app.state.gateway.services.registry.llm(MODEL)
-    rt.config = rt.config.model_copy(update={"reasoning_parser": "qwen3"})
+    rt.reasoning_parser = "qwen3"  # as `resolve_parsers` sets it for `reasoning_parser: qwen3` (or auto)
     script(app, "<think>\nThe user greets me.\n</think>\n\nHello!")
     body = (await post(app, {"input": "Hi"})).json()
     validate("Response", body)

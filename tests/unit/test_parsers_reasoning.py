@@ -5,7 +5,38 @@ from __future__ import annotations
 
 import pytest
 
-from openai_api.text.reasoning import ReasoningParserName, ReasoningSplitter
+from openai_api.text.parsers import REASONING, OutputParser, ReasoningParserName
+
+
+class ReasoningSplitter:
+    """The engine with no tool format: (reasoning, content) per push, as the old splitter returned them."""
+
+    def __init__(self, name: ReasoningParserName) -> None:
+        self.parser = OutputParser(None, REASONING[name])
+
+    @staticmethod
+    def _pair(pieces: list) -> tuple[str, str]:
+        return ("".join(p.text for p in pieces if p.kind == "reasoning"),
+                "".join(p.text for p in pieces if p.kind == "content"))
+
+    def push(self, text: str) -> tuple[str, str]:
+        return self._pair(self.parser.push(text))
+
+    def finish(self) -> tuple[str, str]:
+        return self._pair(self.parser.finish())
+
+    def split(self, text: str) -> tuple[str, str]:
+        r1, c1 = self.push(text)
+        r2, c2 = self.finish()
+        return r1 + r2, c1 + c2
+
+    @property
+    def reasoning_text(self) -> str:
+        return self.parser.reasoning_text
+
+    @property
+    def thinking_chars(self) -> int:
+        return self.parser.thinking_chars
 
 # (parser, raw output, reasoning, content)
 CASES: list[tuple[ReasoningParserName, str, str, str]] = [
