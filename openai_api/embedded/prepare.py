@@ -204,6 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name, path in prepare_models(args.models_dir).items():
         print(f"{name}\t{path}")
+    # The model families' real tokenizers and templates (issue 19), from the dev extra's packages.
+    from openai_api.embedded.families import prepare_families
+
+    for name, path in prepare_families(args.models_dir).items():
+        print(f"families/{name}\t{path}")
     return 0
 
 

@@ -67,8 +67,9 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
     over content parts (`template.content_as_parts`), the list of text parts as sent; an assistant's
     `tool_calls` keep OpenAI's shape (`id`, `type`, `function.name`) with `function.arguments` decoded to its
     JSON value unless the template wants the string (`template.arguments_as_text`: it tests `is string` or
-    only prints or concatenates it); an assistant's null content is left out (transformers drops None fields);
-    `name`, `tool_call_id` and a string `reasoning_content` pass through.
+    only prints or concatenates it); an assistant's null content is "" (as vLLM passes it; transformers drops
+    the field, which DeepSeek-V3.1's and Qwen3's templates cannot render); `name`, `tool_call_id` and a string
+    `reasoning_content` pass through.
     Without a template the messages stay as OpenAI sent them (arguments as strings)."""
     parts = template is not None and template.content_as_parts
     decode = template is not None and not template.arguments_as_text
@@ -82,7 +83,7 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
             if m.role != "assistant":
                 raise InvalidRequestError(f"messages[{i}].content is required for role {m.role!r}.",
                                           param=f"messages[{i}].content")
-            del d["content"]  # as transformers drops None fields: templates test `is defined`, never print None
+            d["content"] = ""  # as vLLM: templates concatenate or test content; None would print "None"
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls:

@@ -327,6 +327,85 @@ def _structurally_bounded(ast: jinja2.nodes.Template) -> bool:
     return _loop_depth(ast) <= _MAX_LOOP_DEPTH
 
 
+def _parents(ast: jinja2.nodes.Template) -> dict[int, jinja2.nodes.Node]:
+    """Each node's parent, by the child's id (Jinja's AST has no parent links)."""
+    parents: dict[int, jinja2.nodes.Node] = {}
+    for node in ast.find_all(jinja2.nodes.Node):
+        for child in node.iter_child_nodes():
+            parents[id(child)] = node
+    return parents
+
+
+def _key_access(node: jinja2.nodes.Node, key: str) -> bool:
+    """`x.key`, `x['key']` or `x.get('key')`."""
+    if isinstance(node, jinja2.nodes.Getattr):
+        return node.attr == key
+    if isinstance(node, jinja2.nodes.Getitem):
+        return isinstance(node.arg, jinja2.nodes.Const) and node.arg.value == key
+    if isinstance(node, jinja2.nodes.Call) and isinstance(node.node, jinja2.nodes.Getattr):
+        return (node.node.attr == "get" and bool(node.args) and isinstance(node.args[0], jinja2.nodes.Const)
+                and node.args[0].value == key)
+    return False
+
+
+def _uses_of(ast: jinja2.nodes.Template, key: str) -> list[jinja2.nodes.Node]:
+    """Every expression that reads a message's `key` field: the accesses themselves, and the loads of
+    names that a `set` or a macro parameter bound to such an access (one level of aliasing, which is as
+    deep as real templates go: `{% set args = tool_call.arguments %}`, `visible_text(m.content)`)."""
+    found = [n for n in ast.find_all(jinja2.nodes.Node) if _key_access(n, key)]
+    aliases = {a.target.name for a in ast.find_all(jinja2.nodes.Assign)
+               if isinstance(a.target, jinja2.nodes.Name) and any(a.node is n for n in found)}
+    for macro in ast.find_all(jinja2.nodes.Macro):
+        params = [p.name for p in macro.args]
+        for call in ast.find_all(jinja2.nodes.Call):
+            if isinstance(call.node, jinja2.nodes.Name) and call.node.name == macro.name:
+                aliases.update(params[i] for i, arg in enumerate(call.args[:len(params)])
+                               if any(arg is n for n in found))
+    names = [n for n in ast.find_all(jinja2.nodes.Name) if n.ctx == "load" and n.name in aliases]
+    return found + names
+
+
+def _reads_arguments_as_text(ast: jinja2.nodes.Template) -> bool:
+    """Whether the template wants an earlier call's `function.arguments` as OpenAI's JSON string.
+
+    transformers' documentation and vLLM hand templates a dict (vLLM parses the string for every template),
+    and a template that applies `tojson`, `items` or a `for` loop to it needs one. The string is kept only
+    where the template is written for it: it tests the value's type (`arguments is string`: it prints a
+    string as it is, which keeps the model's own text), or it only concatenates or prints the value raw
+    (DeepSeek-V3.1's `'...' + tool['function']['arguments']`), which a dict would turn into Python syntax
+    or a render error.
+    """
+    parents = _parents(ast)
+    tests = text = structured = False
+    for use in _uses_of(ast, "arguments"):
+        parent = parents.get(id(use))
+        if isinstance(parent, jinja2.nodes.Test) and parent.name in ("string", "mapping"):
+            tests = True
+        elif isinstance(parent, jinja2.nodes.Add | jinja2.nodes.Concat | jinja2.nodes.Output):
+            text = True
+        elif isinstance(parent, jinja2.nodes.Filter) and parent.name in ("tojson", "items", "dictsort"):
+            structured = True
+        elif isinstance(parent, jinja2.nodes.Getattr) and parent.attr in ("items", "keys", "values"):
+            structured = True
+        elif isinstance(parent, jinja2.nodes.For) and parent.iter is use:
+            structured = True
+    return tests or (text and not structured)
+
+
+def _reads_content_parts(ast: jinja2.nodes.Template) -> bool:
+    """Whether the template reads a message's `content` as a list of parts (it loops over it, or filters it
+    with `selectattr`/`map`), as vLLM detects its "openai" content format. Such a template gets the text
+    parts as sent; any other gets them joined into one string, which is all it can print."""
+    parents = _parents(ast)
+    for use in _uses_of(ast, "content"):
+        parent = parents.get(id(use))
+        if isinstance(parent, jinja2.nodes.For) and parent.iter is use:
+            return True
+        if isinstance(parent, jinja2.nodes.Filter) and parent.name in ("selectattr", "map", "rejectattr"):
+            return True
+    return False
+
+
 class ChatTemplate:
     """A compiled chat template.
 
@@ -358,6 +437,9 @@ class ChatTemplate:
         # defined %}` still reads the caller's `tools`.
         self._undeclared = frozenset(jinja2.meta.find_undeclared_variables(ast))
         self.bounded = _structurally_bounded(ast)
+        # How earlier calls' arguments and content parts reach this template (see the two functions).
+        self.arguments_as_text = _reads_arguments_as_text(ast)
+        self.content_as_parts = _reads_content_parts(ast)
 
     @classmethod
     def from_file(cls, path: Path) -> ChatTemplate:
