@@ -182,7 +182,8 @@ def test_arguments_reach_each_template_in_the_shape_it_reads() -> None:
         "deepseek_v31/chat_template.jinja": True, "glm45/chat_template.jinja": False,
         "harmony/chat_template.jinja": False, "hermes/chat_template.jinja": True,
         "kimi_k2/chat_template.jinja": False, "llama3_json/chat_template.jinja": False,
-        "llama3_json/tool_chat_template_llama3.1_json.jinja": False, "mistral/chat_template.jinja": False,
+        "llama3_json/tool_chat_template_llama3.1_json.jinja": False, "llama4/chat_template.jinja": False,
+        "mistral/chat_template.jinja": False,
         "qwen3_xml/chat_template.jinja": False}
 
 
