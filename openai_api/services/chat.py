@@ -15,6 +15,7 @@ from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.generation import (
     Collected,
     TextEvent,
+    TokenLogprobs,
     build_generation_request,
     collect_choices,
     refuse_vllm_extensions,
@@ -48,6 +49,10 @@ def message_text(msg: ChatMessage, index: int) -> str | None:
     return "".join(parts)
 
 
+# The names an assistant message's reasoning arrives under, in the order transformers prefers them.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
 def template_arguments(arguments: str, index: int, call: int) -> Any:
     """An earlier call's `arguments` (OpenAI's JSON string) as the value it encodes, as transformers and vLLM
     hand it to templates; "" is {} (vLLM's reading). Not JSON: a 400 naming the field."""
@@ -68,8 +73,9 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
     `tool_calls` keep OpenAI's shape (`id`, `type`, `function.name`) with `function.arguments` decoded to its
     JSON value unless the template wants the string (`template.arguments_as_text`: it tests `is string` or
     only prints or concatenates it); an assistant's null content is "" (as vLLM passes it; transformers drops
-    the field, which DeepSeek-V3.1's and Qwen3's templates cannot render); `name`, `tool_call_id` and a string
-    `reasoning_content` pass through.
+    the field, which DeepSeek-V3.1's and Qwen3's templates cannot render); `name` and `tool_call_id` pass
+    through, and an assistant's reasoning (`reasoning_content`, `thinking` or `reasoning`) as both
+    `reasoning_content` and `thinking`.
     Without a template the messages stay as OpenAI sent them (arguments as strings)."""
     parts = template is not None and template.content_as_parts
     decode = template is not None and not template.arguments_as_text
@@ -93,8 +99,12 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
                     tc["function"]["arguments"] = template_arguments(tc["function"]["arguments"], i, j)
         if m.tool_call_id is not None:
             d["tool_call_id"] = m.tool_call_id
-        reasoning = (m.model_extra or {}).get("reasoning_content")
-        if m.role == "assistant" and isinstance(reasoning, str):
+        # An earlier turn's reasoning under any of its names, given to templates under both that they read
+        # (Qwen3/GLM `reasoning_content`, gpt-oss `thinking`), as transformers aliases them.
+        extra = m.model_extra or {}
+        reasoning = next((extra[k] for k in REASONING_FIELDS if isinstance(extra.get(k), str)), None)
+        if m.role == "assistant" and reasoning is not None:
+            d["thinking"] = extra["thinking"] if isinstance(extra.get("thinking"), str) else reasoning
             d["reasoning_content"] = reasoning
         out.append(d)
     return out
@@ -106,11 +116,18 @@ RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_promp
 
 
 def logprob_entries(rt: LLMRuntime, ids: list[int], lps: list[float] | None) -> list[dict[str, Any]]:
-    """Chat `logprobs.content` entries: the sampled token, its log-prob and bytes (no alternatives)."""
+    """Chat `logprobs.content` entries: the sampled token, its log-prob and bytes, and in `top_logprobs` the
+    most likely tokens, each `{token, logprob, bytes}`, most likely first (`TokenLogprobs.top`; [] when not
+    asked for)."""
+    top = lps.top if isinstance(lps, TokenLogprobs) else None
     out = []
-    for t, lp in zip(ids, lps or [0.0] * len(ids), strict=False):
+    for k, (t, lp) in enumerate(zip(ids, lps or [0.0] * len(ids), strict=False)):
         tok = rt.tokenizer.decode([t], skip_special_tokens=False)
-        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+        alternatives = []
+        for a, alp in top[k] if top is not None and k < len(top) else ():
+            atok = rt.tokenizer.decode([a], skip_special_tokens=False)
+            alternatives.append({"token": atok, "logprob": alp, "bytes": list(atok.encode())})
+        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": alternatives})
     return out
 
 
@@ -125,7 +142,8 @@ class PreparedChat:
 
     def output(self) -> ChoiceOutput:
         """A new reader of one choice's output (its reasoning, content and tool calls)."""
-        return ChoiceOutput(self.plan, self.rt.reasoning_parser, self.rt.tool_parser, self.prompt_text)
+        return ChoiceOutput(self.plan, self.rt.reasoning_parser, self.rt.tool_parser, self.prompt_text,
+                            self.rt.control_markers)
 
 
 async def collect_plain(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:
@@ -143,14 +161,16 @@ class ChatService:
 
     def _refuse_unsupported(self, rt: LLMRuntime, req: ChatCompletionRequest) -> None:
         refuse_vllm_extensions(req)
-        if req.top_logprobs:
-            raise InvalidRequestError(
-                "top_logprobs > 0 is not supported: Triton's TensorRT-LLM protocol returns only the sampled "
-                "token's log-probability. Use logprobs=true with top_logprobs=0.", param="top_logprobs",
-                code="unsupported_parameter")
+        if req.top_logprobs and not req.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
         if req.logprobs and not rt.backend.supports("return_logprobs"):
             raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
                                       param="logprobs", code="unsupported_parameter")
+        if req.top_logprobs and not rt.backend.supports("top_logprobs"):
+            raise InvalidRequestError(
+                f"top_logprobs > 0 is not supported by the model {rt.name!r}: its Triton protocol "
+                f"({rt.backend.protocol}) returns only the sampled token's log-probability. Use logprobs=true "
+                "with top_logprobs=0.", param="top_logprobs", code="unsupported_parameter")
 
     async def prompt(self, rt: LLMRuntime, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> Prompt:
         """The rendered and tokenized prompt of `req` (see `services.preprocess`)."""
@@ -191,6 +211,7 @@ class ChatService:
                  for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
+            g.top_logprobs = (req.top_logprobs or 0) if req.logprobs else 0
             g.guide = guide
         return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids), prompt.text)
 

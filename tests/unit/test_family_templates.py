@@ -76,6 +76,11 @@ CONVERSATIONS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]] | None
         {"role": "assistant", "content": None,
          "tool_calls": [_call("uc5Nq4Ze6", "get_weather", {"city": "Zürich — 東京", "unit": "celsius"})]},
         {"role": "tool", "tool_call_id": "uc5Nq4Ze6", "content": "Sonnig ☀️, 21 °C"}], [WEATHER]),
+    "reasoning_history": ([
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "reasoning_content": "The user wants the weather; call the tool.",
+         "tool_calls": [_call("wx7Kp2Qa9", "get_weather", {"city": "Paris"})]},
+        {"role": "tool", "tool_call_id": "wx7Kp2Qa9", "content": "21 C, clear"}], [WEATHER]),
     "content_parts": ([
         {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
         {"role": "user", "content": [{"type": "text", "text": "Describe "}, {"type": "text", "text": "Paris."}]}],
