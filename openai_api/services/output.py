@@ -50,11 +50,11 @@ class ChoiceOutput:
     thinking section itself)."""
 
     def __init__(self, plan: ToolPlan, reasoning: str | None, tool_parser: str | None = None,
-                 prompt: str | None = None) -> None:
+                 prompt: str | None = None, control: frozenset[str] = frozenset()) -> None:
         self.plan = plan
         family = plan.family if plan.forced is None else None
         self.parser: Parser | None = make_parser(family or tool_parser, reasoning, tools_active=family is not None,
-                                                 ctx=plan.ctx, prompt=prompt)
+                                                 ctx=plan.ctx, prompt=prompt, control=control)
         self.calls = 0
         self.reasoning_tokens = 0
         self._produced = 0
@@ -86,7 +86,7 @@ class ChoiceOutput:
         was_thinking = parser.thinking
         pieces = parser.push(text) if text else []
         if last:
-            pieces += parser.finish()
+            pieces += parser.finish(cut)
         if produced is not None:
             new, self._produced = produced - self._produced, produced
             if parser.undecided:

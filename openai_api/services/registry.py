@@ -48,6 +48,8 @@ class LLMRuntime:
     # Special tokens the detokenizer drops: every one but the parser families' markers. None: decode
     # with special tokens skipped (no marker of the families is a special token of this tokenizer).
     drop_ids: frozenset[int] | None = None
+    # The families' markers that are special tokens here: removed from a call that falls back to content.
+    control_markers: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
@@ -75,9 +77,10 @@ def _words(tokenizer: TextTokenizer, words: list[str | list[int]]) -> list[list[
 
 
 def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | None
-                    ) -> tuple[ToolParserName, ReasoningParserName | None, frozenset[int] | None]:
-    """The model's tool and reasoning families (`auto`: read from its template and special tokens) and the
-    special-token ids its detokenizer drops (all but the families' markers; None: skip every special)."""
+                    ) -> tuple[ToolParserName, ReasoningParserName | None, frozenset[int] | None, frozenset[str]]:
+    """The model's tool and reasoning families (`auto`: read from its template and special tokens), the
+    special-token ids its detokenizer drops (all but the families' markers; None: skip every special),
+    and the markers that are special tokens."""
     source = template.source if template is not None else ""
     configured, thinking = m.tool_parser, m.reasoning_parser
     tool: ToolParserName = detect_family(source, tok.special_tokens) if configured == "auto" or configured is None \
@@ -89,15 +92,16 @@ def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | No
                     " (auto)" if m.reasoning_parser == "auto" else "")
     specials = {tok.tokenizer.token_to_id(t): t for t in tok.special_tokens}
     keep = set(keep_markers(tool, reasoning))
-    if not keep & set(specials.values()):
-        return tool, reasoning, None
-    return tool, reasoning, frozenset(i for i, t in specials.items() if i is not None and t not in keep)
+    control = frozenset(keep & set(specials.values()))
+    if not control:
+        return tool, reasoning, None, control
+    return tool, reasoning, frozenset(i for i, t in specials.items() if i is not None and t not in keep), control
 
 
 def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
     tok = TextTokenizer.from_folder(m.path)
     template = ChatTemplate.from_file(m.chat_template) if m.chat_template else ChatTemplate.from_tokenizer_dir(m.path)
-    tool_parser, reasoning_parser, drop_ids = resolve_parsers(m, tok, template)
+    tool_parser, reasoning_parser, drop_ids, control = resolve_parsers(m, tok, template)
     end_id = info.end_id if info.end_id is not None and info.end_id >= 0 else (
         tok.eos_token_ids[0] if tok.eos_token_ids else None)
     pad_id = info.pad_id if info.pad_id is not None and info.pad_id >= 0 else (
@@ -109,6 +113,10 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
             stop_words.append([eos])
     stop_strings = [s for s in (tok.decode(w, skip_special_tokens=False) for w in stop_words) if s]
     stop_strings += [w for w in info.stop_words if isinstance(w, str)]
+    if drop_ids is not None:
+        # A text-out backend told to keep special tokens may write the EOS token's text at the end.
+        stop_strings += [t for t in (tok.eos_token, *(tok.decode([i], skip_special_tokens=False)
+                                                      for i in tok.eos_token_ids)) if t and t not in control]
     context = info.max_len or tok.context_length or DEFAULT_CONTEXT_LENGTH
     bad_words = _words(tok, info.bad_words)
     bad_strings = [s for s in (w if isinstance(w, str) else tok.decode(w, skip_special_tokens=False)
@@ -116,7 +124,8 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
     return LLMRuntime(config=m, info=info, tokenizer=tok, template=template, backend=backend,
                       context_length=context, end_id=end_id, pad_id=pad_id, stop_token_words=stop_words,
                       stop_strings=sorted(set(stop_strings)), bad_token_words=bad_words, bad_strings=bad_strings,
-                      tool_parser=tool_parser, reasoning_parser=reasoning_parser, drop_ids=drop_ids)
+                      tool_parser=tool_parser, reasoning_parser=reasoning_parser, drop_ids=drop_ids,
+                      control_markers=control)
 
 
 class ModelRegistry:

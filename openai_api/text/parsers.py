@@ -18,8 +18,10 @@ the same machine fed the whole text at once, so the streamed and the plain answe
 
 Rules every family shares:
 - A region that does not decode (bad JSON, a call to a function the request did not offer, a pythonic
-  list with positional arguments) falls back to content: its text with the family's control markers
-  removed, so no control token ever reaches `content` or `reasoning_content`.
+  list with positional arguments) falls back to content: its text with the markers that are control
+  (special) tokens of the model's tokenizer removed, so no control token ever reaches `content` or
+  `reasoning_content`. A region cut by max_tokens keeps the calls that were whole before the cut and
+  drops the rest.
 - Whitespace around call regions is layout: dropped, like whitespace at the start and the end of the
   answer (when a tool format is active).
 - Markers are text: the detokenizer keeps a family's marker tokens (`ToolFormat.markers`,
@@ -185,11 +187,15 @@ def _typed_value(raw: str, kind: str | None) -> Any:
 # Each decoder reads one region's text (between its start and end markers) and returns its calls, or None
 # when the text is not a well-formed region of the family (then the region falls back to content).
 
-Decoder = Callable[[str, ToolContext], list[RawCall] | None]
+Decoder = Callable[[str, ToolContext, bool], list[RawCall] | None]
+# `partial`: the output was cut by max_tokens inside this region: return the calls that are complete
+# before the cut (possibly none), and drop the rest.
 
 
-def _decode_hermes(text: str, ctx: ToolContext) -> list[RawCall] | None:
-    """`{"name": ..., "arguments": {...}}` (Hermes, Qwen 2.5/3, SmolLM2)."""
+def _decode_hermes(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
+    """`{"name": ..., "arguments": {...}}` (Hermes, Qwen 2.5/3, SmolLM2); one call per region."""
+    if partial:
+        return []
     obj = _loads(text.strip())
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
@@ -201,10 +207,15 @@ _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)(?:</function>|\Z)", re.DOTALL
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.DOTALL)
 
 
-def _decode_qwen3_xml(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_qwen3_xml(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`<function=NAME>\\n<parameter=K>\\nV\\n</parameter>\\n</function>` (Qwen3-Coder, Qwen3.5): values
     are text, typed by the tool's schema; one newline after the opening and before the closing tag is
     layout."""
+    if partial:
+        end = text.rfind("</function>")
+        if end == -1:
+            return []
+        text = text[: end + len("</function>")]
     calls = []
     for fm in _FUNCTION.finditer(text):
         name, body = fm.group(1).strip(), fm.group(2)
@@ -222,9 +233,11 @@ def _decode_qwen3_xml(text: str, ctx: ToolContext) -> list[RawCall] | None:
 _ARG_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
-def _decode_glm45(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_glm45(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`NAME\\n<arg_key>k</arg_key>\\n<arg_value>v</arg_value>...` (GLM-4.5/4.6/4.7): values typed by
-    the schema (strings stay text, everything else is read as JSON)."""
+    the schema (strings stay text, everything else is read as JSON); one call per region."""
+    if partial:
+        return []
     cut = text.find("<arg_key>")
     name = (text if cut == -1 else text[:cut]).strip()
     if not name or "<" in name or "\n" in name:
@@ -262,23 +275,29 @@ def _split_top_level(text: str, sep: str) -> list[str]:
     return [p for p in parts if p.strip()]
 
 
-def _decode_llama3_json(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_llama3_json(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`{"name": ..., "parameters": {...}}`, several separated by `;` (Llama 3.1-3.3 JSON tool calling)."""
-    calls = []
+    calls: list[RawCall] = []
     for part in _split_top_level(text.strip(), ";"):
         obj = _loads(part.strip())
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            return None
-        args = _object(obj.get("parameters", obj.get("arguments", {})))
-        if args is None:
-            return None
+        # The arguments' key is required (`{"name": "f"}` alone is text, as vLLM's llama3_json reads it).
+        args = _object(obj.get("parameters", obj.get("arguments"))) if isinstance(obj, dict) else None
+        if args is None or not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return calls if partial else None
         calls.append(RawCall(obj["name"], args))
-    return calls or None
+    return calls if partial else calls or None
 
 
-def _decode_pythonic(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_pythonic(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`[f(a=1), g(b="x")]` (Llama 3.2/4 pythonic, Gemma, ...): read with `ast`, values as literals -
     parsed, never evaluated; positional arguments, attribute calls and non-literal values are not calls."""
+    if partial:  # the longest list of whole calls before the cut: `[f(a=1), g(b=` -> `[f(a=1)]`
+        body = text.strip()
+        for cut in sorted((i for i, ch in enumerate(body) if ch == ","), reverse=True)[:64]:
+            calls = _decode_pythonic(body[:cut] + "]", ctx)
+            if calls:
+                return calls
+        return []
     body = text.strip()
     if not body.startswith("["):
         body = f"[{body}]"
@@ -304,10 +323,17 @@ def _decode_pythonic(text: str, ctx: ToolContext) -> list[RawCall] | None:
     return calls or None
 
 
-def _decode_mistral(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_mistral(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """After `[TOOL_CALLS]`: `name[ARGS]{...}` (tokenizer v11+, `[CALL_ID]id` before `[ARGS]` in v13+),
     repeated with `[TOOL_CALLS]`; or a JSON list `[{"name": ..., "arguments": {...}}]` (before v11)."""
     calls: list[RawCall] = []
+    if partial:  # the pieces that decode, up to the first that does not (the one the cut fell in)
+        for piece in text.split("[TOOL_CALLS]"):
+            got = _decode_mistral(piece, ctx) if piece.strip() else []
+            if got is None:
+                break
+            calls += got
+        return calls
     for piece in text.split("[TOOL_CALLS]"):
         rest = piece.strip()
         while rest:
@@ -352,17 +378,20 @@ _DS_V31_CALL = re.compile(re.escape(DS_CALL_BEGIN) + "(.*?)" + re.escape(DS_SEP)
                           re.DOTALL)
 
 
-def _all_matches(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
-    """Every match of `pattern`, or None when anything but whitespace lies outside them."""
+def _all_matches(pattern: re.Pattern[str], text: str, partial: bool) -> list[re.Match[str]] | None:
+    """Every match of `pattern`, or None when anything but whitespace lies outside them (`partial`: the
+    text was cut, so what follows the last whole match is the cut call, dropped)."""
     matches = list(pattern.finditer(text))
+    if partial:
+        return matches
     if not matches or pattern.sub("", text).strip():
         return None
     return matches
 
 
-def _decode_deepseek_v3(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_deepseek_v3(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`CALL_BEGIN function SEP NAME\\n```json\\n{...}\\n``` CALL_END` (V3, R1-0528; markers `DS_*`)."""
-    matches = _all_matches(_DS_V3_CALL, text)
+    matches = _all_matches(_DS_V3_CALL, text, partial)
     if matches is None:
         return None
     calls = []
@@ -374,9 +403,9 @@ def _decode_deepseek_v3(text: str, ctx: ToolContext) -> list[RawCall] | None:
     return calls
 
 
-def _decode_deepseek_v31(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_deepseek_v31(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`CALL_BEGIN NAME SEP {...} CALL_END` (V3.1; markers `DS_*`)."""
-    matches = _all_matches(_DS_V31_CALL, text)
+    matches = _all_matches(_DS_V31_CALL, text, partial)
     if matches is None:
         return None
     calls = []
@@ -393,10 +422,10 @@ _DSML_PARAM = re.compile(f"<(?:{DSML})?" + r'parameter\s+name="([^"]+)"\s+string
                          + f"</(?:{DSML})?parameter>", re.DOTALL)
 
 
-def _decode_dsml(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_dsml(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """DeepSeek V3.2/V4 "DSML": `<\uff5cDSML\uff5cinvoke name="NAME">` holding `<\uff5cDSML\uff5cparameter name="K"
-    string="true|false">V</\uff5cDSML\uff5cparameter>` tags (string="true": V is text; else JSON) or a JSON object."""
-    matches = _all_matches(_DSML_INVOKE, text)
+    string="true|false">V</\uff5cDSML\uff5cparameter>` tags (typed by the schema, else by `string`) or a JSON object."""
+    matches = _all_matches(_DSML_INVOKE, text, partial)
     if matches is None:
         return None
     calls = []
@@ -407,9 +436,12 @@ def _decode_dsml(text: str, ctx: ToolContext) -> list[RawCall] | None:
             args = _object(body)
         else:
             args = {}
+            name = m.group(1).strip()
             for p in _DSML_PARAM.finditer(body):
-                value = p.group(3)
-                args[p.group(1)] = value if p.group(2) == "true" else _typed_value(value, None)
+                # The tool's schema decides the type when it has one (as vLLM's parser); else the tag's
+                # `string` attribute: "true" keeps the text, "false" reads it as JSON.
+                kind = ctx.param_type(name, p.group(1)) or ("string" if p.group(2) == "true" else None)
+                args[p.group(1)] = _typed_value(p.group(3), kind)
             if _DSML_PARAM.sub("", body).strip():
                 args = None
         if args is None:
@@ -422,10 +454,10 @@ _KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_
                         re.DOTALL)
 
 
-def _decode_kimi_k2(text: str, ctx: ToolContext) -> list[RawCall] | None:
+def _decode_kimi_k2(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
     """`<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>`: the id is
     the model's own and must come back unchanged in history."""
-    matches = _all_matches(_KIMI_CALL, text)
+    matches = _all_matches(_KIMI_CALL, text, partial)
     if matches is None:
         return None
     calls = []
@@ -454,23 +486,24 @@ class Region:
 
 @dataclass(frozen=True)
 class ToolFormat:
-    """One family's tool-call format (see the module docstring). `control`: the markers that are control
-    tokens of the family's tokenizer - removed from a region that falls back to content. `ids`: how call
-    ids are made (the model's own id when it writes one)."""
+    """One family's tool-call format (see the module docstring). `inner`: the markers inside its regions
+    (kept by the detokenizer with the regions' own). `ids`: how call ids are made (the model's own id
+    when it writes one). Which markers are control tokens depends on the model's tokenizer: the registry
+    tells the parser (`OutputParser.control`)."""
 
     name: str
     regions: tuple[Region, ...]
     decode: Decoder
-    control: tuple[str, ...] = ()
-    inner: tuple[str, ...] = ()  # other marker tokens inside regions (kept by the detokenizer)
+    inner: tuple[str, ...] = ()
     ids: Callable[[], str] = openai_call_id
+    needs_end: bool = False  # a region without its end marker (and not cut) is not a call
     models: str = ""
 
     @property
     def markers(self) -> tuple[str, ...]:
         """Every marker of the format: what the detokenizer must keep when it is a special token."""
         out = [r.start for r in self.regions if not r.lead] + [r.end for r in self.regions if r.end]
-        return tuple(dict.fromkeys([*out, *self.inner, *self.control]))
+        return tuple(dict.fromkeys([*out, *self.inner]))
 
 
 _DS = (DS_CALLS_BEGIN, DS_CALLS_END, DS_CALL_BEGIN, DS_CALL_END, DS_SEP)
@@ -483,26 +516,25 @@ FAMILIES: dict[str, ToolFormat] = {f.name: f for f in (
     ToolFormat("qwen3_xml", (Region("<tool_call>", "</tool_call>"),), _decode_qwen3_xml,
                models="Qwen3-Coder, Qwen3.5"),
     ToolFormat("llama3_json", (Region("<|python_tag|>"), Region("{", lead=True)), _decode_llama3_json,
-               control=("<|python_tag|>",), models="Llama 3.1, 3.2, 3.3 (JSON tool calling)"),
+               models="Llama 3.1, 3.2, 3.3 (JSON tool calling)"),
     ToolFormat("llama4", (Region("<|python_start|>", "<|python_end|>"), Region("[", lead=True)),
-               _decode_pythonic, control=("<|python_start|>", "<|python_end|>"),
+               _decode_pythonic,
                models="Llama 4 Scout / Maverick (pythonic)"),
     ToolFormat("pythonic", (Region("[", lead=True),), _decode_pythonic,
                models="Llama 3.2 pythonic, Gemma 3, Granite, ToolACE"),
-    ToolFormat("mistral", (Region("[TOOL_CALLS]"),), _decode_mistral, control=("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"),
+    ToolFormat("mistral", (Region("[TOOL_CALLS]"),), _decode_mistral, inner=("[ARGS]", "[CALL_ID]"),
                ids=mistral_call_id, models="Mistral Small 3.x, Mistral Large 2, Devstral, Magistral, Ministral"),
-    ToolFormat("deepseek_v3", (Region(_DS[0], _DS[1]),), _decode_deepseek_v3, control=_DS,
+    ToolFormat("deepseek_v3", (Region(_DS[0], _DS[1]),), _decode_deepseek_v3, inner=_DS,
                models="DeepSeek V3, V3-0324, R1-0528"),
-    ToolFormat("deepseek_v31", (Region(_DS[0], _DS[1]),), _decode_deepseek_v31, control=_DS,
+    ToolFormat("deepseek_v31", (Region(_DS[0], _DS[1]),), _decode_deepseek_v31, inner=_DS,
                models="DeepSeek V3.1, V3.1-Terminus"),
     ToolFormat("deepseek_dsml", (Region(f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
                                  Region("<function_calls>", "</function_calls>")), _decode_dsml,
-               control=(f"<{DSML}function_calls>", f"</{DSML}function_calls>"), models="DeepSeek V3.2, V4"),
-    ToolFormat("kimi_k2", (Region(_KIMI[0], _KIMI[1]),), _decode_kimi_k2, control=_KIMI, ids=lambda: "",
+               models="DeepSeek V3.2, V4"),
+    ToolFormat("kimi_k2", (Region(_KIMI[0], _KIMI[1]),), _decode_kimi_k2, inner=_KIMI, ids=lambda: "",
                models="Kimi K2, K2-Instruct-0905, K2-Thinking"),
     ToolFormat("glm45", (Region("<tool_call>", "</tool_call>"),), _decode_glm45,
-               control=("<tool_call>", "</tool_call>"),
-               inner=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"),
+               inner=("<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"), needs_end=True,
                models="GLM-4.5, GLM-4.6, GLM-4.7"),
 )}
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>")
@@ -641,6 +673,43 @@ def _add(out: list[Piece], kind: Literal["reasoning", "content"], text: str) -> 
         out.append(Piece(kind, text))
 
 
+class _Collector:
+    """Text gathered until one of `ends` appears (none: until the output ends). Each `feed` costs O(new
+    text): the search runs over the new text plus the few characters before it that could start an end
+    marker, and the text is joined once, when an end is found."""
+
+    __slots__ = ("_k", "_parts", "_tail", "ends")
+
+    def __init__(self, ends: tuple[str, ...]) -> None:
+        self.ends = ends
+        self._k = max(map(len, ends), default=1) - 1
+        self._parts: list[str] = []
+        self._tail = ""
+
+    def feed(self, text: str) -> tuple[str, str, str] | None:
+        """`(text before the end, the end marker, what follows it)` once an end appears, else None."""
+        combined = self._tail + text
+        best, which = -1, ""
+        for e in self.ends:
+            i = combined.find(e)
+            if i != -1 and (best == -1 or i < best):
+                best, which = i, e
+        if best == -1:
+            self._parts.append(text)
+            self._tail = combined[-self._k:] if self._k else ""
+            return None
+        joined = "".join(self._parts)
+        body = joined[: len(joined) - len(self._tail)] + combined[:best]
+        self._parts, self._tail = [], ""
+        return body, which, combined[best + len(which):]
+
+    def take(self) -> str:
+        """Everything gathered (the output ended before an end marker)."""
+        text = "".join(self._parts)
+        self._parts, self._tail = [], ""
+        return text
+
+
 class OutputParser:
     """One choice's output -> `Piece`s (module docstring). `tools`: the active tool format (None: no tool
     parsing, e.g. a forced call whose guided output the caller reads itself); `reasoning`: the thinking
@@ -652,24 +721,31 @@ class OutputParser:
     (inside a call region, held until its end marker or the end of the output)."""
 
     def __init__(self, tools: ToolFormat | None, reasoning: ReasoningFormat | None, ctx: ToolContext | None = None,
-                 prompt: str | None = None) -> None:
+                 prompt: str | None = None, control: Iterable[str] = ()) -> None:
         self.tools = tools
+        self.control = tuple(control)
         self.reasoning = reasoning
         self.ctx = ctx or ToolContext()
-        self.reasoning_text = ""
+        self._reasoning: list[str] = []
         self.calls = 0
         self._buf = ""
-        self._scan = 0  # in a region: where the search for its end resumes
+        self._collector = _Collector(())  # a call region's text, until its end marker
         self._raw = 0  # characters pushed so far
         self._think_end: int | None = None  # where in them the thinking section ended (after its end tag)
         self._think_done = False
         self._region: Region | None = None
         self._ws = ""  # content whitespace held back: dropped before a region and at the end
+        self._region_ws = ""
         self._content_seen = False
         self._state = "think_lead" if reasoning is not None and reasoning.starts_inside(prompt) else "lead"
         self._starts = tuple(r for r in tools.regions if not r.lead) if tools else ()
         self._start_texts = tuple(r.start for r in self._starts)
         self._lead_regions = tuple(r for r in tools.regions if r.lead) if tools else ()
+
+    @property
+    def reasoning_text(self) -> str:
+        """All the reasoning so far (for usage)."""
+        return "".join(self._reasoning)
 
     @property
     def undecided(self) -> bool:
@@ -695,13 +771,12 @@ class OutputParser:
         self._run(self._buf + text, out, final=False)
         return out
 
-    def finish(self) -> list[Piece]:
-        """The end of the output: what was held back, as what it turned out to be."""
+    def finish(self, cut: bool = False) -> list[Piece]:
+        """The end of the output (`cut`: by max_tokens): what was held back, as what it turned out to be."""
         out: list[Piece] = []
         self._run(self._buf, out, final=True)
         if self._state == "region":
-            self._close_region(self._buf, out, terminated=False)
-            self._buf = ""
+            self._close_region(self._collector.take(), out, terminated=False, cut=cut)
             self._state = "content"
         self._ws = ""  # trailing whitespace of the answer: layout
         return out
@@ -734,7 +809,7 @@ class OutputParser:
                 return stripped[len(r.start):].removeprefix("\n")
         for region in self._lead_regions:
             if stripped.startswith(region.start):
-                self._state, self._region, self._scan = "region", region, 0
+                self._enter(region)
                 return stripped
         if not stripped and not final and (self._lead_regions or self._think_done):
             return self._hold(buf)
@@ -765,7 +840,7 @@ class OutputParser:
         return rest
 
     def _emit_reasoning(self, text: str, out: list[Piece]) -> None:
-        self.reasoning_text += text
+        self._reasoning.append(text)
         _add(out, "reasoning", text)
 
     def _emit_content(self, text: str, out: list[Piece]) -> None:
@@ -796,33 +871,37 @@ class OutputParser:
             self._emit_content(buf[: len(buf) - keep], out)
             return self._hold(buf[len(buf) - keep:]) if keep else ""
         self._emit_content(buf[:best], out)
-        self._ws = ""  # whitespace before a region is layout
-        self._state, self._region, self._scan = "region", region, 0
+        self._region_ws, self._ws = self._ws, ""  # whitespace before a region is layout (if it is a call)
+        self._enter(region)
         return buf[best + len(region.start):]
 
-    def _in_region(self, buf: str, out: list[Piece]) -> str:
-        region = self._region
-        assert region is not None
-        if region.end is None:
-            return self._hold(buf)  # the region runs to the end of the output
-        i = buf.find(region.end, self._scan)
-        if i == -1:
-            self._scan = max(0, len(buf) - len(region.end) + 1)
-            return self._hold(buf)
-        self._close_region(buf[:i], out, terminated=True)
-        self._state = "content"
-        return buf[i + len(region.end):]
+    def _enter(self, region: Region) -> None:
+        self._state, self._region = "region", region
+        self._collector = _Collector((region.end,) if region.end else ())
 
-    def _close_region(self, body: str, out: list[Piece], terminated: bool) -> None:
+    def _in_region(self, buf: str, out: list[Piece]) -> str:
+        done = self._collector.feed(buf)
+        if done is None:
+            return ""  # still inside (a region without an end marker runs to the end of the output)
+        body, _, rest = done
+        self._close_region(body, out, terminated=True)
+        self._state = "content"
+        return rest
+
+    def _close_region(self, body: str, out: list[Piece], terminated: bool, cut: bool = False) -> None:
         region = self._region
         assert region is not None and self.tools is not None
-        raw = self.tools.decode(body, self.ctx) if len(body) <= MAX_REGION_CHARS else None
+        if len(body) > MAX_REGION_CHARS or (not terminated and not cut and region.end and self.tools.needs_end):
+            raw = None
+        else:  # a region cut by max_tokens keeps only its whole calls
+            raw = self.tools.decode(body, self.ctx, cut and not terminated)
         if raw is not None and self.ctx.allowed is not None and any(c.name not in self.ctx.allowed for c in raw):
             raw = None  # a call to a function the request did not offer is not a tool call
         self._region = None
         if raw is None:
             shown = ("" if region.lead else region.start) + body + (region.end or "" if terminated else "")
-            self._emit_content(_strip_markers(shown, self.tools.control), out)
+            self._ws = self._region_ws  # the whitespace before it is text again
+            self._emit_content(_strip_markers(shown, self.control), out)
             self._ws = ""
             return
         for c in raw:
@@ -849,16 +928,21 @@ class HarmonyParser:
     def __init__(self, tools_active: bool, ctx: ToolContext | None = None) -> None:
         self.tools_active = tools_active
         self.ctx = ctx or ToolContext()
-        self.reasoning_text = ""
+        self._reasoning: list[str] = []
         self.calls = 0
         self._state = "header"
         self._buf = ""
-        self._scan = 0
+        self._header = _Collector(("<|message|>",))
+        self._call = _Collector(_HARMONY_ENDS)
         self._channel = ""
         self._recipient = ""
         self._raw = 0
         self._think_end: int | None = None
         self._messages = 0
+
+    @property
+    def reasoning_text(self) -> str:
+        return "".join(self._reasoning)
 
     @property
     def undecided(self) -> bool:
@@ -880,44 +964,46 @@ class HarmonyParser:
         self._run(self._buf + text, out, final=False)
         return out
 
-    def finish(self) -> list[Piece]:
+    def finish(self, cut: bool = False) -> list[Piece]:
         out: list[Piece] = []
         self._run(self._buf, out, final=True)
-        held, self._buf = self._buf, ""
-        if self._state == "header" and held:
-            _add(out, "content", _strip_markers(held, HARMONY_MARKERS).strip() if not self._messages else "")
+        self._buf = ""
+        if self._state == "header":
+            held = self._header.take()
+            if held and not self._messages:
+                _add(out, "content", _strip_markers(held, HARMONY_MARKERS).strip())
+        elif self._state == "body" and self._is_call():
+            body = self._call.take()
+            if not cut:  # (a call cut by max_tokens is dropped)
+                self._end_message(body, out)
         elif self._state == "body":
-            self._end_message(held, out)
+            self._end_message("", out)
         return out
 
     def _run(self, buf: str, out: list[Piece], final: bool) -> None:
         self._buf = ""
         while buf and not self._buf:
             if self._state == "header":
-                i = buf.find("<|message|>", self._scan)
-                if i == -1:
-                    self._scan = max(0, len(buf) - len("<|message|>") + 1)
-                    self._buf = buf
+                done = self._header.feed(buf)
+                if done is None:
                     return
-                header, buf = buf[:i], buf[i + len("<|message|>"):]
+                header, _, buf = done
                 m = _CHANNEL.search(header)
                 r = _RECIPIENT.search(header)
                 self._channel = m.group(1) if m else ""
                 self._recipient = r.group(1) if r else ""
-                self._state, self._scan = "body", 0
+                self._state = "body"
                 self._messages += 1
                 continue
             # body
             if self._is_call():
-                i, end = self._find_end(buf, self._scan)
-                if i == -1:
-                    self._scan = max(0, len(buf) - max(map(len, _HARMONY_ENDS)) + 1)
-                    self._buf = buf
+                done = self._call.feed(buf)
+                if done is None:
                     return
-                self._end_message(buf[:i], out)
-                buf = buf[i + len(end):]
+                body, _, buf = done
+                self._end_message(body, out)
                 continue
-            i, end = self._find_end(buf, 0)
+            i, end = self._find_end(buf)
             if i == -1:
                 keep = 0 if final else _partial_tail(buf, _HARMONY_ENDS)
                 self._stream(buf[: len(buf) - keep], out)
@@ -928,10 +1014,10 @@ class HarmonyParser:
             buf = buf[i + len(end):]
 
     @staticmethod
-    def _find_end(buf: str, start: int) -> tuple[int, str]:
+    def _find_end(buf: str) -> tuple[int, str]:
         best, which = -1, ""
         for e in _HARMONY_ENDS:
-            i = buf.find(e, start)
+            i = buf.find(e)
             if i != -1 and (best == -1 or i < best):
                 best, which = i, e
         return best, which
@@ -943,7 +1029,7 @@ class HarmonyParser:
         if not text:
             return
         if self._channel == "analysis":
-            self.reasoning_text += text
+            self._reasoning.append(text)
             _add(out, "reasoning", text)
         else:
             _add(out, "content", text)
@@ -961,21 +1047,23 @@ class HarmonyParser:
                 self.calls += 1
             else:
                 _add(out, "content", body)
-        self._state, self._scan, self._channel, self._recipient = "header", 0, "", ""
+        self._state, self._channel, self._recipient = "header", "", ""
 
 
 Parser = OutputParser | HarmonyParser
 
 
 def make_parser(tool_parser: str | None, reasoning_parser: str | None, *, tools_active: bool,
-                ctx: ToolContext | None = None, prompt: str | None = None) -> Parser | None:
+                ctx: ToolContext | None = None, prompt: str | None = None, control: Iterable[str] = ()
+                ) -> Parser | None:
     """The parser of one choice's output, or None when the output is plain content (no tool format is
     active and the model has no thinking section). `tools_active`: the request offered tools and lets the
-    model call them (`tool_choice` auto)."""
+    model call them (`tool_choice` auto); `control`: the family's markers that are special tokens of the
+    model's tokenizer."""
     if tool_parser == "harmony" or reasoning_parser == "harmony":
         return HarmonyParser(tools_active, ctx)
     tools = FAMILIES[tool_parser] if tools_active and tool_parser in FAMILIES else None
     reasoning = REASONING.get(reasoning_parser) if reasoning_parser else None
     if tools is None and reasoning is None:
         return None
-    return OutputParser(tools, reasoning, ctx, prompt)
+    return OutputParser(tools, reasoning, ctx, prompt, control)
