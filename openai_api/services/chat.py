@@ -15,6 +15,7 @@ from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.generation import (
     Collected,
     TextEvent,
+    TokenLogprobs,
     build_generation_request,
     collect_choices,
     refuse_vllm_extensions,
@@ -115,11 +116,18 @@ RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_promp
 
 
 def logprob_entries(rt: LLMRuntime, ids: list[int], lps: list[float] | None) -> list[dict[str, Any]]:
-    """Chat `logprobs.content` entries: the sampled token, its log-prob and bytes (no alternatives)."""
+    """Chat `logprobs.content` entries: the sampled token, its log-prob and bytes, and in `top_logprobs` the
+    most likely tokens, each `{token, logprob, bytes}`, most likely first (`TokenLogprobs.top`; [] when not
+    asked for)."""
+    top = lps.top if isinstance(lps, TokenLogprobs) else None
     out = []
-    for t, lp in zip(ids, lps or [0.0] * len(ids), strict=False):
+    for k, (t, lp) in enumerate(zip(ids, lps or [0.0] * len(ids), strict=False)):
         tok = rt.tokenizer.decode([t], skip_special_tokens=False)
-        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []})
+        alternatives = []
+        for a, alp in top[k] if top is not None and k < len(top) else ():
+            atok = rt.tokenizer.decode([a], skip_special_tokens=False)
+            alternatives.append({"token": atok, "logprob": alp, "bytes": list(atok.encode())})
+        out.append({"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": alternatives})
     return out
 
 
@@ -152,14 +160,16 @@ class ChatService:
 
     def _refuse_unsupported(self, rt: LLMRuntime, req: ChatCompletionRequest) -> None:
         refuse_vllm_extensions(req)
-        if req.top_logprobs:
-            raise InvalidRequestError(
-                "top_logprobs > 0 is not supported: Triton's TensorRT-LLM protocol returns only the sampled "
-                "token's log-probability. Use logprobs=true with top_logprobs=0.", param="top_logprobs",
-                code="unsupported_parameter")
+        if req.top_logprobs and not req.logprobs:
+            raise InvalidRequestError("top_logprobs requires logprobs to be true.", param="top_logprobs")
         if req.logprobs and not rt.backend.supports("return_logprobs"):
             raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
                                       param="logprobs", code="unsupported_parameter")
+        if req.top_logprobs and not rt.backend.supports("top_logprobs"):
+            raise InvalidRequestError(
+                f"top_logprobs > 0 is not supported by the model {rt.name!r}: its Triton protocol "
+                f"({rt.backend.protocol}) returns only the sampled token's log-probability. Use logprobs=true "
+                "with top_logprobs=0.", param="top_logprobs", code="unsupported_parameter")
 
     async def prompt(self, rt: LLMRuntime, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> Prompt:
         """The rendered and tokenized prompt of `req` (see `services.preprocess`)."""
@@ -200,6 +210,7 @@ class ChatService:
                  for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
+            g.top_logprobs = (req.top_logprobs or 0) if req.logprobs else 0
             g.guide = guide
         return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids), prompt.text)
 

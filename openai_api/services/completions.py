@@ -12,6 +12,7 @@ from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import CompletionRequest
 from openai_api.services.generation import (
     TextEvent,
+    TokenLogprobs,
     build_generation_request,
     collect_choices,
     refuse_vllm_extensions,
@@ -60,14 +61,29 @@ def _text_size(prompt: Any) -> int:
 
 
 def completion_logprobs(rt: LLMRuntime, ids: list[int], lps: list[float] | None, offset: int) -> dict[str, Any]:
-    """Legacy completions `logprobs`: each sampled token, its log-prob and its text offset."""
+    """Legacy completions `logprobs`: each sampled token, its log-prob and its text offset; with `logprobs`
+    > 0 (`TokenLogprobs.top`), per token a `{token: logprob}` object of the most likely tokens and the
+    sampled one (so up to `logprobs` + 1 entries, as OpenAI documents), most likely first; else None."""
     tokens = [rt.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+    token_logprobs = list(lps or [0.0] * len(ids))
     offsets = []
     for tok in tokens:
         offsets.append(offset)
         offset += len(tok)
-    return {"tokens": tokens, "token_logprobs": list(lps or [0.0] * len(ids)), "top_logprobs": None,
-            "text_offset": offsets}
+    alternatives = lps.top if isinstance(lps, TokenLogprobs) else None
+    top: list[dict[str, float]] | None = None
+    if alternatives is not None:
+        top = []
+        for k, (tok, lp) in enumerate(zip(tokens, token_logprobs, strict=True)):
+            ranked = [(rt.tokenizer.decode([a], skip_special_tokens=False), alp)
+                      for a, alp in (alternatives[k] if k < len(alternatives) else [])]
+            ranked.append((tok, lp))
+            entry: dict[str, float] = {}
+            # Two ids may decode to the same text (a partial UTF-8 character): the likelier one is kept.
+            for text, value in sorted(ranked, key=lambda x: -x[1]):
+                entry.setdefault(text, value)
+            top.append(entry)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
 class CompletionsService:
@@ -83,13 +99,14 @@ class CompletionsService:
         if req.best_of is not None and req.best_of != req.n:
             raise InvalidRequestError("best_of is not supported (only best_of == n).", param="best_of",
                                       code="unsupported_parameter")
-        if req.logprobs:
-            raise InvalidRequestError(
-                "logprobs > 0 asks for alternatives, but Triton's TensorRT-LLM protocol returns only the sampled "
-                "token's log-probability: use logprobs=0.", param="logprobs", code="unsupported_parameter")
-        if req.logprobs == 0 and not rt.backend.supports("return_logprobs"):
+        if req.logprobs is not None and not rt.backend.supports("return_logprobs"):
             raise InvalidRequestError(f"The model {rt.name!r} does not return log-probabilities.",
                                       param="logprobs", code="unsupported_parameter")
+        if req.logprobs and not rt.backend.supports("top_logprobs"):
+            raise InvalidRequestError(
+                f"logprobs > 0 asks for alternatives, but the model {rt.name!r} speaks a Triton protocol "
+                f"({rt.backend.protocol}) that returns only the sampled token's log-probability: use logprobs=0.",
+                param="logprobs", code="unsupported_parameter")
 
     async def create(self, req: CompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         rt = self.registry.llm(req.model)
@@ -106,7 +123,8 @@ class CompletionsService:
             for i in range(req.n):
                 g = build_generation_request(rt, req, ids, max_tokens, f"{request_id}-{len(greqs)}" if greqs
                                              else request_id, i, text)
-                g.return_logprobs = req.logprobs == 0
+                g.return_logprobs = req.logprobs is not None
+                g.top_logprobs = req.logprobs or 0
                 g.guide = guide
                 greqs.append(g)
         stops = req.stop_list()

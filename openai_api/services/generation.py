@@ -21,6 +21,18 @@ from openai_api.text.stops import StopStringMatcher
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
 
 
+class TokenLogprobs(list[float]):
+    """The sampled tokens' log-probs, and in `top`, when alternatives were asked for, per token its most
+    likely tokens as (token id, log-prob), most likely first (`GenerationChunk.top_logprobs`). A list, so
+    that what reads only the sampled log-probs (the Responses API, usage) needs to know nothing more."""
+
+    __slots__ = ("top",)
+
+    def __init__(self, values: list[float] | None = None, top: list[list[tuple[int, float]]] | None = None) -> None:
+        super().__init__(values or ())
+        self.top = top
+
+
 @dataclass(slots=True)
 class TextEvent:
     """New text safe to send ("" allowed), and on the last event of a sequence its finish reason.
@@ -32,7 +44,7 @@ class TextEvent:
     finish_reason: str | None
     completion_tokens: int
     token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] | None = None
+    logprobs: TokenLogprobs | None = None
 
 
 class SequenceText:
@@ -46,8 +58,8 @@ class SequenceText:
     Push-based, so that on the per-token path it adds a call, not an async generator layer.
     """
 
-    __slots__ = ("_detok", "_matcher", "_max_tokens", "_pending_ids", "_pending_lp", "_tokenizer", "_want_lp",
-                 "produced", "stopped")
+    __slots__ = ("_detok", "_matcher", "_max_tokens", "_pending_ids", "_pending_lp", "_pending_top", "_tokenizer",
+                 "_want_lp", "produced", "stopped")
 
     def __init__(self, rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> None:
         self._detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids, drop_ids=rt.drop_ids)
@@ -57,6 +69,8 @@ class SequenceText:
         self._want_lp = greq.return_logprobs
         self._pending_ids: list[int] = []
         self._pending_lp: list[float] = []
+        # Alternatives per pending token, when asked for (None: not asked for).
+        self._pending_top: list[list[tuple[int, float]]] | None = [] if greq.top_logprobs else None
         self.produced = 0
         self.stopped = False
 
@@ -71,6 +85,9 @@ class SequenceText:
         if self._want_lp:
             self._pending_ids += chunk.token_ids
             self._pending_lp += chunk.logprobs or [0.0] * len(chunk.token_ids)
+            if self._pending_top is not None:
+                top = chunk.top_logprobs or []
+                self._pending_top += top[: len(chunk.token_ids)] + [[]] * (len(chunk.token_ids) - len(top))
         if self._matcher.stopped:
             self.stopped = True
             return self._event(text, "stop")
@@ -83,8 +100,11 @@ class SequenceText:
     def _event(self, text: str, finish_reason: str | None) -> TextEvent:
         if not self._want_lp:
             return TextEvent(text, finish_reason, self.produced)
-        ev = TextEvent(text, finish_reason, self.produced, self._pending_ids, self._pending_lp)
+        ev = TextEvent(text, finish_reason, self.produced, self._pending_ids,
+                       TokenLogprobs(self._pending_lp, self._pending_top))
         self._pending_ids, self._pending_lp = [], []
+        if self._pending_top is not None:
+            self._pending_top = []
         return ev
 
 
@@ -107,24 +127,28 @@ async def sequence_events(rt: LLMRuntime, greq: GenerationRequest,
 
 
 class Collected(NamedTuple):
-    """A whole (non-streamed) sequence: its text, finish reason, token count and sampled-token log-probs."""
+    """A whole (non-streamed) sequence: its text, finish reason, token count and sampled-token log-probs
+    (with their alternatives when asked for)."""
 
     text: str
     finish_reason: str
     completion_tokens: int
     token_ids: list[int]
-    logprobs: list[float]
+    logprobs: TokenLogprobs
 
 
 async def collect_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> Collected:
     parts: list[str] = []
     ids: list[int] = []
-    lps: list[float] = []
+    lps = TokenLogprobs(top=[] if greq.return_logprobs and greq.top_logprobs else None)
     finish, produced = "stop", 0
     async for ev in sequence_events(rt, greq, stops):
         parts.append(ev.text)
         ids += ev.token_ids
-        lps += ev.logprobs or []
+        if ev.logprobs:
+            lps += ev.logprobs
+            if lps.top is not None:
+                lps.top += ev.logprobs.top or []
         if ev.finish_reason:
             finish, produced = ev.finish_reason, ev.completion_tokens
     return Collected("".join(parts), finish, produced, ids, lps)

@@ -9,6 +9,8 @@ from typing import Any
 from openai_api.services.registry import ModelRegistry
 from openai_api.triton import health
 
+ID_PROTOCOLS = ("tensorrt_llm", "fastertransformer")
+
 
 class ModelsService:
     def __init__(self, registry: ModelRegistry) -> None:
@@ -27,9 +29,16 @@ class ModelsService:
             kinds = rt.backend.guide_kinds  # None until Triton's config was read
             card["capabilities"] = {
                 "tools": True, "tool_parser": rt.tool_parser, "reasoning_parser": rt.reasoning_parser,
+                # Whether the family's marker tokens reach the parser: token-id protocols decode them here,
+                # the vLLM backend is told to keep them; other text backends drop special tokens.
+                "parser_markers": rt.drop_ids is None or getattr(rt.backend, "protocol", "") in ("vllm", *ID_PROTOCOLS),
                 "parallel_tool_calls": True, "forced_tool_calls": None if kinds is None else "json_schema" in kinds,
                 "structured_outputs": None if kinds is None else bool(kinds),
-                "guided_types": None if kinds is None else sorted(kinds)}
+                "guided_types": None if kinds is None else sorted(kinds),
+                # Log-probs of the sampled tokens, and alternatives beside them (chat `top_logprobs`,
+                # completions `logprobs` > 0): only the vLLM interface returns those.
+                "logprobs": None if kinds is None else rt.backend.supports("return_logprobs"),
+                "top_logprobs": None if kinds is None else rt.backend.supports("top_logprobs")}
         else:
             card["max_model_len"] = self.registry.encoders[name].config.max_tokens
         replicas = self.registry.replicas.get(name)

@@ -129,8 +129,12 @@ class AutoLLMBackend:
         return self._generate_first(request)
 
     async def _generate_first(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
-        """Until the adapter exists (Triton was down at start-up): resolve, then delegate."""
-        chunks = (await self.resolve()).generate(request)
+        """Until the adapter exists (Triton was down at start-up): resolve, then delegate. The services could
+        not tell yet whether the protocol returns log-prob alternatives, so that is checked here."""
+        adapter = await self.resolve()
+        if request.top_logprobs and not adapter.supports("top_logprobs"):
+            raise adapter.refuse("top_logprobs", ": its protocol returns only the sampled token's log-probability")
+        chunks = adapter.generate(request)
         try:
             async for chunk in chunks:
                 yield chunk

@@ -51,7 +51,10 @@ class SpecAdapter:
         return frozenset()
 
     def supports(self, param: str) -> bool:
-        """Whether the model's Triton config has an input for `param`."""
+        """Whether the model's Triton config has an input for `param`. `top_logprobs` (alternatives beside
+        the sampled token's log-prob) is no input: only the vLLM interface returns them (`VLLMAdapter`)."""
+        if param == "top_logprobs":
+            return False
         return any(n in self.spec.inputs for n in self.param_inputs.get(param, (param,)))
 
     def refuse_guide(self, guide: Guide) -> InvalidRequestError:

@@ -53,11 +53,16 @@ class GenerationRequest:
     stop_texts: list[str] = field(default_factory=list)
     bad_texts: list[str] = field(default_factory=list)
     return_logprobs: bool = False
+    # With `return_logprobs`: how many most likely alternatives per token to return as well (0: none).
+    top_logprobs: int = 0
     timeout_s: float | None = None
     # False when nobody needs tokens as they come (a non-streamed answer with no stop strings to cut
     # at): the backend may then answer with one response instead of one per token.
     stream_tokens: bool = True
     guide: Guide | None = None
+    # The model's parser families read special tokens (`[TOOL_CALLS]`, `<|channel|>`): a text-out backend
+    # must keep them in its text (vLLM: `skip_special_tokens: false`).
+    keep_special_tokens: bool = False
 
 
 @dataclass(slots=True)
@@ -66,17 +71,21 @@ class GenerationChunk:
 
     Text-out protocols (`TEXT_PROTOCOLS`) fill `text` with the new text instead and `num_tokens` with
     how many tokens it took (when the backend says; else the count is estimated by the tokenizer).
+    With `GenerationRequest.top_logprobs` > 0, `top_logprobs` holds per token of `token_ids` its most
+    likely alternatives as (token id, log-prob), most likely first, at most `top_logprobs` of them.
     """
 
     token_ids: list[int]
     logprobs: list[float] | None = None
     text: str | None = None
     num_tokens: int | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
 # Request fields an adapter may or may not be able to honour, by the name the OpenAI API uses.
 OPTIONAL_PARAMS = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "min_tokens", "stop_words", "bad_words", "return_logprobs")
+                   "frequency_penalty", "min_tokens", "stop_words", "bad_words", "return_logprobs",
+                   "top_logprobs")
 
 
 class LLMBackend(Protocol):

@@ -5,13 +5,18 @@ Wire contract (see design/triton-protocols.md; the backend's own auto-completed 
 `sampling_parameters` BYTES [1] (JSON of vLLM SamplingParams; `max_tokens` is always sent because
 vLLM's default is 16), `exclude_input_in_output` BOOL [1] (true: the prompt is never echoed), and
 `return_finish_reason` / `return_num_output_tokens` / `return_logprobs` BOOL [1]. Only inputs the
-model's config declares are sent. Each response's `text_output` holds the text new since the
-previous response and `num_output_tokens` the number of tokens that text took (a delta as well).
+model's config declares are sent. With log-probs asked for, `sampling_parameters.logprobs` is the number
+of alternatives wanted per token (0: the sampled token's alone) and the `logprobs` output (BYTES, JSON)
+holds per new token a `{"<token id>": {"logprob", "rank", "decoded_token"}}` object, the sampled token
+first, then the most likely ones (vllm_backend's `docs/additional_outputs.md`, `src/utils/request.py`).
+Each response's `text_output` holds the text new since the previous response and `num_output_tokens`
+the number of tokens that text took (a delta as well).
 
 Decoupled models are called over one gRPC stream per request with `stream=true`; others get one
 unary `infer` with `stream=false` whose single response is the whole text. Chunks carry `text` and
 `num_tokens` (None when the model does not return `num_output_tokens`: the gateway then counts with
-the tokenizer); with log-probs asked for, also the sampled token ids and their log-probs.
+the tokenizer); with log-probs asked for, also the sampled token ids and their log-probs, and with
+alternatives asked for, each token's most likely alternatives.
 
 Stop strings are matched by the gateway on the text (and the stream closed, which cancels the
 request); single-token stop words and `end_id` go to vLLM as `stop_token_ids`. Token-id bad words
@@ -64,7 +69,12 @@ def sampling_parameters(req: GenerationRequest) -> dict[str, Any]:
     if stop_ids:
         params["stop_token_ids"] = list(dict.fromkeys(stop_ids))
     if req.return_logprobs:
-        params["logprobs"] = 0  # the sampled token's log-prob only
+        params["logprobs"] = req.top_logprobs  # alternatives per token beside the sampled one (0: none)
+    if req.keep_special_tokens:
+        # The parser reads the family's marker tokens from the text; vLLM would drop them, and by default
+        # put spaces around them.
+        params["skip_special_tokens"] = False
+        params["spaces_between_special_tokens"] = False
     return params
 
 
@@ -87,8 +97,28 @@ def vllm_guide(guide: Guide, key: str) -> Any:
     return json.dumps(body, separators=(",", ":")) if key == "structured_outputs" else body
 
 
-def parse_logprobs(raw: Any) -> tuple[list[int], list[float]] | None:
-    """vLLM's `logprobs` output: JSON, one `{"<token id>": {"logprob": ...}}` per new token."""
+# What a log-prob of -inf (a token masked out) becomes: JSON has no infinity; OpenAI and vLLM send this.
+MIN_LOGPROB = -9999.0
+
+Alternatives = list[list[tuple[int, float]]]
+
+
+def _logprob(info: Any) -> float:
+    value = float(info["logprob"] if isinstance(info, dict) else info)
+    return value if value >= MIN_LOGPROB else MIN_LOGPROB  # -inf, and NaN, too
+
+
+def _rank(info: Any) -> int | None:
+    rank = info.get("rank") if isinstance(info, dict) else None
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def parse_logprobs(raw: Any, top: int = 0) -> tuple[list[int], list[float], Alternatives | None] | None:
+    """vLLM's `logprobs` output: JSON, one `{"<token id>": {"logprob", "rank", "decoded_token"}}` per new
+    token, the sampled token first (vLLM builds each dict that way), then the most likely tokens (where the
+    sampled one is among them it appears once). Returns the sampled ids, their log-probs, and with `top` > 0
+    per token its `top` most likely tokens as (id, log-prob), by vLLM's rank (by log-prob where a backend
+    gives no ranks), which leaves out a sampled token ranked below them."""
     if raw is None:
         return None
     if isinstance(raw, bytes):
@@ -98,14 +128,21 @@ def parse_logprobs(raw: Any) -> tuple[list[int], list[float]] | None:
         return None
     ids: list[int] = []
     lps: list[float] = []
+    alternatives: Alternatives | None = [] if top > 0 else None
     for entry in data:
         if not entry:
             continue
-        # With logprobs=0 there is one entry, the sampled token; with top-n the sampled one comes first.
         token, info = next(iter(entry.items()))
         ids.append(int(token))
-        lps.append(float(info["logprob"] if isinstance(info, dict) else info))
-    return ids, lps
+        lps.append(_logprob(info))
+        if alternatives is not None:
+            ranked = [(int(t), _logprob(i), _rank(i)) for t, i in entry.items()]
+            if all(r is not None for _, _, r in ranked):
+                ranked.sort(key=lambda x: x[2] or 0)
+            else:
+                ranked.sort(key=lambda x: -x[1])
+            alternatives.append([(t, lp) for t, lp, _ in ranked[:top]])
+    return ids, lps, alternatives
 
 
 def _text(result: InferResult) -> str:
@@ -142,8 +179,10 @@ class VLLMAdapter(SpecAdapter):
         spec = self.spec
         if param == "bad_words":
             return False
-        if param == "return_logprobs":
-            return "return_logprobs" in spec.inputs and "logprobs" in spec.outputs
+        if param in ("return_logprobs", "top_logprobs"):
+            # Alternatives come in the same output, as many as `sampling_parameters.logprobs` asks for.
+            return "return_logprobs" in spec.inputs and "logprobs" in spec.outputs and (
+                param == "return_logprobs" or "sampling_parameters" in spec.inputs)
         if param in _SAMPLING_KEYS or param == "stop_words":
             return "sampling_parameters" in spec.inputs
         return False
@@ -155,6 +194,8 @@ class VLLMAdapter(SpecAdapter):
             raise self.refuse("bad_words", ": vLLM takes bad words as text, not token ids")
         if req.return_logprobs and not self.supports("return_logprobs"):
             raise self.refuse("return_logprobs")
+        if req.return_logprobs and req.top_logprobs and not self.supports("top_logprobs"):
+            raise self.refuse("top_logprobs", " (its Triton config has no sampling_parameters input)")
         params = sampling_parameters(req)
         if req.guide is not None:
             if not self.guide_kinds:
@@ -190,9 +231,9 @@ class VLLMAdapter(SpecAdapter):
         chunk = GenerationChunk(token_ids=[], text=_text(result), num_tokens=_count(result, "num_output_tokens"))
         if req.return_logprobs:
             arr = result.as_numpy("logprobs")
-            parsed = parse_logprobs(arr.reshape(-1)[0] if arr is not None and arr.size else None)
+            parsed = parse_logprobs(arr.reshape(-1)[0] if arr is not None and arr.size else None, req.top_logprobs)
             if parsed is not None:
-                chunk.token_ids, chunk.logprobs = parsed
+                chunk.token_ids, chunk.logprobs, chunk.top_logprobs = parsed
         return chunk
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:

@@ -355,6 +355,36 @@ async def test_vllm_logprobs_give_token_ids_and_log_probs() -> None:
     assert parse_logprobs(b"null") is None
 
 
+async def test_vllm_alternatives_are_asked_for_and_ranked() -> None:
+    # As vllm_backend sends them: the sampled token first (here ranked 3rd, below the two asked for), then
+    # the most likely; a second token whose sampled id is the most likely appears once.
+    payload = [{"9": {"logprob": -2.5, "rank": 3, "decoded_token": "x"},
+                "7": {"logprob": -0.25, "rank": 1, "decoded_token": " Paris"},
+                "8": {"logprob": -1.5, "rank": 2, "decoded_token": " Lyon"}},
+               {"4": {"logprob": -0.125, "rank": 1, "decoded_token": "."},
+                "5": {"logprob": -float("inf"), "rank": 2, "decoded_token": "!"}}]
+    client = FakeClient(VLLM_CONFIG, [vllm_result(" x.", 2, logprobs=json.dumps(payload))])
+    adapter = make(VLLMAdapter, client, "vllm")
+    assert adapter.supports("top_logprobs")
+    [chunk] = await collect(adapter.generate(request(return_logprobs=True, top_logprobs=2)))
+    assert chunk.token_ids == [9, 4] and chunk.logprobs == [-2.5, -0.125]
+    assert chunk.top_logprobs == [[(7, -0.25), (8, -1.5)], [(4, -0.125), (5, -9999.0)]]
+    assert json.loads(sent(client.requests[0])["sampling_parameters"][0])["logprobs"] == 2
+
+
+async def test_vllm_alternatives_without_ranks_go_by_log_prob() -> None:
+    ids, lps, top = parse_logprobs(json.dumps([{"3": {"logprob": -1.0}, "1": {"logprob": -0.5},
+                                                 "2": {"logprob": -0.75}}]), 5) or ([], [], None)
+    assert (ids, lps, top) == ([3], [-1.0], [[(1, -0.5), (2, -0.75), (3, -1.0)]])
+
+
+@pytest.mark.parametrize(("cls", "config", "name"), [(TensorRTLLMAdapter, TRTLLM_CONFIG, "tensorrt_llm"),
+                                                     (FasterTransformerAdapter, FT_CONFIG, "fastertransformer")])
+async def test_only_the_vllm_interface_returns_alternatives(cls: type[Any], config: dict[str, Any], name: str) -> None:
+    adapter = make(cls, FakeClient(config), name)
+    assert adapter.supports("return_logprobs") and not adapter.supports("top_logprobs")
+
+
 async def test_vllm_refuses_token_id_bad_words() -> None:
     adapter = make(VLLMAdapter, FakeClient(VLLM_CONFIG), "vllm")
     with pytest.raises(InvalidRequestError) as e:

@@ -12,7 +12,11 @@ Triton responses.  This module owns everything else:
   it picks up newly queued jobs (prefilled on their first step) and advances every active job by one
   token, each job keeping its own KV cache;
 * sampling (greedy when ``temperature == 0`` or ``top_k == 1``; else temperature, top-k, top-p),
-  repetition / presence / frequency penalties, ``min_tokens``, bad words, stop words, end ids;
+  repetition / presence / frequency penalties, ``min_tokens``, bad words, stop words, end ids; each
+  sampled token's log-prob (``job.log_probs``) and, when ``job.top_logprobs`` is set, its rank and the
+  ``top_logprobs`` most likely alternatives (``job.ranks``, ``job.alternatives``), all read from the one
+  distribution the token was drawn from (``log_softmax`` of the logits after penalties, masks and
+  temperature, before top-k / top-p), so the sampled token's value is the same number in both;
 * cancellation, polled before every token step: the job is dropped, its KV cache freed and a
   CANCELLED error sent with the FINAL flag;
 * guided decoding (``smollm2_guide.py`` beside this file: the wire forms, xgrammar compilation, the
@@ -185,6 +189,11 @@ class Job:
     pending: list[int] = field(default_factory=list)
     generated: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
+    # Alternatives (vLLM's `logprobs: k`): None = not asked for; else k, and per generated token its rank
+    # in the distribution it was sampled from and that distribution's k most likely (id, log-prob).
+    top_logprobs: int | None = None
+    ranks: list[int] = field(default_factory=list)
+    alternatives: list[list[tuple[int, float]]] = field(default_factory=list)
     counts: Counter[int] = field(default_factory=Counter)
     finish_reason: str | None = None
     started: float = field(default_factory=time.monotonic)
@@ -426,9 +435,9 @@ class SmolLM2Engine:
             )
             job.cache = out.past_key_values
             try:
-                token, log_prob = self._sample(job, out.logits[0, -1].float())
+                token, log_prob, ranked = self._sample(job, out.logits[0, -1].float())
             except GuideEnded:  # the grammar is complete and every end id is masked (min_tokens, no end id)
-                token, log_prob = job.end_id, 0.0
+                token, log_prob, ranked = job.end_id, 0.0, None
         if token == job.end_id or token in job.stop_ids:
             job.finish_reason = "stop"
             self.respond(job, [], final=True)
@@ -438,6 +447,9 @@ class SmolLM2Engine:
             job.guide_state.accept(token)
         job.generated.append(token)
         job.log_probs.append(log_prob)
+        if ranked is not None:
+            job.ranks.append(ranked[0])
+            job.alternatives.append(ranked[1])
         job.counts[token] += 1
         job.pending = [token]
         self._bump("tokens_generated")
@@ -455,7 +467,21 @@ class SmolLM2Engine:
             self._finish(job, "completed")
         return done
 
-    def _sample(self, job: Job, logits: torch.Tensor) -> tuple[int, float]:
+    @staticmethod
+    def _ranked(job: Job, log_probs: torch.Tensor, token: int) -> tuple[int, list[tuple[int, float]]] | None:
+        """With alternatives asked for: the sampled token's rank (1 = most likely) in `log_probs`, the
+        distribution it was sampled from (after penalties, masks and temperature; before top-k / top-p), and
+        that distribution's `job.top_logprobs` most likely tokens, most likely first (masked ones left out)."""
+        if job.top_logprobs is None:
+            return None
+        rank = int((log_probs > log_probs[token]).sum()) + 1
+        if job.top_logprobs <= 0:
+            return rank, []
+        values, ids = torch.topk(log_probs, min(job.top_logprobs, log_probs.numel()))
+        return rank, [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)
+                      if v != float("-inf")]
+
+    def _sample(self, job: Job, logits: torch.Tensor) -> tuple[int, float, tuple[int, list[tuple[int, float]]] | None]:
         if job.repetition_penalty != 1.0:
             seen = torch.tensor(sorted(set(job.prompt) | set(job.generated)), dtype=torch.long)
             vals = logits[seen]
@@ -481,7 +507,7 @@ class SmolLM2Engine:
         log_probs = torch.log_softmax(scaled, dim=-1)
         if greedy:
             token = int(torch.argmax(scaled))
-            return token, float(log_probs[token])
+            return token, float(log_probs[token]), self._ranked(job, log_probs, token)
         filtered = scaled.clone()
         if job.top_k > 0 and job.top_k < filtered.numel():
             kth = torch.topk(filtered, job.top_k).values[-1]
@@ -494,7 +520,7 @@ class SmolLM2Engine:
             filtered[order[drop]] = float("-inf")
         probs = torch.softmax(filtered, dim=-1)
         token = int(torch.multinomial(probs, 1, generator=job.generator))
-        return token, float(log_probs[token])
+        return token, float(log_probs[token]), self._ranked(job, log_probs, token)
 
     # ------------------------------------------------------------------ responses and stats
     def send(self, job: Job, outputs: list[Any], final: bool) -> None:

@@ -9,7 +9,8 @@ Wire contract (``max_batch_size: 0``: no batch dim), as the Triton vLLM backend 
 * ``sampling_parameters`` keys honoured: ``max_tokens`` (default 16, as vLLM; null = up to the
   context), ``temperature`` (1.0; 0 = greedy), ``top_p``, ``top_k`` (-1 or 0 = off), ``seed``,
   ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty``, ``min_tokens``,
-  ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``logprobs`` (the sampled token only),
+  ``stop_token_ids``, ``ignore_eos``, ``skip_special_tokens``, ``logprobs`` (0-20: how many most likely
+  alternatives per token besides the sampled one, as vLLM's ``max_logprobs`` default allows),
   ``n`` (1 only), ``stop`` (empty only: stop strings are the gateway's job here), and guided decoding
   in both spellings the backend passes on to vLLM: ``structured_outputs`` (a string holding a JSON
   object: ``{"json": {schema}}``, ``{"regex": ...}``, ``{"choice": [...]}``, ``{"grammar": ...}``,
@@ -22,7 +23,9 @@ Wire contract (``max_batch_size: 0``: no batch dim), as the Triton vLLM backend 
   streaming requires, as in vLLM); ``finish_reason`` BYTES [1] ("None" until the last response, then
   "stop" or "length"); ``cumulative_logprob`` FP32 [1]; ``logprobs`` BYTES [1] (JSON list, one
   ``{"<token id>": {"logprob", "rank", "decoded_token"}}`` per new token, or "null" when
-  ``sampling_parameters.logprobs`` is unset); ``num_input_tokens`` UINT32 [1];
+  ``sampling_parameters.logprobs`` is unset: as vLLM builds it, the sampled token first with its real
+  rank, then the ``logprobs`` most likely tokens ranked 1.., the sampled one appearing once; computed
+  from the logits the token was sampled from, ``log_softmax`` then top-k); ``num_input_tokens`` UINT32 [1];
   ``num_output_tokens`` UINT32 [1], the number of tokens new since the previous response.  Optional
   outputs are sent only when their ``return_*`` input is true.
 * text is detokenized incrementally inside the model with the model's own ``tokenizer.json`` (a
@@ -58,6 +61,8 @@ from smollm2_guide import vllm_guide
 # Priming the decoder with the prompt's tail gives the same leading-space handling as decoding the
 # whole sequence (the gateway's own detokenizer does the same).
 DECODE_PREFIX = 8
+# vLLM's default `max_logprobs`: the most alternatives one request may ask for per token.
+MAX_LOGPROBS = 20
 _KNOWN_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
                "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos", "skip_special_tokens",
                "logprobs", "n", "stop", "structured_outputs", "guided_decoding"}
@@ -109,6 +114,9 @@ class TritonPythonModel(SmolLM2Engine):
         if not isinstance(stop_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in stop_ids):
             raise RequestError("sampling_parameters.stop_token_ids: expected a list of integers")
         logprobs = params.get("logprobs")
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"sampling_parameters.logprobs: {logprobs} is outside 0..{MAX_LOGPROBS} (vLLM's "
+                               "max_logprobs)")
         skip_special = params.get("skip_special_tokens", True) is not False
         return Job(
             request=request,
@@ -127,6 +135,7 @@ class TritonPythonModel(SmolLM2Engine):
             stop_ids=frozenset(stop_ids),
             generator=seeded_generator(_number(params, "seed", None, int)),
             guide=vllm_guide(params),
+            top_logprobs=int(logprobs) if logprobs is not None else None,
             state={
                 "prompt_text": prompt_text if prepend else "",
                 "decoder": DecodeStream(ids=prompt[-DECODE_PREFIX:], skip_special_tokens=skip_special),
@@ -161,6 +170,20 @@ class TritonPythonModel(SmolLM2Engine):
             _number(params, "logprobs", 0, int)
         return params
 
+    def _logprob_entry(self, job: Job, k: int) -> dict[str, dict[str, Any]]:
+        """Generated token `k` as vllm_backend serializes vLLM's `Logprob`s: `{"<id>": {logprob, rank,
+        decoded_token}}`, the sampled token first, then the alternatives (the sampled one only once)."""
+        token = job.generated[k]
+
+        def item(t: int, logprob: float, rank: int) -> dict[str, Any]:
+            text = self.tokenizer.decode([t], skip_special_tokens=False)
+            return {"logprob": logprob, "rank": rank, "decoded_token": text}
+
+        entry = {str(token): item(token, job.log_probs[k], job.ranks[k])}
+        for rank, (t, logprob) in enumerate(job.alternatives[k], start=1):
+            entry.setdefault(str(t), item(t, logprob, rank))
+        return entry
+
     def respond(self, job: Job, new_tokens: list[int], final: bool) -> None:
         """Text and token count since the previous response (the whole output when not streaming)."""
         state = job.state
@@ -182,12 +205,8 @@ class TritonPythonModel(SmolLM2Engine):
                                            np.asarray([sum(job.log_probs)], dtype=np.float32)))
         if state["return_logprobs"]:
             if state["logprobs"]:
-                lps = job.log_probs[len(job.log_probs) - len(fresh) :] if fresh else []
-                entries = [
-                    {str(t): {"logprob": lp, "rank": None,
-                              "decoded_token": self.tokenizer.decode([t], skip_special_tokens=False)}}
-                    for t, lp in zip(fresh, lps, strict=True)
-                ]
+                start = len(job.generated) - len(fresh)
+                entries = [self._logprob_entry(job, k) for k in range(start, len(job.generated))]
                 payload = json.dumps(entries)
             else:
                 payload = "null"
