@@ -142,7 +142,8 @@ class PreparedChat:
 
     def output(self) -> ChoiceOutput:
         """A new reader of one choice's output (its reasoning, content and tool calls)."""
-        return ChoiceOutput(self.plan, self.rt.reasoning_parser, self.rt.tool_parser, self.prompt_text)
+        return ChoiceOutput(self.plan, self.rt.reasoning_parser, self.rt.tool_parser, self.prompt_text,
+                            self.rt.control_markers)
 
 
 async def collect_plain(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:

@@ -214,6 +214,7 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         prompt_text=prompt_text,
         max_tokens=max_tokens,
         request_id=request_id if not choice_index else f"{request_id}-{choice_index}",
+        keep_special_tokens=rt.drop_ids is not None,
         end_id=rt.end_id,
         pad_id=rt.pad_id,
         temperature=temperature,
