@@ -16,7 +16,9 @@ already buffered the body), and for `POST <one of its paths>` with an `applicati
    request's `RequestStats`, so no `send` wrapper of ours runs per SSE chunk.
 
 Everything else goes down the FastAPI stack untouched, and so does every request whose body fails
-fast validation, so that every error (invalid JSON, a missing field, a wrong content type) keeps
+fast validation (except a body nested past the parser's depth limit, `bounds.PARSER_DEPTH`: that is
+a 400 here, naming the top-level field that holds the deep part and the gateway's limit), so that
+every error (invalid JSON, a missing field, a wrong content type) keeps
 exactly the message FastAPI's validation gives it. The FastAPI routes stay registered for that, for
 405s, and for the OpenAPI document. The request's `scope["route"]` is set to the route's `APIRoute`,
 as the router would, so metrics label it by its template.
@@ -36,7 +38,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openai_api.errors import InvalidRequestError
 from openai_api.observability import RequestStats, current_stats
+from openai_api.services.bounds import deep_body_error
 
 Endpoint = Callable[..., Awaitable[Response]]
 ExceptionHandler = Callable[[Request, Exception], Any]
@@ -122,8 +126,17 @@ class JSONRouteMiddleware:
             return
         try:
             body = route.model.model_validate_json(message.get("body", b""))
-        except ValidationError:
-            await self.app(scope, _replay(message, receive), send)
+        except ValidationError as e:
+            too_deep = _too_deep(e, message.get("body", b""))
+            if too_deep is None:
+                await self.app(scope, _replay(message, receive), send)
+                return
+            # FastAPI's parser would take it, or die in a RecursionError a little deeper: refused here.
+            handler = self._handler(too_deep)
+            if handler is None:
+                raise too_deep from None
+            response = await handler(Request(scope, _replay(message, receive), send), too_deep)
+            await response(scope, receive, send)
             return
         scope["route"] = route.api_route
         scope["endpoint"] = route.endpoint
@@ -157,6 +170,15 @@ class JSONRouteMiddleware:
             if handler is not None:
                 return handler
         return None
+
+
+def _too_deep(error: ValidationError, body: bytes) -> InvalidRequestError | None:
+    """The 400 for a body nested past the JSON parser's limit; None for any other validation error."""
+    errors = error.errors(include_url=False, include_context=False, include_input=False)
+    if len(errors) != 1 or errors[0].get("type") != "json_invalid" or \
+            "recursion limit" not in str(errors[0].get("msg", "")):
+        return None
+    return deep_body_error(body)
 
 
 def _status_tracking(send: Send, stats: RequestStats) -> Send:

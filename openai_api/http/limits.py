@@ -20,6 +20,7 @@ import asyncio
 import logging
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import (
@@ -39,6 +40,7 @@ from openai_api.schemas.openai import (
     RerankRequest,
     ResponsesRequest,
 )
+from openai_api.services.bounds import check_body_depth
 from openai_api.settings import Settings
 
 prompt_logger = logging.getLogger("openai_api.prompts")
@@ -169,13 +171,16 @@ class Admission:
 
     def chat(self, body: ChatCompletionRequest) -> None:
         _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")
+        check_body_depth(body)  # before anything walks its JSON (templates, schema checks, copies)
         self._admit(body.model, body.n, "n")
 
     def completions(self, body: CompletionRequest) -> None:
         prompts = _prompt_count(body.prompt)
+        check_body_depth(body)
         self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
 
     def responses(self, body: ResponsesRequest) -> None:
+        check_body_depth(body)
         self._admit(body.model)
 
     def embeddings(self, body: EmbeddingRequest) -> None:
@@ -204,9 +209,11 @@ class Admission:
         _check_count(count, self.settings.max_rerank_documents, param, param)
         self._admit(model)
 
-    def tokenize(self, model: str, messages: int = 0) -> None:
+    def tokenize(self, model: str, messages: int = 0, body: BaseModel | None = None) -> None:
         """`/tokenize` and `/detokenize`: tokenizer work only, but a request in flight like any other."""
         _check_count(messages, self.settings.max_messages, "messages", "messages")
+        if body is not None:
+            check_body_depth(body)
         self._admit(model)
 
 

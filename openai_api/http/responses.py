@@ -22,6 +22,7 @@ from openai_api.errors import (
     error_response_bytes,
 )
 from openai_api.http.sse import coalesced
+from openai_api.services.bounds import MAX_JSON_DEPTH, deep_body_error
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,7 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(validation_error(exc))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
             return error_response(NotFoundError("Not found.", code="not_found"))
         if exc.status_code == 405:
@@ -106,6 +107,10 @@ def install_error_handlers(app: FastAPI) -> None:
                                                     headers=dict(exc.headers or {}))
             err.status = 405
             return error_response(err)
+        if isinstance(exc.__cause__, RecursionError):  # FastAPI's own parser, on a body nested past its reach
+            return error_response(deep_body_error(await request.body()) or InvalidRequestError(
+                f"The request body is nested too deeply to read; the gateway's limit is {MAX_JSON_DEPTH} levels "
+                "of JSON nesting in a request body.", code="too_deeply_nested"))
         err = InvalidRequestError(str(exc.detail))
         err.status = exc.status_code
         return error_response(err)

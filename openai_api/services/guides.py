@@ -39,7 +39,7 @@ from urllib.parse import unquote
 import jsonschema_rs
 
 from openai_api.errors import InvalidRequestError
-from openai_api.services.bounds import MAX_JSON_DEPTH, MAX_REF_HOPS, check_schema_bounds
+from openai_api.services.bounds import MAX_JSON_DEPTH, MAX_OPTIONAL_PROPERTIES, MAX_REF_HOPS, check_schema_bounds
 from openai_api.triton.llm import Guide, LLMBackend
 
 # keyword -> why it cannot be enforced while generating
@@ -83,6 +83,12 @@ def check_schema(schema: Any, param: str) -> None:
     _check_valid(schema, param)
     found = _Found()
     _walk(schema, param, "", found)
+    if found.optional > MAX_OPTIONAL_PROPERTIES:
+        raise InvalidRequestError(
+            f"'{param}' lets {found.optional:,} properties be left out (not in `required`); the limit for a schema "
+            f"is {MAX_OPTIONAL_PROPERTIES:,}, because guided decoding compiles optional properties in time that "
+            "grows steeply with their number. List them in `required`, or split the schema.", param=param,
+            code="schema_too_large")
     _check_refs(schema, param, found)
 
 
@@ -107,6 +113,7 @@ class _Found:
 
     refs: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     anchors: dict[str, Any] = field(default_factory=dict)
+    optional: int = 0  # properties not in their object's `required`, all objects together
 
 
 def _walk(node: Any, param: str, where: str, found: _Found) -> None:
@@ -128,6 +135,10 @@ def _walk(node: Any, param: str, where: str, found: _Found) -> None:
         found.refs.append((f"{where}.$ref", node))
     if isinstance(node.get("$anchor"), str):
         found.anchors.setdefault(node["$anchor"], node)
+    props = node.get("properties")
+    if isinstance(props, dict):
+        required = node.get("required")
+        found.optional += len(props.keys() - set(required if isinstance(required, list) else ()))
     all_of = node.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         raise _refuse(param, f"{where}.allOf", "combines several schemas, which guided decoding cannot enforce; "

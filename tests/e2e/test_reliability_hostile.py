@@ -152,3 +152,60 @@ def test_a_runaway_template_fails_its_request_and_nothing_else(gw: GatewayServer
     assert w.worst < 1.0 and w.peak_growth < 300 * 2**20, (w.worst, w.peak_growth)
     ok = client.post("/v1/chat/completions", json={**body, "model": LLM})
     assert ok.status_code == 200, ok.text
+
+
+def _nested(levels: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "maxLength": 2}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def _deep_json(value: Any) -> str:
+    """JSON text of `value` however deep (the test's own encoder needs the recursion room, not the gateway)."""
+    import sys
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 50_000))
+    try:
+        return json.dumps(value)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+def test_deep_and_huge_schemas_are_a_200_or_a_clear_400_and_health_stays_prompt(gw: GatewayServer,
+                                                                                client: httpx.Client) -> None:
+    # Issue #20: a schema nested 200 objects deep was a 500 (RecursionError in the schema check). Through
+    # the real gateway and the TensorRT-LLM reference model (xgrammar), in response_format and in a forced
+    # tool call; a 5,000-property schema is checked in milliseconds, so /health stays prompt.
+    wide: dict[str, Any] = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(5000)}}
+    cycle = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+    schemas: dict[str, tuple[Any, str | None]] = {
+        "depth-50": (_nested(50), None),
+        "depth-200": (_nested(200), "too_deeply_nested"),
+        "depth-2000": (_nested(2000), "too_deeply_nested"),
+        # OpenAI's own limit, all required as its strict mode wants (xgrammar compiles it in about 1.4 s);
+        # left optional, xgrammar would compile for minutes, so the gateway refuses it.
+        "5000-properties": ({**wide, "required": list(wide["properties"])}, None),
+        "5000-optional-properties": (wide, "schema_too_large"),
+        "100k-enum": ({"type": "object", "properties": {"e": {"enum": list(range(100_000))}}}, "schema_too_large"),
+        "ref-cycle": (cycle, "unsupported_schema"),
+    }
+    headers = {"Content-Type": "application/json"}
+    base = {"model": LLM, "messages": [{"role": "user", "content": "Answer."}], "max_tokens": 4, "temperature": 0}
+    with Watch(gw.url) as w:
+        for name, (schema, code) in schemas.items():
+            fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+            tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+            for where, extra in (("response_format", {"response_format": fmt}),
+                                 ("tools", {"tools": [tool], "tool_choice": "required"})):
+                r = client.post("/v1/chat/completions", content=_deep_json({**base, **extra}), headers=headers)
+                assert r.status_code < 500, (name, where, r.text[:300])
+                if code is None:
+                    # A 5,000-property tool is also shown to the model: it fills the context window.
+                    assert r.status_code == 200 or assert_400(r)["code"] == "context_length_exceeded", \
+                        (name, where, r.text[:300])
+                else:
+                    err = assert_400(r, code)
+                    assert err["param"].startswith(where), (name, err)
+    assert w.worst < 1.0, f"/health took {w.worst:.2f} s while hostile schemas were checked"

@@ -13,7 +13,7 @@ router = APIRouter()
 @router.post("/tokenize", tags=["tokenize"])
 async def tokenize(body: TokenizeRequest, service: TokenizeSvc, admission: AdmissionDep) -> Response:
     """vLLM's shape: `{model, prompt}` or `{model, messages, ...}` -> `{count, max_model_len, tokens, token_strs}`."""
-    admission.tokenize(service.model_name(body.model), len(body.messages or ()))
+    admission.tokenize(service.model_name(body.model), len(body.messages or ()), body)
     return json_response(await service.tokenize(body))
 
 
