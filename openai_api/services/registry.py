@@ -10,7 +10,14 @@ from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.observability import Metrics
 from openai_api.services.backends import encoder_backend, llm_backend
-from openai_api.text.parsers import ReasoningParserName, ToolParserName, detect_family, detect_reasoning, keep_markers
+from openai_api.text.parsers import (
+    END_MARKERS,
+    ReasoningParserName,
+    ToolParserName,
+    detect_family,
+    detect_reasoning,
+    keep_markers,
+)
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.triton.client import TritonClientPool
@@ -107,6 +114,10 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend) -> LLMRuntime:
     pad_id = info.pad_id if info.pad_id is not None and info.pad_id >= 0 else (
         tok.pad_token_id if tok.pad_token_id is not None else end_id)
     stop_words = _words(tok, info.stop_words)
+    for marker in END_MARKERS.get(tool_parser, ()):  # e.g. gpt-oss's <|call|>: stops like its EOS does
+        marker_id = tok.tokenizer.token_to_id(marker)
+        if marker_id is not None and [marker_id] not in stop_words and marker_id != end_id:
+            stop_words.append([marker_id])
     # Extra EOS ids (Llama 3 has several) stop generation like end_id does.
     for eos in tok.eos_token_ids[1:]:
         if [eos] not in stop_words:

@@ -538,6 +538,9 @@ FAMILIES: dict[str, ToolFormat] = {f.name: f for f in (
                models="GLM-4.5, GLM-4.6, GLM-4.7"),
 )}
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>", "<|call|>", "<|return|>")
+# Tokens that end a generation whatever the model's configured EOS: gpt-oss ends a turn with `<|return|>`
+# (an answer) or `<|call|>` (a tool call), and its tokenizer config names only the first.
+END_MARKERS: dict[str, tuple[str, ...]] = {"harmony": ("<|return|>", "<|call|>")}
 HARMONY_MODELS = "gpt-oss-20b, gpt-oss-120b"
 
 

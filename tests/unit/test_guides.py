@@ -229,3 +229,27 @@ async def test_vllm_falls_back_to_the_older_spelling_when_the_backend_refuses_th
                         guide_key="structured_outputs")
     with pytest.raises(BackendError):
         [c async for c in fixed.generate(req)]  # configured spelling: no fallback
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_xml", "llama3_json", "llama4", "pythonic", "mistral",
+                                    "deepseek_v3", "deepseek_v31", "deepseek_dsml", "harmony", "kimi_k2", "glm45"])
+def test_a_forced_call_comes_back_as_a_call_on_every_family(family: str) -> None:
+    """Forced calls are guided to JSON whatever the family's own call format, and the gateway reads that
+    JSON itself: a named call streams its arguments, `required` returns its calls - also when cut by
+    max_tokens after the first call (the calls complete before the cut, not the guide's raw JSON)."""
+    from openai_api.services.output import ChoiceOutput, assemble
+
+    reasoning = "harmony" if family == "harmony" else None
+    named = plan(tool_choice={"type": "function", "function": {"name": "get_time"}}, parser=family)
+    out = ChoiceOutput(named, reasoning, family)
+    deltas = out.push('{"tz": ', produced=2) + out.push('"UTC"}', last=True, produced=4)
+    answer = assemble(deltas)
+    assert [(c.name, json.loads(c.arguments)) for c in answer.calls] == [("get_time", {"tz": "UTC"})]
+    assert answer.content == ""
+    required = plan(tool_choice="required", parser=family)
+    key = required.args_key
+    text = f'[{{"name": "get_time", "{key}": {{"tz": "UTC"}}}}, {{"name": "get_weather", "{key}": {{"ci'
+    out = ChoiceOutput(required, reasoning, family)
+    answer = assemble([d for ch in text for d in out.push(ch)] + out.push("", last=True, cut=True))
+    assert [(c.name, json.loads(c.arguments)) for c in answer.calls] == [("get_time", {"tz": "UTC"})]
+    assert answer.content == ""
