@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openai_api.embedded.prepare import (
+from openai_api.embedded.folders import (
     REPO_ROOT,
     _build_atomically,
     _dist_version,
