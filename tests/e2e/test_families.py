@@ -207,3 +207,21 @@ def test_corpus_case_plain_and_streamed(client: openai.OpenAI, family_gateway: t
         assert pattern.fullmatch(got["id"] or ""), f"streamed call id {got['id']!r} does not match {pattern.pattern}"
         if "id" in want:
             assert got["id"] == want["id"]
+
+
+def test_models_show_each_familys_parsers(family_gateway: tuple[GatewayServer, dict[str, str]]) -> None:
+    """/v1/models tells a client which families each model's output is read with, and that the family's
+    marker tokens reach the parser on both interfaces (ids decoded here; vLLM told to keep them)."""
+    import httpx
+
+    server, _ = family_gateway
+    cards = httpx.get(f"{server.url}/v1/models", headers={"Authorization": f"Bearer {API_KEY}"}).json()["data"]
+    seen = 0
+    for card in cards:
+        family = card["id"].removeprefix("replay-").removesuffix("-vllm")
+        caps = card["capabilities"]
+        assert caps["tool_parser"] == CORPORA[family]["tool_parser"], card["id"]
+        assert caps["reasoning_parser"] == CORPORA[family]["reasoning_parser"], card["id"]
+        assert caps["parser_markers"] is True, card["id"]
+        seen += 1
+    assert seen >= 10
