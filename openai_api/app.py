@@ -13,6 +13,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from openai_api import __version__
 from openai_api.config import GatewayConfig
 from openai_api.errors import GatewayError
+from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
 from openai_api.http.fastpath import JSONRouteMiddleware
 from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
@@ -24,6 +25,7 @@ from openai_api.http.routers import (
     completions,
     embeddings,
     health,
+    messages,
     metrics,
     models,
     rerank,
@@ -82,7 +84,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     app.state.gateway = state
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
-                   tokenize.router, models.router)
+                   tokenize.router, models.router, messages.router)
     for r in api_routers:
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)
@@ -96,6 +98,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, limiter=limiter,
                        lifecycle=lifecycle, metrics=metrics_, log_prompts=settings.log_prompts)
     app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)
+    app.add_middleware(AnthropicErrorMiddleware)  # outside every layer that answers with an error
     origins = [*settings.cors_origins, *(cors_origins or [])]
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],

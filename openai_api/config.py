@@ -139,6 +139,9 @@ class LLMModel(_Served):
     # `auto`: from the template and tokenizer (a template that writes `<think>`, `[THINK]`, harmony channels);
     # null: no reasoning section is split off.
     reasoning_parser: ReasoningParserName | Literal["auto"] | None = "auto"
+    # Other names the model answers to on Anthropic's `/v1/messages` (coding agents insist on a Claude model
+    # name, e.g. "claude-sonnet-4-5"); each alias is unique across every model name and alias.
+    aliases: list[str] = Field(default_factory=list)
     # How guides reach a Triton vLLM backend: `structured_outputs` (current vLLM), `guided_decoding` (older),
     # or `auto`: the current one until the backend refuses it by name, then the older one.
     guided_decoding_key: Literal["auto", "structured_outputs", "guided_decoding"] = "auto"
@@ -219,6 +222,16 @@ class GatewayConfig(_Strict):
                 if m.name in seen:
                     raise ValueError(f"model name {m.name!r} is used by both {seen[m.name]} and {kind}")
                 seen[m.name] = kind
+        return self
+
+    @model_validator(mode="after")
+    def _unique_aliases(self) -> GatewayConfig:
+        seen = {m.name for m in self.all_models()}
+        for m in self.llm:
+            for alias in m.aliases:
+                if not alias or alias in seen:
+                    raise ValueError(f"alias {alias!r} of model {m.name!r} is empty or already names a model or alias")
+                seen.add(alias)
         return self
 
     def all_models(self) -> list[LLMModel | EmbeddingModel | RerankModel]:

@@ -103,6 +103,26 @@ def error_response_bytes(err: GatewayError) -> bytes:
     return orjson.dumps(error_body(err))
 
 
+# The same errors in Anthropic's Messages API shape (https://docs.anthropic.com/en/api/errors): the gateway's
+# status -> Anthropic's status and error type. Triton unavailable or the gateway draining (503) is Anthropic's
+# 529 overloaded_error, which its SDKs retry; a Triton failure (502) is an api_error 500; any other 4xx keeps its
+# status as invalid_request_error, as Anthropic's reference says.
+ANTHROPIC_ERRORS: dict[int, tuple[int, str]] = {
+    400: (400, "invalid_request_error"), 401: (401, "authentication_error"), 403: (403, "permission_error"),
+    404: (404, "not_found_error"), 413: (413, "request_too_large"), 429: (429, "rate_limit_error"),
+    500: (500, "api_error"), 502: (500, "api_error"), 503: (529, "overloaded_error"), 504: (504, "timeout_error")}
+
+
+def anthropic_error(status: int, message: str) -> tuple[int, dict[str, Any]]:
+    """An error of the gateway's `status` as Anthropic's status and body `{type: "error", error: {type, message}}`."""
+    new_status, kind = ANTHROPIC_ERRORS.get(status, (status, "invalid_request_error" if status < 500 else "api_error"))
+    return new_status, {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def anthropic_error_body(err: GatewayError) -> dict[str, Any]:
+    return anthropic_error(err.status, err.message)[1]
+
+
 INTERNAL_ERROR_MESSAGE = "The server had an error while processing your request."
 
 

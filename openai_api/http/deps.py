@@ -21,6 +21,7 @@ from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.container import Services
 from openai_api.services.embeddings import EmbeddingsService
+from openai_api.services.messages import MessagesService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.rerank import RerankService
 from openai_api.services.responses import ResponsesService
@@ -83,6 +84,10 @@ def responses_service(request: Request) -> ResponsesService:
     return app_state(request).services.responses
 
 
+def messages_service(request: Request) -> MessagesService:
+    return app_state(request).services.messages
+
+
 def tokenize_service(request: Request) -> TokenizeService:
     return app_state(request).services.tokenize
 
@@ -108,5 +113,6 @@ RerankSvc = Annotated[RerankService, Depends(rerank_service)]
 TokenizeSvc = Annotated[TokenizeService, Depends(tokenize_service)]
 ModelsSvc = Annotated[ModelsService, Depends(models_service)]
 ResponsesSvc = Annotated[ResponsesService, Depends(responses_service)]
+MessagesSvc = Annotated[MessagesService, Depends(messages_service)]
 HealthSvc = Annotated[HealthService, Depends(health_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]

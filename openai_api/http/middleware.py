@@ -38,7 +38,8 @@ AUTHORIZED_KEY = "authorized"
 
 
 class APIKeyMiddleware:
-    """Every route except the explicitly open ones needs `Authorization: Bearer <key>` when keys are set.
+    """Every route except the explicitly open ones needs `Authorization: Bearer <key>` (or `x-api-key: <key>`,
+    as Anthropic's clients send it) when keys are set.
 
     Default-deny: a route added later is guarded without anyone remembering to guard it. Each
     presented key is compared with every configured key in constant time, and all comparisons run,
@@ -64,13 +65,16 @@ class APIKeyMiddleware:
             await self.app(scope, receive, send)
             return
         auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        if auth is None:  # Anthropic's clients send the key as `x-api-key`
+            key = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
+            auth = None if key is None else b"Bearer " + key
         if scope["path"] in self.open_paths:
             # Open, but what it may say depends on the key: readiness names models only to key holders.
             scope.setdefault("state", {})[AUTHORIZED_KEY] = self._authorized(auth)
             await self.app(scope, receive, send)
             return
         if not self._authorized(auth):
-            msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY'."
+            msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY' (or 'x-api-key')."
                    if auth is None else "Incorrect API key provided.")
             await send_error(send, AuthenticationError(msg), [(b"www-authenticate", b"Bearer")])
             return

@@ -9,6 +9,7 @@ from openai_api.observability import Metrics
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.embeddings import EmbeddingsService
+from openai_api.services.messages import MessagesService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import ModelRegistry
@@ -33,6 +34,7 @@ class Services:
     health: HealthService
     responses: ResponsesService
     tokenize: TokenizeService
+    messages: MessagesService
 
     async def close(self) -> None:
         self.preprocess.workers.close()
@@ -51,4 +53,5 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
                     models=ModelsService(registry), health=HealthService(registry),
-                    responses=ResponsesService(chat, store), tokenize=TokenizeService(registry, pre, chat))
+                    responses=ResponsesService(chat, store), tokenize=TokenizeService(registry, pre, chat),
+                    messages=MessagesService(chat))

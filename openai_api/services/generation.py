@@ -45,6 +45,8 @@ class TextEvent:
     completion_tokens: int
     token_ids: list[int] = field(default_factory=list)
     logprobs: TokenLogprobs | None = None
+    # The stop string that ended the sequence, when one did (Anthropic's `stop_sequence` names it).
+    stop: str | None = None
 
 
 class SequenceText:
@@ -90,7 +92,9 @@ class SequenceText:
                 self._pending_top += top[: len(chunk.token_ids)] + [[]] * (len(chunk.token_ids) - len(top))
         if self._matcher.stopped:
             self.stopped = True
-            return self._event(text, "stop")
+            ev = self._event(text, "stop")
+            ev.stop = self._matcher.matched
+            return ev
         return self._event(text, None) if text else None
 
     def finish(self) -> TextEvent:

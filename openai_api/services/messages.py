@@ -1,0 +1,609 @@
+"""`/v1/messages` and `/v1/messages/count_tokens`: Anthropic's Messages API over the same chat pipeline.
+
+A Messages request becomes a chat request (`chat_request`), as the Responses API's does; from there it is
+`ChatService.prepare` (template, tokens, tool plan, guides), the shared generation path and one choice's
+`Delta`s from `PreparedChat.output()` (the model family's reasoning and tool-call parsers). Only the edges
+are Anthropic's:
+
+* **In**: `system` (a string or text blocks) is the system message. A user turn's `text` blocks are its
+  content; each `tool_result` block (string or text-block content, `is_error` prefixing "Error: ") is a
+  `tool` message answering its `tool_use_id`, which must be an id an earlier assistant turn issued. An
+  assistant turn's `text` blocks are its content, `tool_use` blocks its tool calls (`input` as the call's
+  arguments), `thinking` blocks its reasoning (templates read it as `reasoning_content` / `thinking`);
+  `redacted_thinking` is opaque and dropped. `image` blocks are refused (this gateway's chat path takes text
+  only), as are `document` and unknown block types: a 400 naming the block. `cache_control` anywhere is
+  accepted and ignored. `tools` (`name`, `description`, `input_schema`; Anthropic's server tools are a
+  400) are function tools; `tool_choice` `auto` / `any` / `tool` (+ `name`) / `none` are chat's `auto` /
+  `required` / a named function / `none` (forced calls are guided), `disable_parallel_tool_use` is
+  `parallel_tool_calls: false`. `stop_sequences` are stop strings, `metadata.user_id` the `user`,
+  `temperature`, `top_p`, `top_k`, `max_tokens` as in chat. `thinking: {type: enabled, budget_tokens}` or
+  `{type: disabled}` set the template's `enable_thinking` (Qwen3-style templates read it).
+* **Thinking budget**: the gateway counts the thinking's generated tokens and sends at most
+  `budget_tokens` of them; past the budget the rest of the thinking is not sent, and the answer that
+  follows it is. The backend cannot be told to end its thinking mid-stream, so the model keeps generating
+  its thinking (counted in `output_tokens`, bounded by `max_tokens`): the cap is the gateway's.
+* **Out**: a `message` (`msg_<request id>`) with `thinking` blocks (a `signature`: an opaque digest of
+  the thinking, nothing a client can verify), `text` blocks and `tool_use` blocks (`toolu_...` ids from
+  the parser's `call_...` ids; a family that writes its own ids, Kimi K2's, keeps them), in the order
+  generated; `stop_reason` `end_turn`, `max_tokens`, `stop_sequence` (with `stop_sequence` set to the
+  request's sequence that matched) or `tool_use`; `usage` with `input_tokens`, `output_tokens` and both
+  `cache_*` counts 0 (the backends report no prompt reuse). The plain answer and the streamed one are
+  built by the same `BlockBuilder` from the same deltas, so they are one answer.
+* **Streaming**: Anthropic's event grammar with `event:` lines: `message_start` and a `ping`, then per
+  block `content_block_start`, its `content_block_delta`s (`thinking_delta` then one `signature_delta`,
+  `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, usage) and
+  `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping`. An error after the
+  stream began is an `error` event in Anthropic's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import orjson
+from pydantic import ValidationError
+
+from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error_body
+from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
+from openai_api.schemas.openai import ChatCompletionRequest
+from openai_api.services.chat import ChatService, PreparedChat
+from openai_api.services.generation import TextEvent, sequence_events
+from openai_api.services.output import ChoiceOutput, Delta
+from openai_api.services.registry import LLMRuntime
+from openai_api.services.streaming import sse_stream
+from openai_api.services.tools import plan_tools
+
+# Seconds without an event after which a stream sends a `ping` (Anthropic keeps quiet streams alive so;
+# a tool call's markup is held back until it is whole, which can be many seconds of silence).
+PING_INTERVAL_S = 10.0
+# Block types Anthropic defines that this gateway cannot take (a 400 that says so, not "unknown").
+_UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "web_search_tool_result",
+                       "container_upload", "mcp_tool_use", "mcp_tool_result")
+# Chat request fields by the Messages field they came from, for error messages.
+_PARAM_NAMES = {"stop": "stop_sequences", "user": "metadata.user_id", "tool_choice": "tool_choice",
+                "chat_template_kwargs": "thinking"}
+
+
+def _bad(message: str, param: str, code: str | None = None) -> InvalidRequestError:
+    return InvalidRequestError(message, param=param, code=code)
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    """A message's content as blocks: a string is one text block."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise _bad(f"{where}: content must be a string or a list of content blocks.", where)
+    for j, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise _bad(f"{where}[{j}]: a content block must be an object with a string 'type'.", f"{where}[{j}]")
+    return content
+
+
+def _text(block: dict[str, Any], where: str, field: str = "text") -> str:
+    value = block.get(field)
+    if not isinstance(value, str):
+        raise _bad(f"{where}.{field}: must be a string.", f"{where}.{field}")
+    return value
+
+
+def _refuse_block(kind: str, where: str, model: str, allowed: str) -> InvalidRequestError:
+    if kind == "image":
+        return _bad(f"{where}: image content blocks are not supported: the model {model!r} takes no images on this "
+                    "gateway (its chat path accepts text only).", where, "unsupported_content")
+    if kind in _UNSUPPORTED_BLOCKS:
+        return _bad(f"{where}: {kind!r} content blocks are not supported by this gateway; {allowed}.", where,
+                    "unsupported_content")
+    return _bad(f"{where}.type: unknown content block type {kind!r}; {allowed}.", f"{where}.type",
+                "unsupported_content")
+
+
+def system_text(system: str | list[dict[str, Any]]) -> str:
+    if isinstance(system, str):
+        return system
+    parts = []
+    for j, block in enumerate(system):
+        where = f"system[{j}]"
+        if block.get("type") != "text":
+            raise _bad(f"{where}: system blocks must be text blocks.", f"{where}.type", "unsupported_content")
+        parts.append(_text(block, where))
+    return "\n\n".join(parts)
+
+
+def _tool_result_text(block: dict[str, Any], where: str, model: str) -> str:
+    content = block.get("content", "")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            pwhere = f"{where}.content[{k}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text":
+                raise _refuse_block(str(kind), pwhere, model, "a tool_result holds a string or text blocks")
+            parts.append(_text(part, pwhere))
+        text = "\n\n".join(parts)
+    else:
+        raise _bad(f"{where}.content: must be a string or a list of text blocks.", f"{where}.content")
+    is_error = block.get("is_error", False)
+    if not isinstance(is_error, bool):
+        raise _bad(f"{where}.is_error: must be a boolean.", f"{where}.is_error")
+    return f"Error: {text}" if is_error else text
+
+
+def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages (see the module docstring)."""
+    out: list[dict[str, Any]] = []
+    if req.system is not None:
+        text = system_text(req.system)
+        if text:
+            out.append({"role": "system", "content": text})
+    issued: set[str] = set()
+    for i, m in enumerate(req.messages):
+        where = f"messages[{i}]"
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            raise _bad(f"{where}.role: must be 'user' or 'assistant' (the system prompt is the top-level "
+                       "'system' field).", f"{where}.role")
+        if "content" not in m:
+            raise _bad(f"{where}.content: field required.", f"{where}.content")
+        blocks = _blocks(m["content"], f"{where}.content")
+        if role == "assistant":
+            out.append(_assistant(blocks, f"{where}.content", issued, req.model))
+        else:
+            out += _user(blocks, f"{where}.content", issued, req.model)
+    return out
+
+
+def _assistant(blocks: list[dict[str, Any]], where: str, issued: set[str], model: str) -> dict[str, Any]:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        bwhere, kind = f"{where}[{j}]", b["type"]
+        if kind == "text":
+            texts.append(_text(b, bwhere))
+        elif kind == "thinking":
+            thinking.append(_text(b, bwhere, "thinking"))
+        elif kind == "redacted_thinking":
+            continue  # encrypted by its issuer: nothing a template could read
+        elif kind == "tool_use":
+            call_id, name, args = b.get("id"), b.get("name"), b.get("input", {})
+            if not isinstance(call_id, str) or not call_id:
+                raise _bad(f"{bwhere}.id: a tool_use block needs a string id.", f"{bwhere}.id")
+            if not isinstance(name, str) or not name:
+                raise _bad(f"{bwhere}.name: a tool_use block needs a string name.", f"{bwhere}.name")
+            if not isinstance(args, dict):
+                raise _bad(f"{bwhere}.input: must be an object.", f"{bwhere}.input")
+            issued.add(call_id)
+            calls.append({"id": call_id, "type": "function",
+                          "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
+        else:
+            raise _refuse_block(kind, bwhere, model, "an assistant turn holds text, thinking, redacted_thinking and "
+                                "tool_use blocks")
+    msg: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or (None if calls else "")}
+    if calls:
+        msg["tool_calls"] = calls
+    if thinking:
+        msg["reasoning_content"] = "".join(thinking)
+    return msg
+
+
+def _user(blocks: list[dict[str, Any]], where: str, issued: set[str], model: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for j, b in enumerate(blocks):
+        bwhere, kind = f"{where}[{j}]", b["type"]
+        if kind == "text":
+            texts.append(_text(b, bwhere))
+        elif kind == "tool_result":
+            call_id = b.get("tool_use_id")
+            if not isinstance(call_id, str) or call_id not in issued:
+                raise _bad(f"{bwhere}.tool_use_id: no earlier assistant turn has a tool_use block with id "
+                           f"{call_id!r}; a tool_result must answer a tool_use.", f"{bwhere}.tool_use_id")
+            if texts:  # text before a result stays before it
+                out.append({"role": "user", "content": "".join(texts)})
+                texts = []
+            out.append({"role": "tool", "tool_call_id": call_id, "content": _tool_result_text(b, bwhere, model)})
+        else:
+            raise _refuse_block(kind, bwhere, model, "a user turn holds text and tool_result blocks")
+    if texts or not out:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    if not tools:
+        return None
+    out = []
+    for k, tool in enumerate(tools):
+        where = f"tools[{k}]"
+        if not isinstance(tool, dict):
+            raise _bad(f"{where}: a tool must be an object.", where)
+        kind = tool.get("type")
+        if kind not in (None, "custom"):
+            raise _bad(f"{where}.type: Anthropic's server tools ({kind!r}) are not available here; only custom tools "
+                       "(name, description, input_schema) are.", f"{where}.type", "unsupported_parameter")
+        name, schema = tool.get("name"), tool.get("input_schema")
+        if not isinstance(name, str) or not name:
+            raise _bad(f"{where}.name: field required.", f"{where}.name")
+        if not isinstance(schema, dict):
+            raise _bad(f"{where}.input_schema: an object (a JSON Schema) is required.", f"{where}.input_schema")
+        fn: dict[str, Any] = {"name": name, "parameters": schema}
+        if isinstance(tool.get("description"), str):
+            fn["description"] = tool["description"]
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
+    """`tool_choice` as chat's `tool_choice` and `parallel_tool_calls`."""
+    if choice is None:
+        return None, None
+    kind = choice.get("type")
+    parallel = choice.get("disable_parallel_tool_use")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise _bad("tool_choice.disable_parallel_tool_use: must be a boolean.", "tool_choice.disable_parallel_tool_use")
+    parallel_calls = None if parallel is None else not parallel
+    if kind == "auto":
+        return "auto", parallel_calls
+    if kind == "any":
+        return "required", parallel_calls
+    if kind == "none":
+        return "none", None
+    if kind == "tool":
+        name = choice.get("name")
+        if not isinstance(name, str) or not name:
+            raise _bad("tool_choice.name: a tool choice of type 'tool' names the tool.", "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}, parallel_calls
+    raise _bad("tool_choice.type: must be 'auto', 'any', 'tool' or 'none'.", "tool_choice.type")
+
+
+def thinking_budget(req: CountTokensRequest) -> tuple[int | None, bool | None]:
+    """`thinking` as (the budget in tokens, or None; the template's `enable_thinking`, or None: unset)."""
+    thinking = req.thinking
+    if thinking is None:
+        return None, None
+    kind = thinking.get("type")
+    if kind == "disabled":
+        return None, False
+    if kind != "enabled":
+        raise _bad("thinking.type: must be 'enabled' or 'disabled'.", "thinking.type")
+    budget = thinking.get("budget_tokens")
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
+        raise _bad("thinking.budget_tokens: a positive integer is required with thinking enabled.",
+                   "thinking.budget_tokens")
+    max_tokens = getattr(req, "max_tokens", None)
+    if max_tokens is not None and budget >= max_tokens:
+        raise _bad(f"max_tokens ({max_tokens}) must be greater than thinking.budget_tokens ({budget}): the thinking "
+                   "counts against max_tokens, and the answer needs room after it.", "thinking.budget_tokens")
+    return budget, True
+
+
+def anthropic_call_id(call_id: str) -> str:
+    """Anthropic's `toolu_` prefix on the parser's `call_` ids; an id the model wrote itself stays as it is."""
+    return "toolu_" + call_id.removeprefix("call_") if call_id.startswith("call_") else call_id
+
+
+def signature(thinking: str) -> str:
+    """An opaque `signature` for a thinking block (Anthropic's are encrypted; clients only pass them back)."""
+    return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
+
+
+def _event(kind: bytes, payload: dict[str, Any]) -> bytes:
+    return b"event: " + kind + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def error_event(err: GatewayError) -> bytes:
+    """An error after the stream began, as Anthropic's streams carry it."""
+    return _event(b"error", anthropic_error_body(err))
+
+
+class BlockBuilder:
+    """Deltas -> Anthropic content blocks, and (`stream`) the events that build them, in order.
+
+    One block is open at a time; a new kind of delta closes it and opens the next, so blocks keep the order
+    they were generated in. Text that is only whitespace does not open a text block until more text follows
+    (the blank between a thinking section and a tool call is no answer): plain and streamed answers drop it
+    alike. Thinking past `budget` tokens (counted by the `ChoiceOutput`) is not sent."""
+
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.blocks: list[dict[str, Any]] = []
+        self.calls = 0
+        self._open: str | None = None
+        self._parts: list[str] = []
+        self._blank = ""
+        self._index = b"0"
+
+    def push(self, deltas: list[Delta]) -> list[bytes]:
+        out: list[bytes] = []
+        for d in deltas:
+            if d.kind == "reasoning":
+                if not d.text:
+                    continue
+                if self._open != "thinking":
+                    self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}, out)
+                self._parts.append(d.text)
+                if self.stream:
+                    out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
+                               + b',"delta":{"type":"thinking_delta","thinking":' + orjson.dumps(d.text) + b"}}\n\n")
+            elif d.kind == "content":
+                if self._open != "text":
+                    pending = self._blank + d.text
+                    if not pending.strip():
+                        self._blank = pending
+                        continue
+                    text = pending.lstrip()
+                    self._start("text", {"type": "text", "text": ""}, out)
+                else:
+                    text = d.text
+                self._parts.append(text)
+                if self.stream:
+                    out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
+                               + b',"delta":{"type":"text_delta","text":' + orjson.dumps(text) + b"}}\n\n")
+            elif d.kind == "call":
+                self.calls += 1
+                self._start("tool_use", {"type": "tool_use", "id": anthropic_call_id(d.call_id), "name": d.name,
+                                         "input": {}}, out)
+            elif d.text:  # a call's arguments
+                self._parts.append(d.text)
+                if self.stream:
+                    out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
+                               + b',"delta":{"type":"input_json_delta","partial_json":' + orjson.dumps(d.text)
+                               + b"}}\n\n")
+        return out
+
+    def _start(self, kind: str, block: dict[str, Any], out: list[bytes]) -> None:
+        out += self.close()
+        self._blank = ""
+        self._open, self._parts = kind, []
+        self.blocks.append(block)
+        self._index = str(len(self.blocks) - 1).encode()
+        if self.stream:
+            out.append(_event(b"content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
+                                                       "content_block": block}))
+
+    def close(self) -> list[bytes]:
+        """Close the open block (its final content; `signature_delta` and `content_block_stop` when streaming)."""
+        if self._open is None:
+            return []
+        out: list[bytes] = []
+        index = len(self.blocks) - 1
+        text = "".join(self._parts)
+        block = dict(self.blocks[index])
+        if self._open == "thinking":
+            block["thinking"], block["signature"] = text, signature(text)
+            if self.stream:
+                out.append(_event(b"content_block_delta", {"type": "content_block_delta", "index": index,
+                                                           "delta": {"type": "signature_delta",
+                                                                     "signature": block["signature"]}}))
+        elif self._open == "text":
+            block["text"] = text
+        else:
+            try:
+                args = json.loads(text) if text.strip() else {}
+            except ValueError:
+                args = {}  # cut by max_tokens mid-call: the arguments as far as they parse are none
+            block["input"] = args if isinstance(args, dict) else {}
+        self.blocks[index] = block
+        self._open, self._parts = None, []
+        if self.stream:
+            out.append(_event(b"content_block_stop", {"type": "content_block_stop", "index": index}))
+        return out
+
+
+def stop_reason(finish: str, stop: str | None, stops: list[str], calls: int) -> tuple[str, str | None]:
+    """Chat's finish reason as Anthropic's `stop_reason` and `stop_sequence`."""
+    if finish == "length":
+        return "max_tokens", None
+    if calls:
+        return "tool_use", None
+    if stop is not None and stop in stops:
+        return "stop_sequence", stop
+    return "end_turn", None
+
+
+class MessagesService:
+    def __init__(self, chat: ChatService) -> None:
+        self.chat = chat
+        self.aliases: dict[str, str] = {}
+        for m in chat.registry.config.llm:
+            for alias in getattr(m, "aliases", None) or ():
+                self.aliases[alias] = m.name
+
+    def model(self, name: str) -> str:
+        """The served model a request's `model` names: itself, or the model whose `aliases` list it."""
+        return name if name in self.chat.registry.llms else self.aliases.get(name, name)
+
+    def chat_request(self, req: CountTokensRequest) -> ChatCompletionRequest:
+        """The chat request a Messages (or count_tokens) request is (see the module docstring)."""
+        tool_choice, parallel = chat_tool_choice(req.tool_choice)
+        _, enable_thinking = thinking_budget(req)
+        body: dict[str, Any] = {"model": self.model(req.model), "messages": chat_messages(req),
+                                "tools": chat_tools(req.tools), "tool_choice": tool_choice,
+                                "parallel_tool_calls": parallel}
+        if enable_thinking is not None:
+            body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+        if isinstance(req, MessagesRequest):
+            body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
+                        stop=req.stop_sequences, stream=req.stream)
+            user = (req.metadata or {}).get("user_id")
+            if user is not None and not isinstance(user, str):
+                raise _bad("metadata.user_id: must be a string.", "metadata.user_id")
+            body["user"] = user
+        try:
+            return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
+        except ValidationError as e:
+            err = e.errors()[0]
+            field = str(err["loc"][0]) if err["loc"] else "messages"
+            param = _PARAM_NAMES.get(field, field)
+            raise _bad(f"Invalid value for '{param}': {err['msg']}.", param) from None
+
+    async def count_tokens(self, req: CountTokensRequest, chat_req: ChatCompletionRequest) -> dict[str, Any]:
+        """`{input_tokens}`: the prompt through the model's template and tokenizer, as `/v1/messages` sends it."""
+        rt = self.chat.registry.llm(chat_req.model)
+        prompt = await self.chat.prompt(rt, chat_req, plan_tools(rt, chat_req))
+        return {"input_tokens": len(prompt.ids)}
+
+    async def create(self, req: MessagesRequest, chat_req: ChatCompletionRequest,
+                     request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        budget, _ = thinking_budget(req)
+        prepared = await self.chat.prepare(chat_req, request_id)
+        answer = MessageAnswer(req, prepared, request_id, budget)
+        if req.stream:
+            encoder = MessagesStreamEncoder(answer)
+            return with_pings(sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens,
+                                         answer.id), PING_INTERVAL_S)
+        greq = prepared.greqs[0]
+        if not prepared.stops and not prepared.rt.stop_strings:
+            greq.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough (as chat)
+        parts: list[str] = []
+        finish, produced, stop = "stop", 0, None
+        async for ev in sequence_events(prepared.rt, greq, prepared.stops):
+            parts.append(ev.text)
+            if ev.finish_reason:
+                finish, produced, stop = ev.finish_reason, ev.completion_tokens, ev.stop
+        text = "".join(parts)
+        deltas = answer.output.push(text, last=True, cut=finish == "length")
+        answer.blocks.push(answer.cap_plain(deltas, prepared.rt))
+        answer.blocks.close()
+        return answer.message(finish, stop, produced)
+
+
+class MessageAnswer:
+    """One answer's state: its id, its choice output (parsers), its blocks and the thinking budget."""
+
+    def __init__(self, req: MessagesRequest, prepared: PreparedChat, request_id: str, budget: int | None) -> None:
+        self.req = req
+        self.prepared = prepared
+        self.id = f"msg_{request_id}"
+        self.output: ChoiceOutput = prepared.output()
+        self.blocks = BlockBuilder(req.stream)
+        self.budget = budget
+        self.capped = False
+
+    def cap_stream(self, deltas: list[Delta]) -> list[Delta]:
+        """Streamed: reasoning deltas stop once the thinking's generated tokens pass the budget."""
+        if self.budget is None:
+            return deltas
+        if not self.capped and self.output.reasoning_tokens > self.budget:
+            self.capped = True
+        return [d for d in deltas if d.kind != "reasoning"] if self.capped else deltas
+
+    def cap_plain(self, deltas: list[Delta], rt: LLMRuntime) -> list[Delta]:
+        """Plain: the thinking cut to its first `budget` tokens (re-tokenized, as Triton sent it at once)."""
+        if self.budget is None:
+            return deltas
+        out = []
+        for d in deltas:
+            if d.kind == "reasoning":
+                ids = rt.tokenizer.encode(d.text)
+                if len(ids) > self.budget:
+                    d = Delta("reasoning", rt.tokenizer.decode(ids[: self.budget]))
+            out.append(d)
+        return out
+
+    def usage(self, output_tokens: int) -> dict[str, Any]:
+        return {"input_tokens": self.prepared.prompt_tokens, "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+    def message(self, finish: str, stop: str | None, produced: int) -> dict[str, Any]:
+        reason, sequence = stop_reason(finish, stop, self.req.stop_sequences or [], self.blocks.calls)
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.req.model,
+                "content": self.blocks.blocks, "stop_reason": reason, "stop_sequence": sequence,
+                "usage": self.usage(produced)}
+
+
+class MessagesStreamEncoder:
+    """Anthropic's stream events for one answer (see the module docstring); the envelope is `sse_stream`."""
+
+    def __init__(self, answer: MessageAnswer) -> None:
+        self.answer = answer
+        self.finish = "stop"
+        self.stop: str | None = None
+
+    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
+        a = self.answer
+        out: list[bytes] = []
+        if first:
+            start: dict[str, Any] = {"id": a.id, "type": "message", "role": "assistant", "model": a.req.model,
+                                     "content": [], "stop_reason": None, "stop_sequence": None,
+                                     "usage": a.usage(ev.completion_tokens)}
+            out += [_event(b"message_start", {"type": "message_start", "message": start}),
+                    _event(b"ping", {"type": "ping"})]
+        last = ev.finish_reason is not None
+        deltas = a.output.push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
+        out += a.blocks.push(a.cap_stream(deltas))
+        if last:
+            self.finish, self.stop = ev.finish_reason or "stop", ev.stop
+            out += a.blocks.close()
+        return b"".join(out)
+
+    def error(self, err: GatewayError) -> bytes:
+        return error_event(err)
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+        a = self.answer
+        reason, sequence = stop_reason(self.finish, self.stop, a.req.stop_sequences or [], a.blocks.calls)
+        return (_event(b"message_delta", {"type": "message_delta",
+                                          "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                                          "usage": a.usage(completion_tokens)})
+                + _event(b"message_stop", {"type": "message_stop"}))
+
+
+_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
+_END = object()
+
+
+async def with_pings(events: AsyncGenerator[bytes, None], interval: float) -> AsyncGenerator[bytes, None]:
+    """`events`, with a `ping` event whenever nothing was sent for `interval` seconds.
+
+    The first event is awaited directly, so an error before it is raised to the caller (a status code).
+    After it a task reads `events` into a small queue (bounded: a slow client still slows the reading) and
+    a timer adds a ping when the queue stayed empty for `interval`. Closing this iterator cancels the reader
+    and closes `events`, which cancels the Triton request."""
+    first = await anext(events, None)
+    if first is None:
+        return
+    yield first
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+    last = loop.time()
+
+    async def read() -> None:
+        try:
+            async for item in events:
+                await queue.put(item)
+            await queue.put(_END)
+        except Exception as e:  # noqa: BLE001 - re-raised by the consumer
+            await queue.put(e)
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(max(0.0, last + interval - loop.time()))
+            if loop.time() - last >= interval and queue.empty():
+                queue.put_nowait(_PING)
+                await asyncio.sleep(interval)  # the consumer takes it and resets `last`
+
+    reader = asyncio.create_task(read())
+    ticker = asyncio.create_task(tick())
+    try:
+        while True:
+            item = await queue.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            last = loop.time()
+            yield item
+    finally:
+        ticker.cancel()
+        reader.cancel()
+        await asyncio.gather(reader, ticker, return_exceptions=True)
+        await events.aclose()
