@@ -170,8 +170,12 @@ class EmbeddingModel(_Served):
     # searching relevant passages: ") get them prepended to each text of a request's `input_type` (NIM's field).
     query_prefix: str = ""
     passage_prefix: str = ""
-    # Token-id input is taken only when the ids are known to be this model's own vocabulary: clients such as
-    # LangChain's OpenAIEmbeddings send OpenAI's cl100k ids by default, which would embed as nonsense.
+    # Token-id input (`input` as lists of ints). OpenAI's API defines it in OpenAI's tokenizer, and
+    # LangChain's OpenAIEmbeddings sends cl100k ids by default: `cl100k_base` decodes them back to the exact
+    # text and embeds that (text/cl100k.py; the vocabulary must load offline, else start-up stops);
+    # `accept_token_ids`: the ids are this model's own vocabulary (clients that tokenize for it); `refuse`:
+    # a 400. `accept_token_ids: true` is the older spelling of `token_ids: accept_token_ids`.
+    token_ids: Literal["cl100k_base", "accept_token_ids", "refuse"] = "cl100k_base"
     accept_token_ids: bool = False
     max_batch_size: int = Field(default=32, gt=0, description="inputs per Triton request")
     input_config: dict[str, str] = Field(
@@ -318,6 +322,14 @@ def load_config(path: Path | str) -> GatewayConfig:
                 raise ConfigError(path, f"{kind}[{i}].path", f"tokenizer folder not found: {m.path}")
             if not (m.path / "tokenizer.json").is_file():
                 raise ConfigError(path, f"{kind}[{i}].path", f"no tokenizer.json in {m.path}")
+            if isinstance(m, EmbeddingModel) and m.token_ids == "cl100k_base" and not m.accept_token_ids:
+                from openai_api.text.cl100k import VocabularyUnavailable, cl100k
+
+                try:  # loaded here so that a missing vocabulary stops start-up with one line
+                    cl100k()
+                except VocabularyUnavailable as e:
+                    raise ConfigError(path, f"{kind}[{i}].token_ids", f"{e}; or set token_ids to 'refuse' or "
+                                                                      "'accept_token_ids'") from None
             if isinstance(m, LLMModel):
                 if m.chat_template is not None:
                     found = _resolve_template(base, m.chat_template)

@@ -6,10 +6,13 @@ model name) prepends the model config's `query_prefix` / `passage_prefix` (e5's 
 instruction) before tokenizing; `truncate` `NONE` (a 400 when over-long), `START` (keep the end) or `END`
 (keep the start), unset: the model config's `truncate` (true: as `END`).
 
-Token ids are taken only from clients that share the model's vocabulary (`accept_token_ids` in its config):
-LangChain's OpenAIEmbeddings tokenizes with OpenAI's cl100k by default and sends the ids, which read as
-MiniLM ids embed to a vector unrelated to the text. Refused, with the fix in the message, that mistake is
-a 400 rather than silently wrong retrieval.
+Token-id input follows the model config's `token_ids`. `cl100k_base` (the default): OpenAI's API defines
+token arrays in OpenAI's tokenizer, and LangChain's OpenAIEmbeddings (by default) and LlamaIndex send
+cl100k ids, so each list is decoded back to its exact text (`text/cl100k.py`) and embedded as that text:
+the vector equals the text's. An id outside cl100k_base is a 400. `accept_token_ids` (or the older
+`accept_token_ids: true`): the ids are the model's own vocabulary, embedded as given. `refuse`: a 400 with
+the fix in the message (read as the model's own ids, cl100k ids would embed to a vector unrelated to the
+text: a 400 rather than silently wrong retrieval).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from openai_api.schemas.openai import EmbeddingRequest
 from openai_api.services.encoding import Truncation, infer_chunked, nim_truncation, special_wrap, tei_truncation
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import EncoderRuntime, ModelRegistry
+from openai_api.text import cl100k
 
 InputType = Literal["query", "passage"]
 # NIM's `input_type` values; Voyage's `document` means a passage as well.
@@ -68,6 +72,11 @@ def _texts(texts: list[str], param: str) -> list[str]:
         if not text:
             raise InvalidRequestError(f"{param}[{i}] is an empty string.", param=param)
     return texts
+
+
+def _token_ids(cfg: EmbeddingModel) -> str:
+    """How the model reads token-id input (`accept_token_ids: true` is the older spelling)."""
+    return "accept_token_ids" if cfg.accept_token_ids else cfg.token_ids
 
 
 def _pool(out: NDArray[Any], mask: NDArray[Any], pooling: str) -> NDArray[Any]:
@@ -135,6 +144,17 @@ class EmbeddingsService:
         prefix, suffix = special_wrap(rt)
         instruction = {"query": cfg.query_prefix, "passage": cfg.passage_prefix}.get(kind or "", "")
         n_instruction = len(rt.tokenizer.encode(instruction)) if instruction else 0
+        if ids is not None and _token_ids(cfg) == "cl100k_base":
+            texts = []
+            for i, s in enumerate(ids):
+                text = cl100k.decode(s)
+                if text is None:
+                    raise InvalidRequestError(
+                        f"{param}[{i}] has token ids outside OpenAI's cl100k_base vocabulary, which this model "
+                        "reads token ids in (0..100276, except the unused 100256 and 100261..100275).",
+                        param=param, code="invalid_token_ids")
+                texts.append(text)
+            ids = None
         if texts is not None:
             texts = list(texts)
             for i, text in enumerate(texts):
@@ -145,13 +165,13 @@ class EmbeddingsService:
                 texts[i] = instruction + part
             seqs = rt.tokenizer.encode_batch(texts, add_special_tokens=True)
         else:
-            if not cfg.accept_token_ids:
+            if _token_ids(cfg) == "refuse":
                 raise InvalidRequestError(
-                    f"'{param}' holds token ids, and the model {rt.name!r} takes text only: ids from another "
-                    "tokenizer would embed as a vector unrelated to the text. LangChain's OpenAIEmbeddings sends "
-                    "OpenAI (tiktoken cl100k) token ids by default; create it with check_embedding_ctx_length=False "
-                    "to send the text itself. (If your clients send this model's own token ids, its config can "
-                    "allow them with accept_token_ids: true.)", param=param, code="token_ids_not_accepted")
+                    f"'{param}' holds token ids, and the model {rt.name!r} takes text only (its config says "
+                    "token_ids: refuse). LangChain's OpenAIEmbeddings sends OpenAI (tiktoken cl100k) token ids by "
+                    "default; create it with check_embedding_ctx_length=False to send the text itself. (Its config "
+                    "can read such ids with token_ids: cl100k_base, or take the model's own ids with token_ids: "
+                    "accept_token_ids.)", param=param, code="token_ids_not_accepted")
             vocab = rt.tokenizer.vocab_size
             head = rt.tokenizer.encode(instruction) if instruction else []
             seqs = []
@@ -178,6 +198,8 @@ class EmbeddingsService:
         if mode is None:
             mode = "end" if cfg.truncate else "none"
         chars = sum(len(t) for t in texts) if texts else 0
+        if ids and _token_ids(cfg) == "cl100k_base":
+            chars = 4 * sum(len(s) for s in ids)  # decoded first: about 4 characters a token, off the loop
         seqs = await self.preprocess.run(chars, self._tokenize, rt, texts, ids, kind, mode, param)
         outputs = await infer_chunked(rt, seqs)
         vectors = []

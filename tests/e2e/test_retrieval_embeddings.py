@@ -1,7 +1,7 @@
 """The embeddings dialects through the clients that speak them, against the real Triton MiniLM model:
 NVIDIA NIM's retrieval fields (LangChain's NVIDIAEmbeddings), TEI's `/embed` (huggingface_hub's
 InferenceClient), and token-id input, which LangChain's OpenAIEmbeddings sends by default in OpenAI's
-cl100k vocabulary: refused with the fix in the message unless the model's config says the ids are its own."""
+cl100k vocabulary: decoded back to the text (the default), or the model's own ids where its config says so."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import importlib.util
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -135,21 +136,58 @@ def cl100k(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(folder))
 
 
-def test_langchain_openai_embeddings_default_gets_a_clear_400_never_a_wrong_vector(
-        gateway: GatewayServer, cl100k: None) -> None:
+def _cosines(a: Any, b: Any) -> np.ndarray:
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return np.sum(a * b, axis=-1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def test_langchain_openai_embeddings_default_equals_the_texts_own_vectors(gateway: GatewayServer,
+                                                                          cl100k: None) -> None:
+    # Issue #20: OpenAIEmbeddings() sends OpenAI's cl100k_base token ids (check_embedding_ctx_length on);
+    # the model config's default token_ids: cl100k_base decodes them back to the text, so the vectors
+    # equal those of the same texts sent as strings.
     from langchain_openai import OpenAIEmbeddings
 
     default = OpenAIEmbeddings(model=EMB, base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0)
+    texts = ["How do rivers form?", "Ünïcödé and emoji 🚀 survive the round trip.", "Violins have four strings."]
+    assert (_cosines(default.embed_documents(texts), embed(gateway.url, input=texts)) > 0.9999).all()
+    assert _cosines(default.embed_query(texts[0]), embed(gateway.url, input=texts[0])[0]) > 0.9999
+    # A text longer than the model's window: sent as one chunk (LangChain chunks at 8,191 cl100k tokens),
+    # it is over-long exactly as the string is.
     with pytest.raises(openai.BadRequestError) as e:
-        default.embed_query("How do rivers form?")
-    assert e.value.status_code == 400
-    body = e.value.body
-    assert isinstance(body, dict) and body["code"] == "token_ids_not_accepted" and body["param"] == "input"
-    assert "check_embedding_ctx_length=False" in str(e.value) and "cl100k" in str(e.value)
-    fixed = OpenAIEmbeddings(model=EMB, base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0,
-                             check_embedding_ctx_length=False)
-    v = np.asarray(fixed.embed_query("How do rivers form?"), dtype=np.float32)
-    np.testing.assert_allclose(v, embed(gateway.url, input="How do rivers form?")[0], atol=1e-5)
+        default.embed_query(LONG)
+    assert e.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    r = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": EMB, "input": LONG},
+                   headers={"Authorization": f"Bearer {API_KEY}"})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_langchain_chunks_a_long_text_by_cl100k_tokens_and_averages_the_same_vectors(gateway: GatewayServer,
+                                                                                     cl100k: None) -> None:
+    # With LangChain's own chunk size under the model's window, LangChain splits LONG into cl100k chunks
+    # and averages their vectors weighted by chunk length. The oracle does the same from string inputs:
+    # each chunk's decoded text embedded as a string.
+    import tiktoken
+    from langchain_openai import OpenAIEmbeddings
+
+    size = 100
+    chunked = OpenAIEmbeddings(model=EMB, base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0,
+                               embedding_ctx_length=size)
+    got = chunked.embed_query(LONG)
+    enc = tiktoken.get_encoding("cl100k_base")
+    tokens = enc.encode_ordinary(LONG)
+    chunks = [tokens[j:j + size] for j in range(0, len(tokens), size)]
+    assert len(chunks) > 2
+    vectors = embed(gateway.url, input=[enc.decode(c) for c in chunks])
+    want = np.average(vectors, axis=0, weights=[len(c) for c in chunks])
+    assert _cosines(got, want / np.linalg.norm(want)) > 0.9999
+
+
+def test_ids_outside_cl100k_are_a_400(http: httpx.Client) -> None:
+    for ids in ([[100261]], [[9906, 100256]], [100300]):
+        r = http.post("/v1/embeddings", json={"model": EMB, "input": ids})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "input" and "cl100k_base" in r.json()["error"]["message"]
 
 
 def test_own_token_ids_are_taken_where_the_config_says_so(retrieval_gateway: GatewayServer,
