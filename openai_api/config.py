@@ -147,6 +147,13 @@ class LLMModel(_Served):
     guided_decoding_key: Literal["auto", "structured_outputs", "guided_decoding"] = "auto"
     # A custom text model's tensors (protocol `text`; with `auto` the block selects `text`).
     text_protocol: TextProtocolConfig | None = None
+    # Images (a backend with an image input): the text that stands for one image in the prompt, written by
+    # the gateway where each image part was, for a chat template that does not render image parts itself
+    # (unset: the template gets `{"type": "image"}` parts, as transformers and vLLM pass them).
+    image_placeholder: str | None = Field(default=None, min_length=1)
+    # The context each image takes beyond its placeholder's own tokens (vision tokens are real context):
+    # counted in the prompt for the context-length check and usage.
+    image_tokens: int = Field(default=0, ge=0)
 
     @model_validator(mode="after")
     def _text_block(self) -> LLMModel:

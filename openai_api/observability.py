@@ -42,6 +42,8 @@ REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # Inter-token latency: a decode step, from sub-millisecond to a stalled second.
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+# One image fetch: a local store in ms, a slow host up to the fetch timeout (5 s by default).
+IMAGE_FETCH_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 # prometheus_client's own switch to multiprocess mode (read once, when it is imported).
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # In the multiprocess directory: {"worker label": pid} of the processes whose /proc figures are exported.
@@ -137,6 +139,17 @@ class Metrics:
                                 "Requests and connections refused before reaching a model (overload, body too large, "
                                 "draining, header timeout, connection limit).",
                                 ["reason"], registry=r)
+
+        # Images in chat (services.images): what was taken, how big, how long the fetches took, what was refused.
+        self.images = Counter("openai_api_images", "Images taken into requests, by source (url, data, cache).",
+                              ["source"], registry=r)
+        self.image_bytes = Counter("openai_api_image_bytes", "Bytes of images read (fetched, or decoded from data "
+                                   "URLs), by source.", ["source"], registry=r)
+        self.image_fetch_seconds = Histogram("openai_api_image_fetch_seconds",
+                                             "Time to fetch one image URL (redirects included), refused or not.",
+                                             buckets=IMAGE_FETCH_BUCKETS, registry=r)
+        self.image_refusals = Counter("openai_api_image_refusals", "Image parts refused, by reason.", ["reason"],
+                                      registry=r)
 
     def rejected_connection(self, reason: str) -> None:
         """A connection closed by the connection guard (`header_timeout`, `connection_limit`)."""

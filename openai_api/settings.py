@@ -66,7 +66,7 @@ def worker_count(text: str) -> int:
 
 
 GROUPS = {"server": "server", "triton": "embedded Triton", "limits": "limits, overload and timeouts",
-          "streaming": "streaming", "logging": "logging"}
+          "streaming": "streaming", "images": "images in chat", "logging": "logging"}
 
 
 class Settings(BaseModel):
@@ -170,6 +170,40 @@ class Settings(BaseModel):
         "keep this many /v1/responses answers (with store: true) in memory, for previous_response_id and GET "
         "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400). The store lives in one "
         "process's memory, so it needs --workers 1", group="server", metavar="N")] = Field(default=0, ge=0)
+
+    # --- images in chat (services.images, images.fetch) -------------------------------------------------------
+    image_allowed_hosts: Annotated[list[str], Option(
+        "fetch image URLs from this host name, address or network (CIDR) even when it is loopback, private or "
+        "link-local (repeatable; the environment takes a comma-separated list)", group="images",
+        flag="--image-allowed-hosts", metavar="HOST", shown_default="none: public addresses only")] = Field(
+        default_factory=list)
+    image_allow_private: Annotated[bool, Option(
+        "fetch image URLs from private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7); loopback, "
+        "link-local and cloud metadata stay refused unless named in --image-allowed-hosts",
+        group="images")] = False
+    image_fetch_timeout_s: Annotated[float, Option(
+        "the whole fetch of one image URL (every redirect, connect, header and byte) must end within this; "
+        "else a 400 (timeout)", group="images", flag="--image-fetch-timeout", metavar="SECONDS")] = Field(
+        default=5.0, gt=0)
+    image_max_bytes: Annotated[int, Option(
+        "largest image, fetched (counted while reading) or in a data URL (which the body cap, --max-body-bytes, "
+        "also bounds); 400 past it", group="images", metavar="N")] = Field(default=20 * 1024 * 1024, gt=0)
+    image_max_pixels: Annotated[int, Option(
+        "largest image in pixels (width x height), read from its header before decoding: a decompression bomb "
+        "is refused unopened; 400 past it", group="images", metavar="N")] = Field(default=50_000_000, gt=0)
+    max_images_per_request: Annotated[int, Option(
+        "image parts per request, every message counted; 400 past it", group="images", metavar="N")] = Field(
+        default=16, ge=0)
+    image_max_redirects: Annotated[int, Option(
+        "redirects followed per image URL, each hop checked like the URL itself; 0 = none", group="images",
+        metavar="N")] = Field(default=3, ge=0)
+    image_fetch_concurrency: Annotated[int, Option(
+        "image URLs fetched at once by one gateway process (more wait their turn, within their timeout)",
+        group="images", metavar="N")] = Field(default=16, ge=1)
+    image_cache_bytes: Annotated[int, Option(
+        "verified images kept in memory by content hash (and URLs for a minute), so the same image in a "
+        "multi-turn conversation is fetched and decoded once; 0 = no cache", group="images",
+        metavar="N")] = Field(default=64 * 1024 * 1024, ge=0)
 
     # --- logging ---------------------------------------------------------------------------------------------
     verbose: Annotated[bool, Option("log more about requests, models and Triton (debug level)",

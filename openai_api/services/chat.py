@@ -22,8 +22,9 @@ from openai_api.services.generation import (
     resolve_max_tokens,
 )
 from openai_api.services.guides import request_guide, require_support
+from openai_api.services.images import ImageService, chat_image_sources
 from openai_api.services.output import Assembled, ChoiceOutput, assemble
-from openai_api.services.preprocess import Preprocessor, Prompt
+from openai_api.services.preprocess import IMAGE_MARK, Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
@@ -49,6 +50,37 @@ def message_text(msg: ChatMessage, index: int) -> str | None:
     return "".join(parts)
 
 
+def template_content(msg: ChatMessage, index: int, as_parts: bool, placeholder: bool
+                     ) -> str | list[dict[str, Any]] | None:
+    """Content as the chat template reads it: a string (text parts joined), or with `as_parts` the list of
+    parts. An `image_url` part (shape checked by `services.images.chat_image_sources`) becomes, with
+    `placeholder` (the model config's `image_placeholder`), the text `IMAGE_MARK` that the preprocessor
+    turns into the placeholder after rendering (so it is never read as client text), else the part
+    `{"type": "image"}` that multimodal templates render as their own image tokens (as transformers and
+    vLLM pass it); a template that reads content only as a string, with no placeholder configured, cannot
+    show the model where an image goes: a 400, never a silently dropped image."""
+    content = msg.content
+    if content is None or isinstance(content, str):
+        return content
+    items: list[dict[str, Any]] = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "image_url":
+            if not (placeholder or as_parts):
+                raise InvalidRequestError(
+                    "This model's chat template does not render image parts, and its config names no "
+                    "image_placeholder to write in their place.", param=f"messages[{index}].content[{j}]",
+                    code="unsupported_content")
+            items.append({"type": "text", "text": IMAGE_MARK} if placeholder else {"type": "image"})
+        elif kind == "text" and isinstance(part.get("text"), str):
+            items.append({"type": "text", "text": part["text"]})
+        else:
+            raise InvalidRequestError(
+                f"Content part type {kind!r} is not supported by this model; only 'text' and 'image_url' parts are.",
+                param=f"messages[{index}].content[{j}]", code="unsupported_content")
+    return items if as_parts else "".join(p["text"] for p in items)
+
+
 # The names an assistant message's reasoning arrives under, in the order transformers prefers them.
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 
@@ -66,7 +98,8 @@ def template_arguments(arguments: str, index: int, call: int) -> Any:
             "reads it as a JSON object.", param=f"messages[{index}].tool_calls[{call}].function.arguments") from None
 
 
-def template_messages(messages: list[ChatMessage], template: ChatTemplate | None = None) -> list[dict[str, Any]]:
+def template_messages(messages: list[ChatMessage], template: ChatTemplate | None = None,
+                      image_placeholder: bool = False) -> list[dict[str, Any]]:
     """The messages as the model's chat template reads them (what transformers' `apply_chat_template` and vLLM
     pass): `developer` becomes `system`; content is a string (text parts joined) or, for a template that loops
     over content parts (`template.content_as_parts`), the list of text parts as sent; an assistant's
@@ -75,16 +108,14 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
     only prints or concatenates it); an assistant's null content is "" (as vLLM passes it; transformers drops
     the field, which DeepSeek-V3.1's and Qwen3's templates cannot render); `name` and `tool_call_id` pass
     through, and an assistant's reasoning (`reasoning_content`, `thinking` or `reasoning`) as both
-    `reasoning_content` and `thinking`.
+    `reasoning_content` and `thinking`. Image parts: see `template_content`.
     Without a template the messages stay as OpenAI sent them (arguments as strings)."""
     parts = template is not None and template.content_as_parts
     decode = template is not None and not template.arguments_as_text
     out = []
     for i, m in enumerate(messages):
-        text = message_text(m, i)
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                             "content": [{"type": "text", "text": p["text"]} for p in m.content]
-                             if parts and isinstance(m.content, list) else text}
+                             "content": template_content(m, i, parts, image_placeholder)}
         if d["content"] is None:
             if m.role != "assistant":
                 raise InvalidRequestError(f"messages[{i}].content is required for role {m.role!r}.",
@@ -155,9 +186,10 @@ async def collect_plain(rt: LLMRuntime, greqs: list[GenerationRequest], stops: l
 
 
 class ChatService:
-    def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
+    def __init__(self, registry: ModelRegistry, preprocess: Preprocessor, images: ImageService | None = None) -> None:
         self.registry = registry
         self.preprocess = preprocess
+        self.images = images or ImageService()
 
     def _refuse_unsupported(self, rt: LLMRuntime, req: ChatCompletionRequest) -> None:
         refuse_vllm_extensions(req)
@@ -185,7 +217,13 @@ class ChatService:
         effort = getattr(req, "reasoning_effort", None)
         if isinstance(effort, str) and "reasoning_effort" not in extra:
             extra = {**extra, "reasoning_effort": effort}
-        messages = apply_plan_to_messages(plan, template_messages(req.messages, rt.template), rt)
+        sources = chat_image_sources(req.messages)
+        if sources and not rt.backend.supports("images"):
+            raise InvalidRequestError(
+                f"The model {rt.name!r} does not take images: its Triton backend ({rt.backend.protocol}) has no "
+                "image input.", param=sources[0].param, code="unsupported_content")
+        placeholder = rt.config.image_placeholder is not None
+        messages = apply_plan_to_messages(plan, template_messages(req.messages, rt.template, placeholder), rt)
         return await self.preprocess.chat(
             rt, messages, plan.prefill,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,
@@ -205,15 +243,21 @@ class ChatService:
         if guide is not None:
             require_support(rt.backend, rt.name, guide)
         prompt = await self.prompt(rt, req, plan)
+        sources = chat_image_sources(req.messages)
+        self.images.refuse_count(sources)
+        # Vision tokens are context too: each image costs the config's image_tokens beyond its placeholder.
+        prompt_tokens = len(prompt.ids) + len(sources) * rt.config.image_tokens
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = resolve_max_tokens(rt, requested, len(prompt.ids), "messages")
+        max_tokens = resolve_max_tokens(rt, requested, prompt_tokens, "messages")
+        images = await self.images.load(sources) if sources else []
         greqs = [build_generation_request(rt, req, prompt.ids, max_tokens, request_id, i, prompt.text)
                  for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
             g.top_logprobs = (req.top_logprobs or 0) if req.logprobs else 0
             g.guide = guide
-        return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, len(prompt.ids), prompt.text)
+            g.images = images
+        return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, prompt_tokens, prompt.text)
 
     async def count_reasoning(self, rt: LLMRuntime, out: ChoiceOutput, whole: str) -> int:
         """A whole answer's reasoning tokens: its thinking section (tags included, as a stream counts it)

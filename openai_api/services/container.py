@@ -9,6 +9,7 @@ from openai_api.observability import Metrics
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.embeddings import EmbeddingsService
+from openai_api.services.images import ImageService
 from openai_api.services.messages import MessagesService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.preprocess import Preprocessor
@@ -38,6 +39,7 @@ class Services:
 
     async def close(self) -> None:
         self.preprocess.workers.close()
+        self.chat.images.close()
         await self.registry.pool.close()
 
 
@@ -48,7 +50,7 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     registry = ModelRegistry(config, pool or TritonClientPool(), metrics, settings.stream_idle_timeout_s)
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                        RenderLimits(settings.template_timeout_s, settings.template_max_chars))
-    chat = ChatService(registry, pre)
+    chat = ChatService(registry, pre, ImageService.from_settings(settings, metrics))
     store = ResponseStore(settings.responses_store) if settings.responses_store else None
     return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),

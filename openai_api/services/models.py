@@ -38,7 +38,9 @@ class ModelsService:
                 # Log-probs of the sampled tokens, and alternatives beside them (chat `top_logprobs`,
                 # completions `logprobs` > 0): only the vLLM interface returns those.
                 "logprobs": None if kinds is None else rt.backend.supports("return_logprobs"),
-                "top_logprobs": None if kinds is None else rt.backend.supports("top_logprobs")}
+                "top_logprobs": None if kinds is None else rt.backend.supports("top_logprobs"),
+                # Image parts in chat: the backend declares an image input (vLLM's `image`).
+                "images": None if kinds is None else rt.backend.supports("images")}
         else:
             card["max_model_len"] = self.registry.encoders[name].config.max_tokens
         replicas = self.registry.replicas.get(name)

@@ -41,6 +41,9 @@ INLINE_MESSAGES = 64
 # Private-use characters no client text will hold by chance, plus a per-process random tag.
 _TAG = uuid.uuid4().hex[:8]
 OPEN, CLOSE = f"\ue000{_TAG}\ue001", f"\ue002{_TAG}\ue003"
+# Where an image part was, for a model whose config names an `image_placeholder`: replaced by it after
+# rendering, so the placeholder (often a special token, `<image>`) is the template's markup, not client text.
+IMAGE_MARK = f"\ue004{_TAG}\ue005"
 _MARKED = re.compile(re.escape(OPEN) + "(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
@@ -130,6 +133,8 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
     except TemplateError as e:
         raise InvalidRequestError(f"The chat template could not render these messages: {e}",
                                   param="messages") from None
+    if rt.config.image_placeholder is not None and IMAGE_MARK in rendered:
+        rendered = rendered.replace(IMAGE_MARK, rt.config.image_placeholder)
     text = rendered + prefill
     if found:
         if text.count(OPEN) != text.count(CLOSE) or len(_MARKED.findall(text)) != text.count(OPEN):

@@ -26,6 +26,7 @@ store, `previous_response_id` is a 400 that says how to enable one.
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections import OrderedDict
@@ -68,7 +69,8 @@ class ResponseStore:
 
 
 def _text_of(content: Any, where: str) -> Any:
-    """An input message's content as chat content: a string, or text parts."""
+    """An input message's content as chat content: a string, or text and image parts (`input_image`, its
+    `image_url` an http(s) or data URL, becomes chat's `image_url` part; a `file_id` is not taken)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -78,17 +80,30 @@ def _text_of(content: Any, where: str) -> Any:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
+        elif kind == "input_image" and isinstance(part.get("image_url"), str):
+            image: dict[str, Any] = {"url": part["image_url"]}
+            if part.get("detail") is not None:
+                image["detail"] = part["detail"]
+            parts.append({"type": "image_url", "image_url": image})
+        elif kind == "input_image":
+            raise InvalidRequestError("An input_image part needs an 'image_url' (an http(s) or data:image URL); "
+                                      "file_id is not supported.", param=f"{where}[{j}].image_url",
+                                      code="unsupported_content")
         else:
             raise InvalidRequestError(f"Content part type {kind!r} is not supported by this model; only text parts "
                                       "are.", param=f"{where}[{j}]", code="unsupported_content")
     return parts
 
 
-def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """`input` as chat messages (see the module docstring)."""
+def input_messages(req: ResponsesRequest, origins: list[str] | None = None) -> list[dict[str, Any]]:
+    """`input` as chat messages (see the module docstring); `origins`, when given, gets per message the
+    input item it came from (`input[i]`), so that a 400 about a chat message names the client's field."""
     if isinstance(req.input, str):
+        if origins is not None:
+            origins.append("input")
         return [{"role": "user", "content": req.input}]
     out: list[dict[str, Any]] = []
+    origins = origins if origins is not None else []
     for i, item in enumerate(req.input):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -100,6 +115,7 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 raise InvalidRequestError(f"'{where}.role' must be user, assistant, system or developer.",
                                           param=f"{where}.role")
             out.append({"role": role, "content": _text_of(item.get("content"), f"{where}.content")})
+            origins.append(where)
         elif kind == "function_call":
             call = {"id": item.get("call_id") or item.get("id") or f"call_{uuid.uuid4().hex[:24]}",
                     "type": "function",
@@ -109,12 +125,14 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 last["tool_calls"].append(call)  # consecutive calls: one assistant turn
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                origins.append(where)
         elif kind == "function_call_output":
             output = item.get("output", "")
             if not isinstance(output, str):
                 output = "".join(p.get("text", "") for p in output if isinstance(p, dict)) \
                     if isinstance(output, list) else orjson.dumps(output).decode()
             out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": output})
+            origins.append(where)
         elif kind == "reasoning":
             continue  # the model's own past thinking: not part of the next prompt
         else:
@@ -122,6 +140,19 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                                       "function_call_output items are.", param=f"{where}.type",
                                       code="unsupported_parameter")
     return out
+
+
+_CHAT_PARAM = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
+
+
+def input_error(err: InvalidRequestError, origins: list[str]) -> InvalidRequestError:
+    """A 400 about chat's `messages[k]...` (an image part, say) as the Responses field it came from:
+    `input[i].content[j]` (content parts map one to one)."""
+    m = _CHAT_PARAM.fullmatch(err.param or "")
+    if m is None or int(m.group(1)) >= len(origins):
+        return err
+    param = origins[int(m.group(1))] + m.group(2)
+    return type(err)(err.message, param=param, code=err.code)
 
 
 def chat_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
@@ -169,7 +200,7 @@ class ResponsesService:
                                 param="response_id")
         return item[0]
 
-    def _conversation(self, req: ResponsesRequest) -> list[dict[str, Any]]:
+    def _conversation(self, req: ResponsesRequest, origins: list[str] | None = None) -> list[dict[str, Any]]:
         prior: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             if self.store is None:
@@ -183,10 +214,13 @@ class ResponsesService:
                                           param="previous_response_id", code="previous_response_not_found")
             prior = item[1]
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
-        return [*system, *prior, *input_messages(req)]
+        if origins is not None:
+            origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
+        return [*system, *prior, *input_messages(req, origins)]
 
     async def create(self, req: ResponsesRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        messages = self._conversation(req)
+        origins: list[str] = []
+        messages = self._conversation(req, origins)
         body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": chat_tools(req),
                                 "tool_choice": chat_tool_choice(req.tool_choice),
                                 "max_tokens": req.max_output_tokens, "response_format": response_format(req.text)}
@@ -201,7 +235,10 @@ class ResponsesService:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or "input"
             raise InvalidRequestError(f"Invalid request: {err['msg']} ({where}).", param="input") from None
-        prepared = await self.chat.prepare(chat_req, request_id)
+        try:
+            prepared = await self.chat.prepare(chat_req, request_id)
+        except InvalidRequestError as e:
+            raise input_error(e, origins) from None
         resp = ResponseBuilder(req, request_id, prepared, [m for m in messages if m.get("role") != "system"],
                                stored=self.store is not None and bool(req.store))
         if req.stream:

@@ -52,8 +52,9 @@ class SpecAdapter:
 
     def supports(self, param: str) -> bool:
         """Whether the model's Triton config has an input for `param`. `top_logprobs` (alternatives beside
-        the sampled token's log-prob) is no input: only the vLLM interface returns them (`VLLMAdapter`)."""
-        if param == "top_logprobs":
+        the sampled token's log-prob) is no input: only the vLLM interface returns them (`VLLMAdapter`); nor
+        is `images`, which an adapter that carries images says itself."""
+        if param in ("top_logprobs", "images"):
             return False
         return any(n in self.spec.inputs for n in self.param_inputs.get(param, (param,)))
 

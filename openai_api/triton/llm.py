@@ -26,6 +26,21 @@ class Guide:
     param: str = "response_format"
 
 
+@dataclass(frozen=True, slots=True)
+class ImageInput:
+    """One image of a request, fetched and verified by the gateway (`services.images`): `data` the image's
+    own bytes (its format as found by decoding, `mime`), `b64` the same bytes base64-encoded (what the vLLM
+    backend's `image` input takes: one element per image, no `data:` prefix), `width` x `height` pixels,
+    and `digest` (SHA-256 of `data`, hex) for caches and prompt-table ids."""
+
+    data: bytes
+    b64: bytes
+    mime: str
+    width: int
+    height: int
+    digest: str
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """One sequence to generate. Sampling fields left as None are not sent, so the backend's own
@@ -63,6 +78,9 @@ class GenerationRequest:
     # The model's parser families read special tokens (`[TOOL_CALLS]`, `<|channel|>`): a text-out backend
     # must keep them in its text (vLLM: `skip_special_tokens: false`).
     keep_special_tokens: bool = False
+    # The request's images in prompt order (its placeholders' order); only a backend that supports
+    # "images" is ever sent any.
+    images: list[ImageInput] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -85,7 +103,7 @@ class GenerationChunk:
 # Request fields an adapter may or may not be able to honour, by the name the OpenAI API uses.
 OPTIONAL_PARAMS = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "min_tokens", "stop_words", "bad_words", "return_logprobs",
-                   "top_logprobs")
+                   "top_logprobs", "images")
 
 
 class LLMBackend(Protocol):

@@ -18,6 +18,12 @@ unary `infer` with `stream=false` whose single response is the whole text. Chunk
 the tokenizer); with log-probs asked for, also the sampled token ids and their log-probs, and with
 alternatives asked for, each token's most likely alternatives.
 
+Images (`GenerationRequest.images`) go in the optional `image` input the backend declares for
+multimodal models (BYTES [-1]): one element per image, the image file's bytes base64-encoded without a
+`data:` prefix, in the order of the prompt's image placeholders (vllm_backend `src/utils/request.py`
+decodes each with Pillow into `multi_modal_data["image"]`). A model whose config has no such input takes
+no images (`supports("images")` is false, and the services refuse image parts by name).
+
 Stop strings are matched by the gateway on the text (and the stream closed, which cancels the
 request); single-token stop words and `end_id` go to vLLM as `stop_token_ids`. Token-id bad words
 cannot be expressed in SamplingParams, so a model with bad words configured refuses requests.
@@ -179,6 +185,8 @@ class VLLMAdapter(SpecAdapter):
         spec = self.spec
         if param == "bad_words":
             return False
+        if param == "images":
+            return "image" in spec.inputs and spec.inputs["image"].dtype == "BYTES"
         if param in ("return_logprobs", "top_logprobs"):
             # Alternatives come in the same output, as many as `sampling_parameters.logprobs` asks for.
             return "return_logprobs" in spec.inputs and "logprobs" in spec.outputs and (
@@ -209,6 +217,10 @@ class VLLMAdapter(SpecAdapter):
                            "max_tokens (16) applies", self.model, self.triton_model)
         r = InferRequest(self.triton_model, self.version, req.request_id)
         r.add(spec, "text_input", req.prompt_text)
+        if req.images:
+            if not self.supports("images"):
+                raise self.refuse("images", ": its Triton config declares no BYTES `image` input")
+            r.add(spec, "image", [im.b64 for im in req.images])
         if "stream" in names:
             r.add(spec, "stream", streaming)
         if "sampling_parameters" in names:
