@@ -10,9 +10,7 @@ import numpy as np
 import openai
 import pytest
 
-from openai_api.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
-from tests.helpers import MODELS
 
 EMB = "all-minilm-l6-v2"
 
@@ -74,15 +72,14 @@ def test_dimensions_truncates_and_renormalises(client: openai.OpenAI) -> None:
     np.testing.assert_allclose(v, np.asarray(full[:64]) / np.linalg.norm(full[:64]), atol=1e-5)
 
 
-def test_token_ids_are_refused_unless_the_config_says_they_are_the_models_own(client: openai.OpenAI) -> None:
-    # Ids from another vocabulary (LangChain's default sends cl100k ids) would embed as nonsense; the model's
-    # config can allow its own (accept_token_ids; tests/e2e/test_retrieval_embeddings.py).
-    tok = TextTokenizer.from_folder(MODELS / EMB)
-    for ids in ([tok.encode("Token ids")], tok.encode("Token ids")):
-        with pytest.raises(openai.BadRequestError) as e:
-            client.embeddings.create(model=EMB, input=ids, encoding_format="float")
-        assert e.value.body["code"] == "token_ids_not_accepted"  # type: ignore[index]
-        assert "check_embedding_ctx_length=False" in e.value.body["message"]  # type: ignore[index]
+def test_token_ids_are_read_as_openai_cl100k_ids_by_default(client: openai.OpenAI) -> None:
+    # OpenAI's API defines token arrays in OpenAI's tokenizer (LangChain's default sends them): the model's
+    # default token_ids: cl100k_base decodes them to their text. [9906, 1917] is "Hello world" in cl100k_base
+    # (OpenAI's tokenizer documentation); tests/e2e/test_retrieval_embeddings.py goes through LangChain.
+    text = client.embeddings.create(model=EMB, input="Hello world", encoding_format="float").data[0].embedding
+    for ids in ([9906, 1917], [[9906, 1917]]):
+        got = client.embeddings.create(model=EMB, input=ids, encoding_format="float").data[0].embedding
+        np.testing.assert_allclose(got, text, atol=1e-5)
 
 
 @pytest.mark.parametrize(("body", "status", "param"), [
