@@ -16,8 +16,10 @@ are Anthropic's:
   400) are function tools; `tool_choice` `auto` / `any` / `tool` (+ `name`) / `none` are chat's `auto` /
   `required` / a named function / `none` (forced calls are guided), `disable_parallel_tool_use` is
   `parallel_tool_calls: false`. `stop_sequences` are stop strings, `metadata.user_id` the `user`,
-  `temperature`, `top_p`, `top_k`, `max_tokens` as in chat. `thinking: {type: enabled, budget_tokens}` or
-  `{type: disabled}` set the template's `enable_thinking` (Qwen3-style templates read it).
+  `temperature`, `top_p`, `top_k`, `max_tokens` as in chat (current SDKs no longer send the sampling fields;
+  older clients do). `thinking` `{type: enabled, budget_tokens}`, `adaptive` or `between_tools` (no budget)
+  and `disabled` set the template's `enable_thinking` (Qwen3-style templates read it); `display: omitted`
+  sends thinking blocks with their signature and no text.
 * **Thinking budget**: the gateway counts the thinking's generated tokens and sends at most
   `budget_tokens` of them; past the budget the rest of the thinking is not sent, and the answer that
   follows it is. The backend cannot be told to end its thinking mid-stream, so the model keeps generating
@@ -265,15 +267,21 @@ def chat_tool_choice(choice: dict[str, Any] | None) -> tuple[Any, bool | None]:
 
 
 def thinking_budget(req: CountTokensRequest) -> tuple[int | None, bool | None]:
-    """`thinking` as (the budget in tokens, or None; the template's `enable_thinking`, or None: unset)."""
+    """`thinking` as (the budget in tokens, or None; the template's `enable_thinking`, or None: unset).
+    `adaptive` and `between_tools` (the model decides how much to think) are thinking with no budget."""
     thinking = req.thinking
     if thinking is None:
         return None, None
     kind = thinking.get("type")
     if kind == "disabled":
         return None, False
+    display = thinking.get("display")
+    if display not in (None, "summarized", "omitted"):
+        raise _bad("thinking.display: must be 'summarized' or 'omitted'.", "thinking.display")
+    if kind in ("adaptive", "between_tools"):
+        return None, True
     if kind != "enabled":
-        raise _bad("thinking.type: must be 'enabled' or 'disabled'.", "thinking.type")
+        raise _bad("thinking.type: must be 'enabled', 'adaptive', 'between_tools' or 'disabled'.", "thinking.type")
     budget = thinking.get("budget_tokens")
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < 1:
         raise _bad("thinking.budget_tokens: a positive integer is required with thinking enabled.",
@@ -312,8 +320,9 @@ class BlockBuilder:
     (the blank between a thinking section and a tool call is no answer): plain and streamed answers drop it
     alike. Thinking past `budget` tokens (counted by the `ChoiceOutput`) is not sent."""
 
-    def __init__(self, stream: bool) -> None:
+    def __init__(self, stream: bool, omit_thinking: bool = False) -> None:
         self.stream = stream
+        self.omit_thinking = omit_thinking  # `thinking.display: omitted`: the blocks, without their text
         self.blocks: list[dict[str, Any]] = []
         self.calls = 0
         self._open: str | None = None
@@ -329,6 +338,8 @@ class BlockBuilder:
                     continue
                 if self._open != "thinking":
                     self._start("thinking", {"type": "thinking", "thinking": "", "signature": ""}, out)
+                if self.omit_thinking:
+                    continue
                 self._parts.append(d.text)
                 if self.stream:
                     out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
@@ -484,7 +495,7 @@ class MessageAnswer:
         self.prepared = prepared
         self.id = f"msg_{request_id}"
         self.output: ChoiceOutput = prepared.output()
-        self.blocks = BlockBuilder(req.stream)
+        self.blocks = BlockBuilder(req.stream, (req.thinking or {}).get("display") == "omitted")
         self.budget = budget
         self.capped = False
 

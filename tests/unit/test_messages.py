@@ -50,8 +50,8 @@ def script(app: FastAPI, text: str, **kw: Any) -> FakeBackend:
 async def post(app: FastAPI, body: dict[str, Any], path: str = "/v1/messages",
                headers: dict[str, str] | None = None) -> httpx.Response:
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-        return await c.post(path, json={"model": MODEL, "max_tokens": 64, **body},
-                            headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"} if headers is None else headers)
+        sent = {"x-api-key": KEY, "anthropic-version": "2023-06-01"} if headers is None else headers
+        return await c.post(path, json={"model": MODEL, "max_tokens": 64, **body}, headers=sent)
 
 
 def user(text: str) -> list[dict[str, Any]]:
@@ -175,6 +175,17 @@ async def test_thinking_blocks_carry_a_signature_and_the_budget_caps_them(app: F
     assert "ten" not in plain["content"][0]["thinking"] and plain["content"][1]["text"] == "The answer is 4."
     streamed = accumulate(events)["content"]
     assert "ten" not in streamed[0]["thinking"] and streamed[1]["text"] == "The answer is 4."
+
+
+async def test_adaptive_thinking_has_no_budget_and_omitted_display_keeps_only_the_signature(app: FastAPI) -> None:
+    app.state.gateway.services.registry.llm(MODEL).reasoning_parser = "qwen3"
+    text = "<think>one two three four five six seven eight nine ten</think>The answer is 4."
+    plain, events = await both(app, text, {"messages": user("2+2?"), "thinking": {"type": "adaptive"}})
+    assert "ten" in plain["content"][0]["thinking"]
+    thinking = {"type": "enabled", "budget_tokens": 8, "display": "omitted"}
+    plain, events = await both(app, text, {"messages": user("2+2?"), "thinking": thinking})
+    assert plain["content"][0]["thinking"] == "" and plain["content"][0]["signature"]
+    assert {**accumulate(events), "id": ""} == {**plain, "id": ""}
 
 
 async def test_count_tokens_is_the_answers_input_tokens(app: FastAPI) -> None:
