@@ -16,6 +16,7 @@ from openai_api.errors import GatewayError
 from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
 from openai_api.http.fastpath import JSONRouteMiddleware
+from openai_api.http.keys import RATELIMIT_HEADERS, KeysMiddleware
 from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddleware
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
@@ -25,6 +26,7 @@ from openai_api.http.routers import (
     completions,
     embeddings,
     health,
+    keys,
     messages,
     metrics,
     models,
@@ -33,6 +35,8 @@ from openai_api.http.routers import (
     tokenize,
 )
 from openai_api.observability import Metrics
+from openai_api.quota.service import QuotaService
+from openai_api.quota.store import build_store
 from openai_api.services.container import build_services
 from openai_api.settings import Settings
 from openai_api.triton.encoder import EncoderBackend
@@ -56,7 +60,11 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     lifecycle = Lifecycle()
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
                               models={*svc.registry.llms, *svc.registry.encoders}, metrics=metrics_)
-    state = AppState(settings=settings, services=svc, metrics=metrics_, lifecycle=lifecycle, limiter=limiter)
+    # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
+    quota = QuotaService(settings.keys_file, settings.api_keys, metrics_,
+                         build_store(settings.redis_url, settings.redis_fail_mode) if settings.keys_file else None)
+    state = AppState(settings=settings, services=svc, metrics=metrics_, lifecycle=lifecycle, limiter=limiter,
+                     quota=quota)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -76,7 +84,9 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
                 logger.warning("model %s: Triton did not answer the config check in time", name)
         prober = ReplicaProber(svc.registry.pool, list(svc.registry.replicas.values()))
         prober.start()
+        await quota.start()
         yield
+        await quota.close()
         await prober.stop()
         await svc.close()
 
@@ -84,7 +94,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     app.state.gateway = state
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
-                   tokenize.router, models.router, messages.router)
+                   tokenize.router, models.router, messages.router, keys.router)
     for r in api_routers:
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)
@@ -97,11 +107,14 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
                        handlers=app.exception_handlers)
     app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, limiter=limiter,
                        lifecycle=lifecycle, metrics=metrics_, log_prompts=settings.log_prompts)
-    app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)
+    if settings.keys_file is not None:  # the keys file's policies (and --api-key keys, unlimited)
+        app.add_middleware(KeysMiddleware, quota=quota, open_paths=settings.open_paths)
+    else:
+        app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)
     app.add_middleware(AnthropicErrorMiddleware)  # outside every layer that answers with an error
     origins = [*settings.cors_origins, *(cors_origins or [])]
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
-                           expose_headers=["X-Request-Id", "Retry-After"])
+                           expose_headers=["X-Request-Id", "Retry-After", *RATELIMIT_HEADERS])
     app.add_middleware(RequestContextMiddleware, metrics=metrics_, access_log=settings.access_log)
     return app

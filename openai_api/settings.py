@@ -66,7 +66,7 @@ def worker_count(text: str) -> int:
 
 
 GROUPS = {"server": "server", "triton": "embedded Triton", "limits": "limits, overload and timeouts",
-          "streaming": "streaming", "images": "images in chat", "logging": "logging"}
+          "keys": "keys and quotas", "streaming": "streaming", "images": "images in chat", "logging": "logging"}
 
 
 class Settings(BaseModel):
@@ -157,6 +157,20 @@ class Settings(BaseModel):
     shutdown_grace_s: Annotated[float, Option(
         "on SIGTERM, how long requests in flight may finish while new ones get 503; then streams still running "
         "get a final shutting_down error event", group="limits", flag="--shutdown-grace", metavar="SECONDS")] = 30.0
+
+    # --- keys and quotas (openai_api/quota/, README "Keys and quotas") ----------------------------------------
+    keys_file: Annotated[Path | None, Option(
+        "per-key policies (YAML or JSON): name, team, secret (SHA-256 or an environment variable), allowed models, "
+        "requests and tokens per minute, concurrent requests, token budgets per day and month, priority, admin; "
+        "reloaded on SIGHUP and when it changes. --api-key keys stay valid, without limits", group="keys",
+        metavar="FILE", shown_default="none")] = None
+    redis_url: Annotated[str | None, Option(
+        "keep the keys' counters in this Redis or Valkey (redis://HOST:PORT/DB), shared by every worker and every "
+        "gateway replica using it; without it they live in this process, or in the supervisor with --workers",
+        group="keys", metavar="URL", shown_default="none")] = None
+    redis_fail_mode: Annotated[Literal["open", "closed"], Option(
+        "when Redis does not answer (within 250 ms): open = serve and count in this process (logged), closed = "
+        "503 for keys with limits", group="keys")] = "open"
 
     # --- streaming -------------------------------------------------------------------------------------------
     stream_flush_interval_s: Annotated[float, Option(

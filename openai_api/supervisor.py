@@ -57,6 +57,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from openai_api.config import GatewayConfig
 from openai_api.observability import MULTIPROC_ENV, process_ended, write_processes
@@ -169,6 +170,7 @@ class Supervisor:
         self._shared: list[socket.socket] = []  # every worker's listeners, where not REUSE_PORT
         self._port = settings.port  # the port bound (port 0: the one the system chose)
         self._run_dir: Path | None = None
+        self._quota: Any = None  # the keys' counters server (quota.shared.QuotaServer), with a keys file
 
     @property
     def metrics_dir(self) -> Path:
@@ -180,6 +182,8 @@ class Supervisor:
         # First: a signal from here on stops the gateway in order (one that came before the loop stops it
         # before any worker starts).
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+        if s.keys_file is not None:  # SIGHUP reloads the keys file: passed on to every worker
+            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_signal)
         try:
             try:
                 probe = bind_listeners(s.host, s.port, listen=not REUSE_PORT)
@@ -197,6 +201,12 @@ class Supervisor:
             self.metrics_dir.mkdir()
             with open(self._run_dir / HANDOFF, "wb") as f:
                 pickle.dump((self.config, self.settings), f)
+            if s.keys_file is not None and not s.redis_url:
+                # The keys' counters for every worker, exact across them (see openai_api/quota/shared.py).
+                from openai_api.quota.shared import QuotaServer
+
+                self._quota = QuotaServer(self._run_dir / "quota.sock")
+                self._quota.start()
             logger.info("gateway listening on http://%s:%d/v1 (%d workers, %d models, API keys %s)", s.host, self._port,
                         s.workers, len(self.config.all_models()), "required" if s.api_keys else "off")
             return self._loop()
@@ -207,6 +217,8 @@ class Supervisor:
                     slot.proc.wait()
             for sock in self._shared:
                 sock.close()
+            if self._quota is not None:
+                self._quota.stop()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             if self._run_dir is not None:
@@ -220,6 +232,12 @@ class Supervisor:
         while True:
             while self._acted < len(self._signals):
                 self._acted += 1
+                if self._signals[self._acted - 1] == signal.SIGHUP:
+                    self._signals.pop(self._acted - 1)  # not a stop: SIGTERM counting ignores it
+                    self._acted -= 1
+                    logger.info("SIGHUP: the workers reload the keys file")
+                    self._send(signal.SIGHUP)
+                    continue
                 self._signalled(self._signals[self._acted - 1], self._acted)
             now = time.monotonic()
             for slot in self.slots:
@@ -282,6 +300,8 @@ class Supervisor:
         fds = ",".join(str(sock.fileno()) for sock in sockets)
         env = dict(os.environ)
         env[MULTIPROC_ENV] = str(self.metrics_dir)  # a fresh directory, whatever the environment said
+        if self._quota is not None:
+            env["OPENAI_API_QUOTA_SOCKET"] = str(self._quota.path)
         if not _INSTALLED:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         args = [str(self._run_dir), str(index), fds, str(os.getpid())]

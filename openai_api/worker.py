@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(config, GatewayConfig) or not isinstance(settings, Settings):
         raise TypeError(f"{run_dir}/{HANDOFF} does not hold a config and settings")
     setup_logging(settings.verbose, with_pid=True)
+    if settings.keys_file is not None:  # SIGHUP reloads the keys file once the app runs; until then, not a kill
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The family and type are read from each descriptor (uvicorn's own `fd=` would take them for AF_UNIX).
     sockets = [socket.socket(fileno=int(fd)) for fd in fds.split(",")]
     try:

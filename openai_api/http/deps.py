@@ -10,13 +10,16 @@ dependency is a plain function of the request: FastAPI resolves them, and so doe
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
 
 from openai_api.http.limits import Admission, InFlightLimiter, Lifecycle, request_ticket
 from openai_api.observability import Metrics
+from openai_api.quota.caller import Caller
+from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME
+from openai_api.quota.service import QuotaService
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.container import Services
@@ -38,15 +41,18 @@ class AppState:
     metrics: Metrics
     lifecycle: Lifecycle
     limiter: InFlightLimiter
+    quota: QuotaService
 
 
 @dataclass(slots=True)
 class RequestContext:
     """What a route passes to a service besides the body: the request's id (also Triton's request id),
-    and how its SSE writes are coalesced."""
+    how its SSE writes are coalesced, and who is calling (the key's name, team and policy; the anonymous
+    caller without keys)."""
 
     request_id: str
     flush_interval_s: float
+    caller: Caller = field(default_factory=lambda: Caller(ANONYMOUS))
 
 
 def app_state(request: Request) -> AppState:
@@ -57,7 +63,18 @@ def app_state(request: Request) -> AppState:
 def request_context(request: Request) -> RequestContext:
     rid = request.scope.get("state", {}).get("request_id")
     return RequestContext(rid if isinstance(rid, str) else uuid.uuid4().hex,
-                          app_state(request).settings.stream_flush_interval_s)
+                          app_state(request).settings.stream_flush_interval_s, caller(request))
+
+
+def caller(request: Request) -> Caller:
+    """Who is calling: the key the keys middleware found (`--api-key` keys and no keys: unlimited)."""
+    found = request.scope.get("state", {}).get("caller")
+    return found if isinstance(found, Caller) else Caller(API_KEY_NAME if app_state(request).settings.api_keys
+                                                          else ANONYMOUS)
+
+
+def quota_service(request: Request) -> QuotaService:
+    return app_state(request).quota
 
 
 def admission(request: Request) -> Admission:
@@ -116,3 +133,5 @@ ResponsesSvc = Annotated[ResponsesService, Depends(responses_service)]
 MessagesSvc = Annotated[MessagesService, Depends(messages_service)]
 HealthSvc = Annotated[HealthService, Depends(health_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]
+CallerDep = Annotated[Caller, Depends(caller)]
+QuotaDep = Annotated[QuotaService, Depends(quota_service)]

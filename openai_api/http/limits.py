@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import (
     InvalidRequestError,
+    ModelNotFoundError,
     OverloadedError,
     PayloadTooLargeError,
     ShuttingDownError,
@@ -32,6 +33,7 @@ from openai_api.errors import (
 )
 from openai_api.http.middleware import send_error
 from openai_api.observability import Metrics, RequestStats, current_stats
+from openai_api.quota.caller import current_caller
 from openai_api.schemas.dialects import RankingRequest, RootRerankRequest, TEIEmbedRequest
 from openai_api.schemas.openai import (
     ChatCompletionRequest,
@@ -113,9 +115,10 @@ class Ticket:
         self.model: str | None = None
         self.sequences = 0
 
-    def admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+    def admit(self, model: str, sequences: int = 1, param: str = "n", share: float = 1.0) -> None:
         """Take `sequences` slots of `model` and of the gateway. More than a limit could ever grant is the
-        client's error (400 naming `param`); more than is free now is a 429."""
+        client's error (400 naming `param`); more than is free now is a 429. `share` (a key's priority, from
+        the keys file) is the part of each limit this request may fill: lower priorities are refused first."""
         lim = self.limiter
         if self.sequences or model not in lim.models:
             return  # unknown models get their 404 from the service; they never become a metric label
@@ -125,11 +128,11 @@ class Ticket:
                 f"This request asks for {sequences} generations at once (prompts x n); this server runs at most "
                 f"{most} per model. Send fewer prompts or a smaller n per request.", param=param,
                 code="too_many_sequences")
-        if lim.total + sequences > lim.max_total:
+        if lim.total + sequences > (lim.max_total if share >= 1 else max(int(lim.max_total * share), 1)):
             raise lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
                                  "global_limit")
         n = lim.per_model.get(model, 0)
-        if n + sequences > lim.max_per_model:
+        if n + sequences > (lim.max_per_model if share >= 1 else max(int(lim.max_per_model * share), 1)):
             raise lim.overloaded(f"The model {model!r} is serving its maximum of {lim.max_per_model} generations; "
                                  "retry shortly.", "model_limit")
         lim.per_model[model] = n + sequences
@@ -163,11 +166,17 @@ class Admission:
         self.settings = settings
 
     def _admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+        caller = current_caller()
+        share = 1.0
+        if caller is not None:  # a keys file: the key's allow-list (a model it may not use does not exist for it)
+            if not caller.allows(model):
+                raise ModelNotFoundError(f"The model {model!r} does not exist.", param="model")
+            share = caller.share
         stats = current_stats()
         if stats is not None and not stats.model and (self.ticket is None or model in self.ticket.limiter.models):
             stats.model = model
         if self.ticket is not None:
-            self.ticket.admit(model, sequences, param)
+            self.ticket.admit(model, sequences, param, share)
 
     def chat(self, body: ChatCompletionRequest) -> None:
         _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")

@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 from openai_api.config import EmbeddingModel, LLMModel, RerankModel
 from openai_api.errors import GatewayError
 from openai_api.observability import Metrics, current_stats
+from openai_api.quota.caller import current_meter
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderAdapter, EncoderBackend
@@ -64,6 +65,10 @@ class InstrumentedLLMBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         stats = current_stats()
+        meter = current_meter()
+        counted_prompt = True
+        if meter is not None:  # a key with limits: its tokens (prompt + max_tokens) reserved, or the 429 raised
+            counted_prompt = await meter.reserve(request.prompt_ids, len(request.prompt_ids), request.max_tokens)
         clock = time.perf_counter
         last = stats.start if stats is not None else clock()
         first = True
@@ -94,6 +99,8 @@ class InstrumentedLLMBackend:
                 # n > 1 sends the same prompt once per choice; usage (and the log) count it once.
                 stats.prompt_tokens = max(stats.prompt_tokens, prompt)
                 stats.completion_tokens += produced
+            if meter is not None:
+                meter.used(prompt if counted_prompt else 0, produced)
 
 
 class InstrumentedEncoder:
@@ -113,13 +120,18 @@ class InstrumentedEncoder:
         await self.inner.check()
 
     async def infer(self, features: dict[str, NDArray[Any]]) -> NDArray[Any]:
+        mask = features.get("attention_mask")
+        tokens = int(mask.sum()) if mask is not None else 0
+        meter = current_meter()
+        if meter is not None:  # a key with limits: its input tokens reserved, or the 429 raised
+            await meter.reserve(features, tokens, 0)
         try:
             out = await self.inner.infer(features)
         except GatewayError as e:
             _triton_error(self._metrics, self.model, e)
             raise
-        mask = features.get("attention_mask")
-        tokens = int(mask.sum()) if mask is not None else 0
+        if meter is not None:
+            meter.used(tokens, 0)
         self._prompt.inc(tokens)
         stats = current_stats()
         if stats is not None:

@@ -1,0 +1,117 @@
+"""Who is calling: the request's key (its name, team and policy), reachable anywhere below the keys
+middleware through `current_caller()` (a context variable, as `observability.current_stats`), and the
+token meter that reserves and settles the request's tokens.
+
+Base layer: imported by `http/` (routes, admission) and `services/backends.py` (the Triton call, where a
+request's prompt tokens and `max_tokens` are first known), and it imports neither.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar, Token
+from dataclasses import dataclass, field
+from typing import Literal
+
+Priority = Literal["high", "normal", "low"]
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """One key's limits as the keys file gives them; None = no limit. Rates are per minute (scaled to
+    the file's `window_seconds`)."""
+
+    models: tuple[str, ...] = ("*",)
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    max_concurrent: int | None = None
+    tokens_per_day: int | None = None
+    tokens_per_month: int | None = None
+    priority: Priority = "normal"
+    admin: bool = False
+
+    def allows(self, model: str) -> bool:
+        """Whether the key may use `model` (exact names or shell-style globs: `smollm2-*`)."""
+        return any(p == model or (("*" in p or "?" in p or "[" in p) and fnmatch.fnmatchcase(model, p))
+                   for p in self.models)
+
+    @property
+    def counted(self) -> bool:
+        """Whether anything of this key is counted (a key with only an allow-list is not)."""
+        return any(v is not None for v in (self.requests_per_minute, self.tokens_per_minute, self.max_concurrent,
+                                            self.tokens_per_day, self.tokens_per_month))
+
+
+UNLIMITED = Policy()
+
+
+@dataclass(slots=True)
+class Caller:
+    """The key a request came with. `--api-key` keys (and a gateway without keys) are `UNLIMITED`, named
+    `api-key` (`anonymous` without keys); keys from the keys file carry their file name and team."""
+
+    name: str
+    team: str = ""
+    policy: Policy = UNLIMITED
+    share: float = 1.0  # of --max-in-flight this key may fill (its priority's share)
+    meter: TokenMeter | None = None
+
+    def allows(self, model: str) -> bool:
+        return self.policy.allows(model)
+
+
+Reserve = Callable[[int], Awaitable[object]]
+
+
+@dataclass(slots=True)
+class TokenMeter:
+    """One request's tokens: `reserve` before each Triton call (prompt + max_tokens, the prompt counted once
+    per distinct prompt), `used` when it ends with the real counts. The keys middleware settles the
+    difference when the response is over (streamed, plain or cancelled alike)."""
+
+    reserve_fn: Reserve
+    reservations: list[tuple[object, int]] = field(default_factory=list)  # (grant, tokens reserved)
+    prompts_seen: set[int] = field(default_factory=set)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    remaining_tokens: int | None = None  # after the latest reservation, for the response's headers
+    reset_tokens_s: float | None = None
+
+    async def reserve(self, prompt_ids: object, prompt_tokens: int, max_tokens: int) -> bool:
+        """Reserve a sequence's tokens; the same prompt object (n > 1 choices) counts its tokens once.
+        Returns whether its prompt was counted here (pass it back to `used`). Raises the 429 when refused."""
+        first = id(prompt_ids) not in self.prompts_seen
+        tokens = (prompt_tokens if first else 0) + max(max_tokens, 0)
+        grant = await self.reserve_fn(tokens)
+        self.prompts_seen.add(id(prompt_ids))
+        self.reservations.append((grant, tokens))
+        return first
+
+    def used(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+
+    @property
+    def reserved(self) -> int:
+        return sum(t for _, t in self.reservations)
+
+
+_CALLER: ContextVar[Caller | None] = ContextVar("openai_api_caller", default=None)
+
+
+def current_caller() -> Caller | None:
+    return _CALLER.get()
+
+
+def current_meter() -> TokenMeter | None:
+    caller = _CALLER.get()
+    return caller.meter if caller is not None else None
+
+
+def bind_caller(caller: Caller) -> Token[Caller | None]:
+    return _CALLER.set(caller)
+
+
+def unbind_caller(token: Token[Caller | None]) -> None:
+    _CALLER.reset(token)
