@@ -16,7 +16,7 @@ import pytest
 import uvicorn
 
 from openai_api.app import create_app
-from openai_api.config import BUNDLED_CONFIG, GatewayConfig, load_config
+from openai_api.config import BUNDLED_CONFIG, BUNDLED_TEMPLATES, GatewayConfig, LLMModel, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
@@ -29,8 +29,12 @@ LLM = "smollm2-135m-instruct"
 REASONING = "synthetic-reasoning"
 # The replay models stream the golden corpus's recorded completions (tests/e2e/test_families.py).
 REPLAY_MODELS = ["replay-llm", "replay-llm-vllm"]
+# Vision: the vLLM interface with its image input (decodes every image, answers with facts from the pixels),
+# and a copy whose prompt placeholder is "<image>" (served with a string template and image_placeholder).
+VISION, VISION_PLACEHOLDER = "vision-vllm", "vision-vllm-placeholder"
 TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "smollm2-ensemble", "smollm2-text",
-                 "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING, *REPLAY_MODELS]
+                 "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING, *REPLAY_MODELS, VISION,
+                 VISION_PLACEHOLDER]
 
 
 class GatewayServer:
@@ -98,12 +102,21 @@ def triton(ref_stats_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     prepare_models()
     extra = tmp_path_factory.mktemp("derived-models")
     derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
+    derived_model(extra, VISION, VISION_PLACEHOLDER, {"image_placeholder": "<image>"})
     with EmbeddedTriton(models=TRITON_MODELS, extra_args=[f"--model-repository={extra}"]) as server:
         yield server
 
 
 def gateway_config(triton: EmbeddedTriton) -> GatewayConfig:
-    return load_config(BUNDLED_CONFIG).with_triton_endpoint(triton.grpc_url, triton.http_url)
+    config = load_config(BUNDLED_CONFIG)
+    # The vision stand-ins count prompt tokens with SmolLM2's tokenizer.
+    smollm2 = next(m.path for m in config.llm if m.name == LLM)
+    config.llm += [
+        LLMModel(name=VISION, url=triton.grpc_url, path=smollm2, image_tokens=64,
+                 chat_template=BUNDLED_TEMPLATES / "chatml-vision.jinja"),
+        LLMModel(name=VISION_PLACEHOLDER, url=triton.grpc_url, path=smollm2, image_placeholder="<image>",
+                 chat_template=BUNDLED_TEMPLATES / "smollm2.jinja")]
+    return config.with_triton_endpoint(triton.grpc_url, triton.http_url)
 
 
 @pytest.fixture(scope="session")
