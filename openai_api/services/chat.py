@@ -12,6 +12,7 @@ from typing import Any
 
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
+from openai_api.services.bounds import MAX_JSON_DEPTH, find_excess
 from openai_api.services.generation import (
     Collected,
     TextEvent,
@@ -90,12 +91,22 @@ def template_arguments(arguments: str, index: int, call: int) -> Any:
     hand it to templates; "" is {} (vLLM's reading). Not JSON: a 400 naming the field."""
     if not arguments.strip():
         return {}
+    param = f"messages[{index}].tool_calls[{call}].function.arguments"
     try:
-        return json.loads(arguments)
+        value = json.loads(arguments)
     except ValueError:
         raise InvalidRequestError(
             f"messages[{index}].tool_calls[{call}].function.arguments is not valid JSON; the model's chat template "
-            "reads it as a JSON object.", param=f"messages[{index}].tool_calls[{call}].function.arguments") from None
+            "reads it as a JSON object.", param=param) from None
+    except RecursionError:  # past what Python's parser follows; the depth check below names the limit
+        value = None
+        too_deep = True
+    else:
+        too_deep = find_excess(value, MAX_JSON_DEPTH) is not None  # the template walks it (tojson)
+    if too_deep:
+        raise InvalidRequestError(f"'{param}' is nested too deeply: past the gateway's limit of {MAX_JSON_DEPTH} "
+                                  "levels of JSON nesting.", param=param, code="too_deeply_nested")
+    return value
 
 
 def template_messages(messages: list[ChatMessage], template: ChatTemplate | None = None,

@@ -161,6 +161,19 @@ async def test_a_body_past_the_parsers_reach_names_its_field_and_the_limit(clien
     assert err["code"] == "too_deeply_nested" and str(DEPTH) in err["message"]
 
 
+async def test_deep_tool_call_arguments_in_the_history_are_a_400_naming_them(client: httpx.AsyncClient) -> None:
+    # A JSON string (so within the body's depth) that templates get parsed: bounded like the body.
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for depth in (200, 5000):
+        deep = "[" * depth + "]" * depth
+        messages = [*ASK, {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": deep}}]},
+                    {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+        err = bad_request(await client.post("/v1/chat/completions", json={
+            "model": MODEL, "messages": messages, "tools": tools, "max_tokens": 4}))
+        assert err["param"] == "messages[1].tool_calls[0].function.arguments" and err["code"] == "too_deeply_nested"
+
+
 async def test_a_schema_given_as_json_text_is_bounded_too(client: httpx.AsyncClient) -> None:
     body = {"model": MODEL, "messages": ASK, "max_tokens": 4}
     cases = ((nested(70), "schema_too_deep"), (nested(5000), "schema_too_deep"), (ENUM, "schema_too_large"))
