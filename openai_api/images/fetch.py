@@ -34,6 +34,7 @@ checked address.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import re
 import socket
@@ -163,7 +164,9 @@ async def system_resolver(host: str, port: int) -> list[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+@functools.cache
 def _tls_context() -> ssl.SSLContext:
+    """One verifying context per process: building one loads the CA store (milliseconds on the loop)."""
     return ssl.create_default_context()
 
 
@@ -241,7 +244,13 @@ class Fetcher:
     async def judge(self, url: str) -> Target:
         """The hop `url` as a connection target, after every check; nothing is connected to."""
         scheme, host, port, host_header, target = split_url(url)
-        literal = parse_host(host)
+        try:
+            literal = parse_host(host)
+        except ImageRefused as e:
+            # An odd spelling the operator listed in --image-allowed-hosts is theirs to mean: resolve it.
+            if e.reason != "ip_spelling" or not self.policy.name_allowed(host):
+                raise
+            literal = None
         if literal is not None:
             addresses: list[IPAddress] = [literal]
         else:

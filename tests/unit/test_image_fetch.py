@@ -216,6 +216,15 @@ def test_allowed_hosts_open_exactly_the_named_hosts_addresses_and_networks() -> 
     assert [c[0] for c in net.connects] == ["127.0.0.2", "10.20.30.40", "192.168.7.9"]
 
 
+def test_an_odd_ip_spelling_is_fetched_only_when_listed_itself() -> None:
+    net = Network(dns={"2130706434": [["127.0.0.2"]]})
+    assert refused(net.fetcher().fetch("http://2130706434/a.png")).reason == "ip_spelling"
+    assert net.lookups == [] and net.connects == []
+    listed = net.fetcher(policy=AddressPolicy.build(["2130706434"]))
+    assert asyncio.run(listed.fetch("http://2130706434/a.png")) == PNG
+    assert net.connects == [("127.0.0.2", 80, None)]
+
+
 def test_a_redirect_from_an_allowed_host_to_a_refused_one_is_refused() -> None:
     net = Network(pages={"127.0.0.2": answer(302, b"", {"Location": "http://127.0.0.1:9000/a.png"})})
     err = refused(net.fetcher(policy=AddressPolicy.build(["127.0.0.2"])).fetch("http://127.0.0.2:9000/a.png"))
