@@ -299,6 +299,9 @@ class Fetcher:
                                                  f"({type(e).__name__})") from None
         try:
             return await self._talk(t, reader, writer)
+        except (OSError, ssl.SSLError) as e:  # reset, broken pipe, TLS failure mid-answer
+            raise ImageRefused("connect_failed", f"the connection to {t.host!r} failed ({type(e).__name__})"
+                               ) from None
         finally:
             writer.transport.abort()  # no graceful close to wait on: the answer is read, or abandoned
 
@@ -321,12 +324,7 @@ class Fetcher:
                 raise ImageRefused("bad_response", f"the image URL's server sent a malformed HTTP answer ({e})"
                                    ) from None
             if event is h11.NEED_DATA:
-                try:
-                    data = await reader.read(_READ)
-                except (OSError, ssl.SSLError) as e:
-                    raise ImageRefused("connect_failed", f"the connection to {t.host!r} failed ({type(e).__name__})"
-                                       ) from None
-                conn.receive_data(data)
+                conn.receive_data(await reader.read(_READ))
                 continue
             if isinstance(event, h11.Response):
                 status = event.status_code

@@ -270,6 +270,23 @@ def test_the_deadline_covers_the_whole_fetch() -> None:
     assert err.reason == "timeout"
 
 
+def test_a_connection_that_fails_midway_is_a_refusal() -> None:
+    class Reset(Network):
+        async def connect(self, address: str, port: int, tls_host: str | None) -> tuple[Any, Any]:
+            reader = asyncio.StreamReader()
+            reader.feed_data(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nabc")
+            reader.set_exception(ConnectionResetError("reset by peer"))
+            return reader, FakeWriter()
+
+        async def refuse_connect(self, address: str, port: int, tls_host: str | None) -> tuple[Any, Any]:
+            raise ConnectionRefusedError("refused")
+
+    net = Reset()
+    assert refused(net.fetcher().fetch(f"http://{PUBLIC}/a.png")).reason == "connect_failed"
+    fetcher = Fetcher(resolver=net.resolve, connector=net.refuse_connect)
+    assert refused(fetcher.fetch(f"http://{PUBLIC}/a.png")).reason == "connect_failed"
+
+
 def test_an_unresolvable_host_is_a_refusal() -> None:
     class NoDNS(Network):
         async def resolve(self, host: str, port: int) -> list[str]:
