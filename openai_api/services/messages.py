@@ -10,8 +10,9 @@ are Anthropic's:
   `tool` message answering its `tool_use_id`, which must be an id an earlier assistant turn issued. An
   assistant turn's `text` blocks are its content, `tool_use` blocks its tool calls (`input` as the call's
   arguments), `thinking` blocks its reasoning (templates read it as `reasoning_content` / `thinking`);
-  `redacted_thinking` is opaque and dropped. `image` blocks are refused (this gateway's chat path takes text
-  only), as are `document` and unknown block types: a 400 naming the block. `cache_control` anywhere is
+  `redacted_thinking` is opaque and dropped. A user turn's `image` blocks (base64 or url sources) are chat
+  `image_url` parts for a model that takes images; to one that does not, a 400 naming the block, as for
+  `document` and unknown block types. `cache_control` anywhere is
   accepted and ignored. `tools` (`name`, `description`, `input_schema`; Anthropic's server tools are a
   400) are function tools; `tool_choice` `auto` / `any` / `tool` (+ `name`) / `none` are chat's `auto` /
   `required` / a named function / `none` (forced calls are guided), `disable_parallel_tool_use` is
@@ -138,8 +139,10 @@ def _tool_result_text(block: dict[str, Any], where: str, model: str) -> str:
     return f"Error: {text}" if is_error else text
 
 
-def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
-    """`system` and `messages` as chat messages (see the module docstring)."""
+def chat_messages(req: CountTokensRequest, images: list[str] | None = None) -> list[dict[str, Any]]:
+    """`system` and `messages` as chat messages (see the module docstring); the path of each image block is
+    appended to `images`."""
+    images = [] if images is None else images
     out: list[dict[str, Any]] = []
     if req.system is not None:
         text = system_text(req.system)
@@ -158,7 +161,7 @@ def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
         if role == "assistant":
             out.append(_assistant(blocks, f"{where}.content", issued, req.model))
         else:
-            out += _user(blocks, f"{where}.content", issued, req.model)
+            out += _user(blocks, f"{where}.content", issued, req.model, images)
     return out
 
 
@@ -196,27 +199,51 @@ def _assistant(blocks: list[dict[str, Any]], where: str, issued: set[str], model
     return msg
 
 
-def _user(blocks: list[dict[str, Any]], where: str, issued: set[str], model: str) -> list[dict[str, Any]]:
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An image block as chat's `image_url` part: a base64 source as a data URL, a url source as it is."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source, dict) and isinstance(source.get("data"), str) \
+            and isinstance(source.get("media_type"), str):
+        return {"type": "image_url", "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"}}
+    if kind == "url" and isinstance(source, dict) and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    raise _bad(f"{where}.source: an image source is {{type: base64, media_type, data}} or {{type: url, url}}.",
+               f"{where}.source", "unsupported_content")
+
+
+def _user(blocks: list[dict[str, Any]], where: str, issued: set[str], model: str,
+          images: list[str]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    texts: list[Any] = []  # strings, or chat content parts once an image is among them
     for j, b in enumerate(blocks):
         bwhere, kind = f"{where}[{j}]", b["type"]
         if kind == "text":
             texts.append(_text(b, bwhere))
+        elif kind == "image":
+            texts.append(_image_part(b, bwhere))
+            images.append(bwhere)
         elif kind == "tool_result":
             call_id = b.get("tool_use_id")
             if not isinstance(call_id, str) or call_id not in issued:
                 raise _bad(f"{bwhere}.tool_use_id: no earlier assistant turn has a tool_use block with id "
                            f"{call_id!r}; a tool_result must answer a tool_use.", f"{bwhere}.tool_use_id")
             if texts:  # text before a result stays before it
-                out.append({"role": "user", "content": "".join(texts)})
+                out.append({"role": "user", "content": _user_content(texts)})
                 texts = []
             out.append({"role": "tool", "tool_call_id": call_id, "content": _tool_result_text(b, bwhere, model)})
         else:
             raise _refuse_block(kind, bwhere, model, "a user turn holds text and tool_result blocks")
     if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+        out.append({"role": "user", "content": _user_content(texts)})
     return out
+
+
+def _user_content(items: list[Any]) -> Any:
+    """Text alone is one string; with images, chat content parts in order."""
+    if all(isinstance(i, str) for i in items):
+        return "".join(items)
+    return [{"type": "text", "text": i} if isinstance(i, str) else i for i in items]
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -436,7 +463,13 @@ class MessagesService:
         """The chat request a Messages (or count_tokens) request is (see the module docstring)."""
         tool_choice, parallel = chat_tool_choice(req.tool_choice)
         _, enable_thinking = thinking_budget(req)
-        body: dict[str, Any] = {"model": self.model(req.model), "messages": chat_messages(req),
+        images: list[str] = []
+        messages = chat_messages(req, images)
+        model = self.model(req.model)
+        if images and not self.chat.registry.llm(model).backend.supports("images"):
+            raise _bad(f"{images[0]}: image content blocks are not supported: the model {req.model!r} takes no "
+                       "images (its Triton backend has no image input).", images[0], "unsupported_content")
+        body: dict[str, Any] = {"model": model, "messages": messages,
                                 "tools": chat_tools(req.tools), "tool_choice": tool_choice,
                                 "parallel_tool_calls": parallel}
         if enable_thinking is not None:

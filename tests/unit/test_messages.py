@@ -225,6 +225,19 @@ async def test_both_key_headers_are_accepted(app: FastAPI) -> None:
     assert (await post(app, {"messages": user("Hi")}, headers={"authorization": f"Bearer {KEY}"})).status_code == 200
 
 
+async def test_an_image_block_reaches_a_model_that_takes_images_as_an_image_url_part() -> None:
+    req = MessagesRequest.model_validate({"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}},
+        {"type": "image", "source": {"type": "url", "url": "http://127.0.0.1/x.png"}}]}]})
+    images: list[str] = []
+    assert chat_messages(req, images) == [{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
+        {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]
+    assert images == ["messages[0].content[1]", "messages[0].content[2]"]
+
+
 @pytest.mark.parametrize("body, param", [
     ({"model": "no-such-model"}, None),
 ])
@@ -250,6 +263,8 @@ async def test_an_unknown_model_is_not_found(app: FastAPI, body: dict[str, Any],
     ({"messages": user("Hi"), "stop_sequences": "x"}, "stop_sequences"),
 ])
 async def test_hostile_input_is_a_400_naming_it(app: FastAPI, body: dict[str, Any], where: str) -> None:
+    fake = script(app, "Hi")
+    fake.supports = lambda param: param != "images"  # type: ignore[method-assign]  # a text model
     r = await post(app, body)
     assert r.status_code == 400, r.text
     validate("ErrorResponse", r.json())
