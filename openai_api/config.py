@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from openai_api.text.parsers import ReasoningParserName, ToolParserName
 from openai_api.text.templates import ChatTemplate, TemplateError
@@ -122,6 +122,19 @@ class TextProtocolConfig(_Strict):
         return self
 
 
+class LoraAdapterEntry(_Strict):
+    """One LoRA adapter served as a model of its own on the LLM entry that lists it (see `openai_api.lora`)."""
+
+    name: str = Field(min_length=1, description="the adapter's model name (unique across every model)")
+    # A folder in PEFT format (adapter_config.json + adapter_model.safetensors) or TensorRT-LLM's (the two .npy
+    # files). Unset: the Triton backend holds the weights itself (vLLM's multi_lora.json).
+    source: Path | None = None
+    # Optional check: the adapter's `base_model_name_or_path` must name this model (its last path part is enough).
+    base: str | None = None
+    # The name the Triton backend knows the adapter by (vLLM's multi_lora.json key), when not `name`.
+    lora_name: str | None = None
+
+
 class LLMModel(_Served):
     kind: Literal["llm"] = "llm"
     chat_template: Path | None = None
@@ -154,6 +167,15 @@ class LLMModel(_Served):
     # The context each image takes beyond its placeholder's own tokens (vision tokens are real context):
     # counted in the prompt for the context-length check and usage.
     image_tokens: int = Field(default=0, ge=0)
+    # LoRA adapters on this model, each served as a model (`/v1/models`: parent = this model): the listed ones,
+    # and every adapter folder (and multi_lora.json entry) found in `adapters_dir` at start-up, which is also
+    # the only place runtime loading (/v1/load_lora_adapter) may read from. A rank above `max_lora_rank`
+    # (TensorRT-LLM's default largest adapter size) is refused.
+    adapters: list[LoraAdapterEntry] = Field(default_factory=list)
+    adapters_dir: Path | None = None
+    max_lora_rank: int = Field(default=64, gt=0)
+    # The adapters as read and checked at start-up (`openai_api.lora.resolve_adapters`): `lora.LoraAdapter`s.
+    _lora: list[Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _text_block(self) -> LLMModel:
@@ -351,4 +373,7 @@ def load_config(path: Path | str) -> GatewayConfig:
                         ChatTemplate.from_tokenizer_dir(m.path)
                 except TemplateError as e:
                     raise ConfigError(path, f"{kind}[{i}].chat_template", str(e)) from None
+    from openai_api.lora import resolve_adapters  # the adapters' files are read once, here
+
+    resolve_adapters(config, path)
     return config

@@ -135,6 +135,10 @@ class Metrics:
                                          ["model"], registry=r)
         self.triton_errors = Counter("openai_api_triton_errors", "Failed Triton calls by model and error code.",
                                      ["model", "code"], registry=r)
+        # LoRA adapters served as models (their tokens are in the token counters under the adapter's name):
+        # sequences generated on each, weights sent to Triton, and Triton LoRA cache misses answered by resending.
+        self.lora_events = Counter("openai_api_lora_events", "LoRA adapter events by base model, adapter and event "
+                                   "(requests, weights_sent, cache_misses).", ["model", "adapter", "event"], registry=r)
         self.rejected = Counter("openai_api_rejected_requests",
                                 "Requests and connections refused before reaching a model (overload, body too large, "
                                 "draining, header timeout, connection limit).",

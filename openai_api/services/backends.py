@@ -21,6 +21,7 @@ from numpy.typing import NDArray
 
 from openai_api.config import EmbeddingModel, LLMModel, RerankModel
 from openai_api.errors import GatewayError
+from openai_api.lora import LoraAdapter
 from openai_api.observability import Metrics, current_stats
 from openai_api.quota.caller import current_meter
 from openai_api.triton.auto import AutoLLMBackend
@@ -101,6 +102,35 @@ class InstrumentedLLMBackend:
                 stats.completion_tokens += produced
             if meter is not None:
                 meter.used(prompt if counted_prompt else 0, produced)
+
+
+class LoraBackend:
+    """A LoRA adapter served as a model: its base model's backend, with the adapter named on every request
+    (`GenerationRequest.lora`) and each sequence counted per adapter. No generator layer of its own."""
+
+    def __init__(self, inner: LLMBackend, adapter: LoraAdapter) -> None:
+        self.inner = inner
+        self.adapter = adapter
+        self.model = adapter.name
+
+    @property
+    def protocol(self) -> str:
+        return self.inner.protocol
+
+    @property
+    def guide_kinds(self) -> frozenset[GuideKind] | None:
+        return self.inner.guide_kinds
+
+    def supports(self, param: str) -> bool:
+        return self.inner.supports(param)
+
+    async def check(self) -> None:
+        await self.inner.check()
+
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        request.lora = self.adapter
+        self.adapter.count("requests")
+        return self.inner.generate(request)
 
 
 class InstrumentedEncoder:

@@ -25,6 +25,10 @@ class ModelsService:
                                 "root": name, "parent": None, "kind": kind}
         if kind == "llm":
             rt = self.registry.llms[name]
+            if rt.adapter is not None:  # a LoRA adapter: vLLM's card shape (root = its source, parent = the base)
+                card["root"], card["parent"] = rt.adapter.root, rt.adapter.base
+            else:
+                card["adapters"] = [a.name for a in self.registry.adapters(name)]
             card["max_model_len"] = rt.context_length
             kinds = rt.backend.guide_kinds  # None until Triton's config was read
             card["capabilities"] = {

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo, RerankModel
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.lora import LoraAdapter, adapters_of
 from openai_api.observability import Metrics
-from openai_api.services.backends import encoder_backend, llm_backend
+from openai_api.services.backends import InstrumentedLLMBackend, LoraBackend, encoder_backend, llm_backend
 from openai_api.text.parsers import (
     END_MARKERS,
     ReasoningParserName,
@@ -57,10 +59,12 @@ class LLMRuntime:
     drop_ids: frozenset[int] | None = None
     # The families' markers that are special tokens here: removed from a call that falls back to content.
     control_markers: frozenset[str] = frozenset()
+    # A LoRA adapter served as a model: its base model's runtime with this set (and a backend that sends it).
+    adapter: LoraAdapter | None = None
 
     @property
     def name(self) -> str:
-        return self.config.name
+        return self.adapter.name if self.adapter is not None else self.config.name
 
 
 @dataclass
@@ -151,11 +155,15 @@ class ModelRegistry:
         self.rerankers: dict[str, EncoderRuntime[RerankModel]] = {}
         # The models served by more than one Triton: their replica sets (probed, shown in /v1/models).
         self.replicas: dict[str, ReplicaSet[Any]] = {}
+        self.metrics = metrics
         for m in config.llm:
             backend, replicas = llm_backend(m, pool, metrics, stream_idle_timeout_s)
             self.llms[m.name] = build_llm(m, config.model_info(m.name), backend)
             if replicas is not None:
                 self.replicas[m.name] = replicas
+        for m in config.llm:
+            for lora in adapters_of(m):
+                self.add_adapter(lora)
         for e in config.embedding:
             adapter, replicas = encoder_backend(e, pool, metrics)
             self.embeddings[e.name] = EncoderRuntime(e, TextTokenizer.from_folder(e.path), adapter)
@@ -166,6 +174,34 @@ class ModelRegistry:
             self.rerankers[r.name] = EncoderRuntime(r, TextTokenizer.from_folder(r.path), adapter)
             if replicas is not None:
                 self.replicas[r.name] = replicas
+
+    def add_adapter(self, adapter: LoraAdapter) -> LLMRuntime:
+        """Serve `adapter` as a model: its base model's runtime (tokenizer, template, parsers, limits) with a
+        backend that names the adapter on every request, and metrics of its own."""
+        base = self.llms[adapter.base]
+        inner = base.backend.inner if isinstance(base.backend, InstrumentedLLMBackend) else base.backend
+        lora = self.metrics.lora_events
+
+        def event(kind: str, base_name: str = adapter.base, name: str = adapter.name) -> None:
+            lora.labels(base_name, name, kind).inc()
+
+        adapter.on_event = event
+        rt = dataclasses.replace(base, backend=InstrumentedLLMBackend(LoraBackend(inner, adapter), self.metrics,
+                                                                      adapter.name), adapter=adapter)
+        self.llms[adapter.name] = rt
+        return rt
+
+    def remove_adapter(self, name: str) -> LLMRuntime | None:
+        """Stop serving adapter `name` to new requests (those running keep their runtime and finish)."""
+        rt = self.llms.get(name)
+        if rt is None or rt.adapter is None:
+            return None
+        return self.llms.pop(name)
+
+    def adapters(self, base: str | None = None) -> list[LoraAdapter]:
+        """The adapters served now (of `base` only, when given)."""
+        return [rt.adapter for rt in self.llms.values()
+                if rt.adapter is not None and (base is None or rt.adapter.base == base)]
 
     @property
     def encoders(self) -> dict[str, EncoderRuntime[EmbeddingModel] | EncoderRuntime[RerankModel]]:

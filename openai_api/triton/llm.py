@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from openai_api.lora import LoraAdapter
 
 GuideKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
 GUIDE_KINDS: frozenset[GuideKind] = frozenset({"json_schema", "json_object", "regex", "grammar", "choice"})
@@ -81,6 +84,9 @@ class GenerationRequest:
     # The request's images in prompt order (its placeholders' order); only a backend that supports
     # "images" is ever sent any.
     images: list[ImageInput] = field(default_factory=list)
+    # The LoRA adapter to generate with (the request named an adapter model): TensorRT-LLM gets its task id and,
+    # when the replica may not hold it, its weights; vLLM its name (`sampling_parameters.lora_name`).
+    lora: LoraAdapter | None = None
 
 
 @dataclass(slots=True)
@@ -103,7 +109,7 @@ class GenerationChunk:
 # Request fields an adapter may or may not be able to honour, by the name the OpenAI API uses.
 OPTIONAL_PARAMS = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "min_tokens", "stop_words", "bad_words", "return_logprobs",
-                   "top_logprobs", "images")
+                   "top_logprobs", "images", "lora")
 
 
 class LLMBackend(Protocol):

@@ -18,6 +18,8 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
+from openai_api.errors import BackendError, InvalidRequestError
+from openai_api.lora import AdapterError, LoraAdapter
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
 from openai_api.triton.wire import InferRequest, ModelSpec, raw_output, words_tensor
@@ -60,16 +62,61 @@ def trtllm_guide(guide: Guide) -> tuple[str, str]:
     return "ebnf_grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+# LoRA (see `openai_api.lora` for the tensors' layout): the task id, and the weights with their config.
+_LORA_ID, _LORA_WEIGHTS, _LORA_CONFIG = "lora_task_id", "lora_weights", "lora_config"
+
+
+def is_lora_cache_miss(err: BackendError) -> bool:
+    """Whether Triton refused a request because its LoRA cache no longer holds the task (TensorRT-LLM:
+    "LoRA task <id> not found in cache. Please send LoRA weights with request")."""
+    detail = (err.detail or "").lower()
+    return "lora task" in detail and "not found in cache" in detail
+
+
 class TensorRTLLMAdapter(SpecAdapter):
+    """`LLMBackend` over the TensorRT-LLM token-id protocol (module docstring).
+
+    LoRA: a request on an adapter carries `lora_task_id`, plus `lora_weights` and `lora_config` the first time
+    this replica (this adapter instance: one per Triton URL) is sent that task; after that only the id. When
+    Triton answers that its cache no longer holds the task (evicted, or Triton restarted), the request is sent
+    once more with the weights, before anything reached the client, so the client never sees the miss."""
+
     protocol = "tensorrt_llm"
 
     param_inputs = _PARAM_INPUTS
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The LoRA task ids this replica was sent the weights of (and answered): only their ids are sent.
+        self.lora_sent: set[int] = set()
+
+    def supports(self, param: str) -> bool:
+        if param == "lora":
+            return all(n in self.spec.inputs for n in (_LORA_ID, _LORA_WEIGHTS, _LORA_CONFIG))
+        return super().supports(param)
+
+    def _add_lora(self, r: InferRequest, lora: LoraAdapter, weights: bool) -> None:
+        spec = self.spec
+        r.add(spec, _LORA_ID, lora.task_id)
+        if not weights:
+            return
+        dtype = spec.inputs[_LORA_WEIGHTS].dtype
+        try:
+            w, c = lora.trtllm_tensors(dtype)
+        except AdapterError as e:
+            raise InvalidRequestError(f"The model {lora.name!r}: {e}", param="model") from None
+        if dtype == "BF16":  # numpy has no bfloat16: the bit patterns go on the wire as they are
+            shape = [1, *w.shape] if spec.batched else list(w.shape)
+            r._add(_LORA_WEIGHTS, "BF16", shape, w.astype("<u2").tobytes())
+        else:
+            r.add(spec, _LORA_WEIGHTS, w)
+        r.add(spec, _LORA_CONFIG, c)
 
     @property
     def guide_kinds(self) -> frozenset[GuideKind]:
         return GUIDE_KINDS if _GUIDE_TYPE in self.spec.inputs and _GUIDE in self.spec.inputs else frozenset()
 
-    def _request(self, req: GenerationRequest, streaming: bool) -> InferRequest:
+    def _request(self, req: GenerationRequest, streaming: bool, lora_weights: bool = False) -> InferRequest:
         spec = self.spec
         names = spec.inputs
         r = InferRequest(self.triton_model, self.version, req.request_id)
@@ -98,6 +145,8 @@ class TensorRTLLMAdapter(SpecAdapter):
             kind, text = trtllm_guide(req.guide)
             r.add(spec, _GUIDE_TYPE, kind)
             r.add(spec, _GUIDE, text)
+        if req.lora is not None:
+            self._add_lora(r, req.lora, lora_weights)
         r.output("output_ids")
         if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
             r.output("sequence_length")
@@ -105,10 +154,54 @@ class TensorRTLLMAdapter(SpecAdapter):
             r.output("output_log_probs")
         return r
 
-    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+    def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        lora = request.lora
+        if lora is None:
+            return self._generate(request, False)
+        if not self.supports("lora"):
+            raise InvalidRequestError(f"The model {lora.name!r} is a LoRA adapter of {self.model!r}, whose Triton "
+                                      f"model {self.triton_model!r} takes no LoRA (no lora_task_id, lora_weights and "
+                                      "lora_config inputs).", param="model", code="lora_not_supported")
+        if not lora.modules:
+            raise InvalidRequestError(f"The model {lora.name!r} is a LoRA adapter without weights (no `source` "
+                                      f"folder), which the TensorRT-LLM protocol of {self.model!r} needs.",
+                                      param="model", code="adapter_without_weights")
+        return self._generate_lora(request, lora)
+
+    async def _generate_lora(self, request: GenerationRequest, lora: LoraAdapter
+                             ) -> AsyncGenerator[GenerationChunk, None]:
+        """`_generate` with the adapter's id, and its weights when this replica may not hold them; a cache miss
+        answered before any output is retried once with the weights."""
+        send = lora.task_id not in self.lora_sent
+        while True:
+            produced = False
+            if send:
+                lora.count("weights_sent")
+            chunks = self._generate(request, send)
+            try:
+                async with aclosing(chunks):
+                    async for chunk in chunks:
+                        if not produced:
+                            produced = True
+                            self.lora_sent.add(lora.task_id)
+                        yield chunk
+                self.lora_sent.add(lora.task_id)
+                return
+            except BackendError as e:
+                if produced or send or not is_lora_cache_miss(e):
+                    raise
+                lora.count("cache_misses")
+                logger.info("model %s: Triton's LoRA cache no longer holds %s (task %d); sending its weights again",
+                            self.model, lora.name, lora.task_id)
+                self.lora_sent.discard(lora.task_id)
+                send = True
+
+    async def _generate(self, request: GenerationRequest, lora_weights: bool
+                        ) -> AsyncGenerator[GenerationChunk, None]:
         spec = self.spec
         if not spec.decoupled:
-            result = await self.rpc.infer(self._request(request, streaming=False), model=self.model,
+            result = await self.rpc.infer(self._request(request, streaming=False, lora_weights=lora_weights),
+                                          model=self.model,
                                           timeout_s=request.timeout_s)
             yield self._final_chunk(spec, request, result)
             return
@@ -119,7 +212,7 @@ class TensorRTLLMAdapter(SpecAdapter):
         ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
         # The deadline (`timeout_s`) covers the whole request, first token to last; the stall guard ends a
         # stream that stops producing (Triton hung, GPU wedged) long before that.
-        responses = self.rpc.stream(self._request(request, streaming), model=self.model,
+        responses = self.rpc.stream(self._request(request, streaming, lora_weights), model=self.model,
                                     timeout_s=request.timeout_s, idle_s=self.stream_idle_timeout_s)
         # aclosing: closing this generator early must close the stream (and so cancel the request) now.
         async with aclosing(responses):

@@ -27,6 +27,10 @@ no images (`supports("images")` is false, and the services refuse image parts by
 Stop strings are matched by the gateway on the text (and the stream closed, which cancels the
 request); single-token stop words and `end_id` go to vLLM as `stop_token_ids`. Token-id bad words
 cannot be expressed in SamplingParams, so a model with bad words configured refuses requests.
+
+LoRA: a request on an adapter carries `sampling_parameters.lora_name` (where vllm_backend reads it; the
+adapter must be in the backend's `multi_lora.json`). The backend's refusal of a name it does not serve is a
+404 naming the adapter.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import Any
 
 from tritonclient.grpc import InferResult
 
-from openai_api.errors import BackendError, InvalidRequestError
+from openai_api.errors import BackendError, InvalidRequestError, ModelNotFoundError
 from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
 from openai_api.triton.rpc import TritonRPC
@@ -191,7 +195,7 @@ class VLLMAdapter(SpecAdapter):
             # Alternatives come in the same output, as many as `sampling_parameters.logprobs` asks for.
             return "return_logprobs" in spec.inputs and "logprobs" in spec.outputs and (
                 param == "return_logprobs" or "sampling_parameters" in spec.inputs)
-        if param in _SAMPLING_KEYS or param == "stop_words":
+        if param in _SAMPLING_KEYS or param in ("stop_words", "lora"):
             return "sampling_parameters" in spec.inputs
         return False
 
@@ -215,6 +219,12 @@ class VLLMAdapter(SpecAdapter):
                 raise self.refuse(extra[0], " (its Triton config has no sampling_parameters input)")
             logger.warning("model %s: Triton model %s has no sampling_parameters input; vLLM's default "
                            "max_tokens (16) applies", self.model, self.triton_model)
+        if req.lora is not None:
+            if "sampling_parameters" not in names:
+                raise InvalidRequestError(f"The model {req.lora.name!r} is a LoRA adapter of {self.model!r}, whose "
+                                          f"Triton model {self.triton_model!r} has no sampling_parameters input to "
+                                          "name it in.", param="model", code="lora_not_supported")
+            params["lora_name"] = req.lora.lora_name
         r = InferRequest(self.triton_model, self.version, req.request_id)
         r.add(spec, "text_input", req.prompt_text)
         if req.images:
@@ -254,8 +264,11 @@ class VLLMAdapter(SpecAdapter):
             raise InvalidRequestError(f"The model {self.model!r} takes text prompts (vLLM backend); this "
                                       "request has token ids only.", param="prompt", code="unsupported_parameter")
         if not spec.decoupled:
-            result = await self.rpc.infer(self.build_request(request, streaming=False), model=self.model,
-                                          timeout_s=request.timeout_s)
+            try:
+                result = await self.rpc.infer(self.build_request(request, streaming=False), model=self.model,
+                                              timeout_s=request.timeout_s)
+            except BackendError as e:
+                raise self._unknown_lora(request, e) or e from None
             chunk = self._chunk(result, request)
             if "exclude_input_in_output" not in spec.inputs and chunk.text and \
                     chunk.text.startswith(request.prompt_text):
@@ -276,8 +289,21 @@ class VLLMAdapter(SpecAdapter):
                             yield chunk
                 return
             except BackendError as e:
+                unknown = self._unknown_lora(request, e)
+                if unknown is not None:
+                    raise unknown from None
                 if sent or request.guide is None or not self._older_spelling(e):
                     raise
+
+    def _unknown_lora(self, req: GenerationRequest, err: BackendError) -> ModelNotFoundError | None:
+        """The 404 for an adapter the Triton model does not serve (the vLLM backend: "LoRA <name> is not
+        supported, we currently support [...]", or "LoRA feature is not enabled."), else None."""
+        detail = err.detail or ""
+        if req.lora is None or "LoRA" not in detail or ("not supported" not in detail and "not enabled" not in detail):
+            return None
+        return ModelNotFoundError(f"The model {req.lora.name!r} does not exist on its backend: the Triton model "
+                                  f"{self.triton_model!r} does not serve the LoRA adapter {req.lora.lora_name!r} "
+                                  "(not in its multi_lora.json).", param="model")
 
     def _older_spelling(self, err: BackendError) -> bool:
         """Whether `err` is the backend refusing the guide's key by name: then switch to the older spelling
