@@ -145,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name, path in prepare_models(args.models_dir).items():
         print(f"{name}\t{path}")
+    # Real LoRA adapters of SmolLM2 (issue 26), trained once with peft.
+    from openai_api.embedded.adapters import prepare_adapters
+
+    for name, path in prepare_adapters(args.models_dir).items():
+        print(f"adapters/{name}\t{path}")
     # The model families' real tokenizers and templates (issue 19), from the dev extra's packages.
     from openai_api.embedded.families import prepare_families
 
