@@ -29,6 +29,14 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   tokens exist); the generated suffix equals a ``stop_words_list`` entry (stop tokens included in the
   output, as TensorRT-LLM does).  ``bad_words_list`` entries are masked (multi-token entries only
   when their prefix matches the generated suffix).
+* LoRA, as the TensorRT-LLM backend takes it: ``lora_task_id`` UINT64 [1, 1], ``lora_weights`` FP32
+  [1, N, W] (each row: A [r, in] flattened, then B [out, r] with the scale folded in, zero-padded) and
+  ``lora_config`` INT32 [1, N, 3] (module id, layer, r; ids 1-7 = q, k, v, o, gate (mlp_h_to_4h), down
+  (mlp_4h_to_h), up (mlp_gate)).  Weights with a task id are cached (an LRU of ``lora_cache_size``
+  adapters, the config's parameter; TensorRT-LLM's host cache) and applied in every forward pass of the
+  request (``smollm2_engine.LoraHooks``); a task id alone must be cached, else the request fails with
+  TensorRT-LLM's words: "LoRA task <id> not found in cache. Please send LoRA weights with request".
+  Counters ``lora_loads``, ``lora_hits``, ``lora_misses``, ``lora_evictions`` count each case.
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over 8192 tokens) come back as a
   FINAL response carrying a ``TritonError``.
 * cancellation (client cancels the gRPC stream) is polled before every token step; the request is
@@ -100,7 +108,9 @@ class TritonPythonModel(SmolLM2Engine):
         max_new = int(batched_scalar(request, "request_output_len", 16))
         self.validate_prompt(prompt, max_new, "request_output_len")
         temperature = checked_temperature(float(batched_scalar(request, "temperature", 1.0)))
+        lora = self._lora(request)
         return Job(
+            lora=lora,
             request=request,
             sender=sender,
             prompt=prompt,
@@ -124,6 +134,33 @@ class TritonPythonModel(SmolLM2Engine):
                 "return_log_probs": bool(batched_scalar(request, "return_log_probs", False)),
             },
         )
+
+    def _lora(self, request: Any) -> Any:
+        """The request's adapter, as TensorRT-LLM's PEFT cache answers: weights + config with a task id are
+        stored (evicting the least recently used adapter past ``lora_cache_size``) and used; a task id alone
+        must name a cached adapter, else the request fails with TensorRT-LLM's own cache-miss error."""
+        task = batched_scalar(request, "lora_task_id", None)
+        weights = input_array(request, "lora_weights")
+        config = input_array(request, "lora_config")
+        if weights is not None and weights.size and config is not None and config.size:
+            if task is None:
+                raise RequestError("lora_task_id is required with lora_weights and lora_config")
+            if weights.shape[0] != 1 or config.shape[0] != 1:
+                raise RequestError("lora_weights / lora_config: batch size must be 1")
+            lora = self.lora_modules.from_trtllm(weights[0].astype(np.float32), config[0])
+            evicted = self.lora_cache.put(int(task), lora)
+            self._bump("lora_loads")
+            if evicted:
+                self._bump("lora_evictions", n=evicted)
+            return lora
+        if task is None:
+            return None
+        lora = self.lora_cache.get(int(task))
+        if lora is None:
+            self._bump("lora_misses")
+            raise RequestError(f"LoRA task {int(task)} not found in cache. Please send LoRA weights with request")
+        self._bump("lora_hits")
+        return lora
 
     def respond(self, job: Job, new_tokens: list[int], final: bool) -> None:
         """Streaming: send ``new_tokens`` (the tail of ``job.generated``); otherwise the whole output."""

@@ -155,6 +155,125 @@ def seeded_generator(seed: int | None) -> torch.Generator | None:
     return torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
+LoraWeights = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+# TensorRT-LLM's LoRA module ids (LoraModule::ModuleType) and the Llama projections they adapt, as its
+# hf_lora_convert.py maps them.
+LORA_MODULE_IDS = {1: "q_proj", 2: "k_proj", 3: "v_proj", 4: "o_proj", 5: "gate_proj", 6: "down_proj", 7: "up_proj"}
+
+
+class LoraHooks:
+    """LoRA in the forward pass: a hook on every attention and MLP projection adds ``(x @ A^T) @ B^T`` of the
+    active adapter (``active``: (layer, module) -> (A^T, B^T), set by the worker around each job's forward
+    pass) to the projection's output; with no adapter active a hook returns at once."""
+
+    def __init__(self, model: Any) -> None:
+        self.active: LoraWeights | None = None
+        self.dims: dict[str, tuple[int, int]] = {}
+        self.layers = 0
+        for layer_idx, layer in enumerate(model.model.layers):
+            self.layers = layer_idx + 1
+            for part in (layer.self_attn, layer.mlp):
+                for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
+                    linear = getattr(part, name, None)
+                    if linear is None:
+                        continue
+                    self.dims[name] = (int(linear.in_features), int(linear.out_features))
+                    linear.register_forward_hook(self._hook((layer_idx, name)))
+
+    def _hook(self, key: tuple[int, str]) -> Any:
+        def hook(_module: Any, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
+            active = self.active
+            if active is None:
+                return None
+            ab = active.get(key)
+            if ab is None:
+                return None
+            return output + (inputs[0] @ ab[0]) @ ab[1]
+
+        return hook
+
+    def from_trtllm(self, weights: np.ndarray, config: np.ndarray) -> LoraWeights:
+        """TensorRT-LLM's ``lora_weights`` [N, W] and ``lora_config`` [N, 3] (module id, layer, rank): each row
+        A [r, in] flattened, then B [out, r] (scale folded in), zero-padded to W."""
+        if weights.ndim != 2 or config.ndim != 2 or config.shape[1] < 3 or config.shape[0] != weights.shape[0]:
+            raise RequestError(f"lora_weights {list(weights.shape)} and lora_config {list(config.shape)}: expected "
+                               "[1, N, W] and [1, N, 3]")
+        out: LoraWeights = {}
+        for row, (module_id, layer, rank) in zip(weights, config[:, :3].tolist(), strict=True):
+            name = LORA_MODULE_IDS.get(int(module_id))
+            if name is None or name not in self.dims:
+                raise RequestError(f"lora_config: module id {module_id} is not supported by this model")
+            if not 0 <= layer < self.layers:
+                raise RequestError(f"lora_config: layer {layer} is outside 0..{self.layers - 1}")
+            d_in, d_out = self.dims[name]
+            if rank < 1 or rank * (d_in + d_out) > row.shape[0]:
+                raise RequestError(f"lora_config: adapter size {rank} of module {module_id} does not fit "
+                                   f"lora_weights rows of {row.shape[0]} values")
+            a = torch.from_numpy(np.ascontiguousarray(row[: rank * d_in], dtype=np.float32)).reshape(rank, d_in)
+            b = torch.from_numpy(np.ascontiguousarray(row[rank * d_in: rank * (d_in + d_out)],
+                                                      dtype=np.float32)).reshape(d_out, rank)
+            out[(int(layer), name)] = (a.t().contiguous(), b.t().contiguous())
+        return out
+
+    def from_peft(self, folder: Path) -> LoraWeights:
+        """A PEFT adapter folder (adapter_config.json + adapter_model.safetensors), scale alpha / r folded in."""
+        import re
+
+        from safetensors.torch import load_file
+
+        cfg = json.loads((folder / "adapter_config.json").read_text())
+        rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
+        scale = alpha / rank ** 0.5 if cfg.get("use_rslora") else alpha / rank
+        pattern = re.compile(r".*\.layers\.(\d+)\.(?:self_attn|mlp)\.([a-z_]+)\.lora_([AB])\.weight$")
+        parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+        for key, tensor in load_file(str(folder / "adapter_model.safetensors")).items():
+            m = pattern.match(key)
+            if m is None:
+                raise RequestError(f"{folder.name}: unsupported tensor {key}")
+            parts.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.float()
+        return {k: (ab["A"].t().contiguous(), (ab["B"] * scale).t().contiguous()) for k, ab in parts.items()}
+
+
+class LoraCache:
+    """A bounded LRU of adapters, as TensorRT-LLM's host cache (``lora_cache_size`` adapters): ``put`` evicts the
+    least recently used one beyond it; a running job keeps its own reference, so eviction never affects it."""
+
+    def __init__(self, capacity: int) -> None:
+        from collections import OrderedDict
+
+        self.capacity = max(1, capacity)
+        self.items: OrderedDict[Any, LoraWeights] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: Any) -> LoraWeights | None:
+        with self.lock:
+            found = self.items.get(key)
+            if found is not None:
+                self.items.move_to_end(key)
+            return found
+
+    def put(self, key: Any, weights: LoraWeights) -> int:
+        """Store ``weights``; returns how many adapters were evicted."""
+        with self.lock:
+            self.items[key] = weights
+            self.items.move_to_end(key)
+            evicted = 0
+            while len(self.items) > self.capacity:
+                self.items.popitem(last=False)
+                evicted += 1
+            return evicted
+
+
+def config_parameter(args: dict[str, str], key: str, default: str) -> str:
+    """A string parameter of the model's config.pbtxt (``parameters { key: ... }``), else ``default``."""
+    try:
+        params = json.loads(args.get("model_config", "{}")).get("parameters", {})
+        value = params.get(key, {}).get("string_value")
+    except (ValueError, AttributeError):
+        return default
+    return str(value) if value not in (None, "") else default
+
+
 @dataclass
 class Job:
     """One generation request and its decoding state (owned by the worker thread once queued).
@@ -195,6 +314,9 @@ class Job:
     ranks: list[int] = field(default_factory=list)
     alternatives: list[list[tuple[int, float]]] = field(default_factory=list)
     counts: Counter[int] = field(default_factory=Counter)
+    # LoRA: the adapter's weights applied in every forward pass of this job ((layer, module) -> (A^T, B^T), the
+    # scale folded into B); held by the job, so evicting the adapter from a cache never touches a running job.
+    lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] | None = None
     finish_reason: str | None = None
     started: float = field(default_factory=time.monotonic)
 
@@ -243,7 +365,14 @@ class SmolLM2Engine:
 
         stats_dir = os.environ.get("OPENAI_API_REF_STATS_DIR")
         self.stats_path = Path(stats_dir) / f"{self.model_name}.json" if stats_dir else None
-        self.stats = {"started": 0, "completed": 0, "cancelled": 0, "errors": 0, "tokens_generated": 0, "active": 0}
+        self.stats = {"started": 0, "completed": 0, "cancelled": 0, "errors": 0, "tokens_generated": 0, "active": 0,
+                      # LoRA: requests that carried weights, that named a cached adapter, that named one not
+                      # cached (answered with the cache-miss error), and adapters evicted from the cache.
+                      "lora_loads": 0, "lora_hits": 0, "lora_misses": 0, "lora_evictions": 0}
+        self.lora_modules = LoraHooks(self.model)
+        # How many adapters the model keeps (TensorRT-LLM: its host cache; vLLM: max_cpu_loras). The bundled
+        # configs keep one, so the tests can force evictions with two adapters.
+        self.lora_cache = LoraCache(int(config_parameter(args, "lora_cache_size", "8")))
         self.stats_lock = threading.Lock()
         self._write_stats()
 
@@ -426,13 +555,18 @@ class SmolLM2Engine:
             self._finish(job, "completed")
             return True
         with torch.inference_mode():
-            out = self.model(
-                input_ids=torch.tensor([job.pending], dtype=torch.long),
-                past_key_values=job.cache,
-                use_cache=True,
-                # Only the last position is sampled; full prefill logits would be L x 49152 floats.
-                logits_to_keep=1,
-            )
+            # The worker thread runs one job's forward pass at a time: its adapter (or none) is the active one.
+            self.lora_modules.active = job.lora
+            try:
+                out = self.model(
+                    input_ids=torch.tensor([job.pending], dtype=torch.long),
+                    past_key_values=job.cache,
+                    use_cache=True,
+                    # Only the last position is sampled; full prefill logits would be L x 49152 floats.
+                    logits_to_keep=1,
+                )
+            finally:
+                self.lora_modules.active = None
             job.cache = out.past_key_values
             try:
                 token, log_prob, ranked = self._sample(job, out.logits[0, -1].float())
@@ -542,9 +676,9 @@ class SmolLM2Engine:
                 f"({state.seconds / state.steps * 1e6:.0f} us per token)")
         self._bump(outcome, active=-1)
 
-    def _bump(self, key: str, active: int = 0) -> None:
+    def _bump(self, key: str, active: int = 0, n: int = 1) -> None:
         with self.stats_lock:
-            self.stats[key] += 1
+            self.stats[key] += n
             self.stats["active"] += active
         if key != "tokens_generated" and key != "started":
             self._write_stats()

@@ -31,6 +31,11 @@ Wire contract (``max_batch_size: 0``: no batch dim), as the Triton vLLM backend 
 * text is detokenized incrementally inside the model with the model's own ``tokenizer.json`` (a
   ``DecodeStream`` primed with the prompt's last ids), so a token that ends inside a UTF-8 character
   yields "" until the character completes.
+* LoRA, as the vLLM backend takes it: ``sampling_parameters.lora_name`` names an adapter of
+  ``multi_lora.json`` beside this file (name -> PEFT folder, relative paths read from the prepared models
+  folder); it is loaded from its folder on first use into an LRU of ``lora_cache_size`` adapters and
+  applied in every forward pass (``smollm2_engine.LoraHooks``).  Another name fails with the backend's
+  words: "LoRA <name> is not supported, we currently support [...]".
 * the end-of-sequence token and ``stop_token_ids`` end generation and are neither emitted as text nor
   counted in ``num_output_tokens`` (the TensorRT-LLM reference counts the same way, so usage agrees
   across the three reference models; real vLLM counts that last token).
@@ -65,7 +70,7 @@ DECODE_PREFIX = 8
 MAX_LOGPROBS = 20
 _KNOWN_KEYS = {"max_tokens", "temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
                "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos", "skip_special_tokens",
-               "logprobs", "n", "stop", "structured_outputs", "guided_decoding"}
+               "logprobs", "n", "stop", "structured_outputs", "guided_decoding", "lora_name"}
 
 
 def _flag(request: Any, name: str) -> bool | None:
@@ -88,6 +93,42 @@ class TritonPythonModel(SmolLM2Engine):
     """Decoupled SmolLM2 generator, vLLM-backend text interface; see the module docstring."""
 
     TEXT_PROMPTS = True
+
+    def initialize(self, args: dict[str, str]) -> None:
+        super().initialize(args)
+        # The adapters this model serves, as the vLLM backend reads them: multi_lora.json beside this file,
+        # adapter name -> PEFT folder (a relative path is read from the prepared models folder).
+        self.lora_repository: dict[str, Path] = {}
+        listing = Path(__file__).resolve().parent / "multi_lora.json"
+        if listing.is_file():
+            models = self.weights_dir.parent
+            for name, where in json.loads(listing.read_text()).items():
+                path = Path(where)
+                self.lora_repository[str(name)] = path if path.is_absolute() else models / path
+        self.logger.log_info(f"{self.model_name}: LoRA adapters {sorted(self.lora_repository)}")
+
+    def _lora(self, params: dict[str, Any]) -> Any:
+        """``sampling_parameters.lora_name``: an adapter of multi_lora.json, loaded from its folder on first use
+        (and again after the LRU of ``lora_cache_size`` evicted it); another name is refused in the vLLM
+        backend's words."""
+        name = params.get("lora_name")
+        if name is None:
+            return None
+        if name not in self.lora_repository:
+            raise RequestError(f"LoRA {name} is not supported, we currently support {sorted(self.lora_repository)}")
+        lora = self.lora_cache.get(name)
+        if lora is not None:
+            self._bump("lora_hits")
+            return lora
+        folder = self.lora_repository[name]
+        if not (folder / "adapter_model.safetensors").is_file():
+            raise RequestError(f"LoRA {name}: no adapter at {folder}")
+        lora = self.lora_modules.from_peft(folder)
+        evicted = self.lora_cache.put(name, lora)
+        self._bump("lora_loads")
+        if evicted:
+            self._bump("lora_evictions", n=evicted)
+        return lora
 
     def parse(self, request: Any, sender: Any) -> Job:
         text = input_array(request, "text_input")
@@ -118,7 +159,9 @@ class TritonPythonModel(SmolLM2Engine):
             raise RequestError(f"sampling_parameters.logprobs: {logprobs} is outside 0..{MAX_LOGPROBS} (vLLM's "
                                "max_logprobs)")
         skip_special = params.get("skip_special_tokens", True) is not False
+        lora = self._lora(params)
         return Job(
+            lora=lora,
             request=request,
             sender=sender,
             prompt=prompt,
