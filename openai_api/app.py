@@ -27,6 +27,7 @@ from openai_api.http.routers import (
     embeddings,
     health,
     keys,
+    lora,
     messages,
     metrics,
     models,
@@ -94,7 +95,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     app.state.gateway = state
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
-                   tokenize.router, models.router, messages.router, keys.router)
+                   tokenize.router, models.router, messages.router, keys.router, lora.router)
     for r in api_routers:
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)

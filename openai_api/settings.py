@@ -184,6 +184,11 @@ class Settings(BaseModel):
         "keep this many /v1/responses answers (with store: true) in memory, for previous_response_id and GET "
         "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400). The store lives in one "
         "process's memory, so it needs --workers 1", group="server", metavar="N")] = Field(default=0, ge=0)
+    allow_runtime_lora: Annotated[bool, Option(
+        "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes): adapters from a model's "
+        "adapters_dir are loaded and unloaded while the gateway runs; with a keys file only admin keys may. "
+        "Per worker process, and in memory (the adapters_dir scan brings them back at a restart)",
+        group="server")] = False
 
     # --- images in chat (services.images, images.fetch) -------------------------------------------------------
     image_allowed_hosts: Annotated[list[str], Option(
