@@ -270,9 +270,11 @@ class Fetcher:
             self.policy.check(host, ip)
         return Target(url, host, str(addresses[0]), port, scheme == "https", host_header, target)
 
-    async def fetch(self, url: str) -> bytes:
+    async def fetch(self, url: str, timeout_s: float | None = None) -> bytes:
+        """The body of `url`'s 200 answer, within `timeout_s` (default: the fetcher's) for everything."""
+        budget = self.timeout_s if timeout_s is None else timeout_s
         try:
-            async with asyncio.timeout(self.timeout_s):
+            async with asyncio.timeout(budget):
                 for hop in range(self.max_redirects + 1):
                     target = await self.judge(url)
                     status, location, body = await self._exchange(target)

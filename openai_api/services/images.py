@@ -298,12 +298,21 @@ class ImageService:
         return result
 
     async def _fetch(self, url: str) -> tuple[ImageInput, int]:
-        async with self._slots:
-            start = time.perf_counter()
-            try:
-                data = await self.fetcher.fetch(url)
-            finally:
-                if self.metrics is not None:
-                    self.metrics.image_fetch_seconds.observe(time.perf_counter() - start)
+        # The fetch timeout covers the wait for a slot too: a burst of slow hosts delays a URL by at most
+        # its own timeout, and then it is refused, never queued without end.
+        budget = self.fetcher.timeout_s
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(budget):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise ImageRefused("timeout", f"no fetch slot came free within {budget:g} s (the gateway is fetching "
+                                          "many images)") from None
+        try:
+            data = await self.fetcher.fetch(url, max(budget - (time.perf_counter() - start), 0.001))
+        finally:
+            self._slots.release()
+            if self.metrics is not None:
+                self.metrics.image_fetch_seconds.observe(time.perf_counter() - start)
         image: ImageInput = await self._run(_verified, data, self.limits.max_pixels)
         return image, len(data)

@@ -35,13 +35,17 @@ BLUE = solid(10, 20, "blue", "JPEG")
 class FakeFetcher:
     """`fetch(url)` from a dict; records every call."""
 
-    def __init__(self, pages: dict[str, bytes | ImageRefused]) -> None:
+    def __init__(self, pages: dict[str, bytes | ImageRefused], timeout_s: float = 5.0) -> None:
         self.pages = pages
         self.calls: list[str] = []
+        self.timeout_s = timeout_s
+        self.hold: asyncio.Event | None = None  # set: every fetch waits for it
 
-    async def fetch(self, url: str) -> bytes:
+    async def fetch(self, url: str, timeout_s: float | None = None) -> bytes:
         self.calls.append(url)
         await asyncio.sleep(0)
+        if self.hold is not None:
+            await self.hold.wait()
         page = self.pages[url]
         if isinstance(page, ImageRefused):
             raise page
@@ -122,6 +126,27 @@ def test_the_first_refused_part_in_order_is_the_one_named() -> None:
                       "https://a.example.com/2.png": ImageRefused("loopback", "no")})
     err = refusal(svc, data_url(RED), "https://a.example.com/1.png", "https://a.example.com/2.png")
     assert err.param == "messages[0].content[1]" and "(reason: timeout)" in err.message
+
+
+def test_waiting_for_a_fetch_slot_counts_toward_the_timeout() -> None:
+    async def scenario() -> str:
+        fetcher = FakeFetcher({"https://a.example.com/slow.png": RED, "https://b.example.com/b.png": RED},
+                              timeout_s=0.05)
+        svc = ImageService(ImageLimits(fetch_concurrency=1), fetcher)  # type: ignore[arg-type]
+        fetcher.hold = asyncio.Event()
+        slow = asyncio.ensure_future(svc.load([ImageSource("https://a.example.com/slow.png", "a")]))
+        await asyncio.sleep(0.01)  # the slow fetch holds the only slot
+        try:
+            await svc.load([ImageSource("https://b.example.com/b.png", "b")])
+        except InvalidRequestError as e:
+            assert fetcher.calls == ["https://a.example.com/slow.png"]
+            return e.message
+        finally:
+            fetcher.hold.set()
+            await slow
+        return ""
+
+    assert "(reason: timeout)" in asyncio.run(scenario())
 
 
 def test_the_same_image_is_fetched_and_verified_once() -> None:
