@@ -99,8 +99,10 @@ def concrete(path: str) -> str:
     {"Authorization": "Bearer k1k2"},
     {"Authorization": "Basic k1"},
     {"Authorization": "k1"},
-    {"X-API-Key": "k1"},
-], ids=["no-header", "wrong-key", "empty-key", "keys-concatenated", "basic-scheme", "no-scheme", "other-header"])
+    {"X-API-Key": "wrong"},
+    {"Api-Key": "k1"},
+], ids=["no-header", "wrong-key", "empty-key", "keys-concatenated", "basic-scheme", "no-scheme", "x-api-key-wrong",
+        "other-header"])
 async def test_requests_without_a_valid_bearer_key_get_401_in_openai_shape(
         client: httpx.AsyncClient, headers: dict[str, str]) -> None:
     r = await client.post(CHAT, json=body(), headers=headers)
@@ -109,6 +111,12 @@ async def test_requests_without_a_valid_bearer_key_get_401_in_openai_shape(
     assert err["type"] == "invalid_request_error"
     assert r.headers["www-authenticate"] == "Bearer"
     assert "k1" not in err["message"]
+
+
+async def test_an_x_api_key_header_is_a_key_too(client: httpx.AsyncClient) -> None:
+    """Anthropic's SDKs and Claude Code send `x-api-key` (LiteLLM accepts it on every route as well)."""
+    r = await client.post(CHAT, json=body(), headers={"X-API-Key": "k1"})
+    assert r.status_code == 200, r.text
 
 
 @pytest.mark.parametrize("key", KEYS)
@@ -151,7 +159,9 @@ async def test_every_other_route_requires_the_key(app: FastAPI, client: httpx.As
         for method in sorted(methods):
             r = await client.request(method, concrete(path))
             assert r.status_code == 401, (method, path, r.status_code)
-            if method != "HEAD":
+            if method != "HEAD" and path.startswith("/v1/messages"):  # Anthropic's shape on its routes
+                assert r.json()["error"]["type"] == "authentication_error"
+            elif method != "HEAD":
                 assert r.json()["error"]["code"] == "invalid_api_key"
             checked.add(path)
     # The enumeration really saw the routes (including the ones FastAPI adds), so the check means something.

@@ -49,7 +49,22 @@ BASES: dict[str, dict[str, Any]] = {
     "/rerank": {"query": "q", "documents": ["a", {"text": "b"}]},
     "/tokenize": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}, _MESSAGE]},
     "/detokenize": {"model": MODEL, "tokens": [1, 2]},
+    # Anthropic's Messages API: a tool round trip's blocks, tools, tool_choice, metadata, sampling.
+    "/v1/messages": {"model": MODEL, "max_tokens": 3, "system": [{"type": "text", "text": "Be brief."}],
+                     "messages": [{"role": "user", "content": "Hi"},
+                                  {"role": "assistant", "content": [
+                                      {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+                                  {"role": "user", "content": [
+                                      {"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"},
+                                      {"type": "text", "text": "Hi"}]}],
+                     "tools": [{"name": "f", "input_schema": {"type": "object", "properties": {}}}],
+                     "tool_choice": {"type": "auto"}, "metadata": {"user_id": "u"}, "stop_sequences": ["x"],
+                     "temperature": 0.5, "top_p": 1, "top_k": 5, "stream": True},
+    "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                                  "system": "Be brief."},
 }
+# Routes that answer in Anthropic's error shape: no `param`, so the message must name the field.
+ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
 # One value of each JSON type; a field is sent every one its schema does not allow (null aside: whether
 # a field may be null is not a question of type). "1" is the string that lax parsing would take for a
 # number, 1 the integer it would take for a boolean, True the boolean it would take for an integer.
@@ -244,9 +259,14 @@ async def test_every_wrong_type_on_every_post_route_is_400_naming_the_field(app:
             for content_type in CONTENT_TYPES:
                 count += 1
                 r = await post(client, path, body, content_type)
-                param = r.json().get("error", {}).get("param") if r.status_code == 400 else None
-                related = param is not None and (param == expected or param.startswith(expected)
-                                                 or expected.startswith((param + ".", param + "[")))
+                if path in ANTHROPIC:
+                    err = r.json().get("error", {}) if r.status_code == 400 else {}
+                    name = next((p for p in reversed(field_path) if isinstance(p, str)), expected)
+                    related = err.get("type") == "invalid_request_error" and name in err.get("message", "")
+                else:
+                    param = r.json().get("error", {}).get("param") if r.status_code == 400 else None
+                    related = param is not None and (param == expected or param.startswith(expected)
+                                                     or expected.startswith((param + ".", param + "[")))
                 if r.status_code != 400 or not related:
                     failures.append(f"{path} {expected}={value!r} ({content_type}): {r.status_code} {r.text[:160]}")
     assert not failures, f"{len(failures)} of {count} wrong-typed requests were not a 400 naming the field:\n" + \
