@@ -34,7 +34,7 @@ GREEN = solid(33, 7, "green", "WEBP")
 YELLOW = mostly(40, 40, "yellow", "black")
 GIF = solid(5, 6, "white", "GIF")
 MAX_BYTES = 256 * 1024
-TIMEOUT_S = 2.0
+TIMEOUT_S = 4.0  # the slow host's deadline: long enough that the answers below beat it on a loaded machine
 MAX_IMAGES = 4
 
 
@@ -326,8 +326,8 @@ def test_a_slow_image_holds_up_no_other_request(gateway: GatewayServer, http: ht
     answer = ask(client, [{"role": "user", "content": [image(data_url(GIF))]}], stream=False)
     elapsed = time.monotonic() - start
     assert answer == "image 1: 5x6, white."
-    assert thread.is_alive(), "the slow fetch should still be running"
-    assert elapsed < 1.5
+    assert thread.is_alive(), "both answers came while the slow fetch was still waiting on its host"
+    assert elapsed < TIMEOUT_S - 1
     thread.join()
     assert result["response"].status_code == 400 and "(reason: timeout)" in result["response"].text
 
