@@ -80,6 +80,9 @@ class ImageLimits:
     fetch_concurrency: int = 16
     cache_bytes: int = 64 * 1024 * 1024
     decode_threads: int = 2
+    # All of a request's images as sent (base64), below Triton's gRPC message cap (256 MiB, triton.client)
+    # with room for the prompt: a request past it would fail inside the RPC instead of as a clear 400.
+    max_total_b64: int = 192 * 1024 * 1024
 
 
 def refusal(param: str, reason: str, message: str) -> InvalidRequestError:
@@ -248,7 +251,16 @@ class ImageService:
         failures = [e for t in tasks if t.done() and not t.cancelled() and (e := t.exception()) is not None]
         if failures:
             raise failures[0]  # the first failure in the request's own order, not in time
-        return [t.result() for t in tasks]
+        images = [t.result() for t in tasks]
+        total = 0
+        for src, image in zip(sources, images, strict=True):
+            total += len(image.b64)
+            if total > self.limits.max_total_b64:
+                self._count("too_large")
+                raise refusal(src.param, "too_large", f"the request's images add up to more than "
+                                                      f"{self.limits.max_total_b64:,} bytes of base64, over what "
+                                                      "one Triton request carries")
+        return images
 
     def _count(self, reason: str) -> None:
         if self.metrics is not None:

@@ -114,6 +114,13 @@ def test_the_pixel_cap_is_a_setting() -> None:
     assert "(reason: too_many_pixels)" in refusal(svc, data_url(RED)).message
 
 
+def test_the_requests_images_together_stay_below_what_one_triton_request_carries() -> None:
+    svc, _ = service(max_total_b64=len(data_url(RED)) * 2)
+    assert len(load(svc, data_url(RED), data_url(RED))) == 2
+    err = refusal(svc, data_url(RED), data_url(RED), data_url(RED))
+    assert err.param == "messages[0].content[2]" and "(reason: too_large)" in err.message
+
+
 def test_more_images_than_the_cap_is_refused_before_any_fetch() -> None:
     svc, fetcher = service({f"https://x.example.com/{k}.png": RED for k in range(4)}, max_images=3)
     err = refusal(svc, *(f"https://x.example.com/{k}.png" for k in range(4)))
