@@ -372,10 +372,10 @@ def _ds(name: str) -> str:
 DS_CALLS_BEGIN, DS_CALLS_END = _ds("tool calls begin"), _ds("tool calls end")
 DS_CALL_BEGIN, DS_CALL_END, DS_SEP = _ds("tool call begin"), _ds("tool call end"), _ds("tool sep")
 DSML = "\uff5cDSML\uff5c"
-_DS_V3_CALL = re.compile(re.escape(DS_CALL_BEGIN) + "(.*?)" + re.escape(DS_SEP) + r"(.*?)\n```(?:json)?\n(.*?)\n```\s*"
-                         + re.escape(DS_CALL_END), re.DOTALL)
-_DS_V31_CALL = re.compile(re.escape(DS_CALL_BEGIN) + "(.*?)" + re.escape(DS_SEP) + "(.*?)" + re.escape(DS_CALL_END),
-                          re.DOTALL)
+_DS_V3_CALL = re.compile(re.escape(DS_CALL_BEGIN) + "(?:.*?)" + re.escape(DS_SEP)
+                         + r"(?P<name>.*?)\n```(?:json)?\n(?P<args>.*?)\n```\s*" + re.escape(DS_CALL_END), re.DOTALL)
+_DS_V31_CALL = re.compile(re.escape(DS_CALL_BEGIN) + "(?P<name>.*?)" + re.escape(DS_SEP) + "(?P<args>.*?)"
+                          + re.escape(DS_CALL_END), re.DOTALL)
 
 
 def _all_matches(pattern: re.Pattern[str], text: str, partial: bool) -> list[re.Match[str]] | None:
@@ -389,32 +389,32 @@ def _all_matches(pattern: re.Pattern[str], text: str, partial: bool) -> list[re.
     return matches
 
 
-def _decode_deepseek_v3(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
-    """`CALL_BEGIN function SEP NAME\\n```json\\n{...}\\n``` CALL_END` (V3, R1-0528; markers `DS_*`)."""
-    matches = _all_matches(_DS_V3_CALL, text, partial)
-    if matches is None:
-        return None
-    calls = []
-    for m in matches:
-        args = _object(m.group(3).strip())
-        if args is None:
+def _json_calls(pattern: re.Pattern[str], doc: str) -> Decoder:
+    """A decoder for formats whose calls each match `pattern`, with named groups `name` (or `id`, whose
+    part before `:` less `functions.` is the name) and `args` (a JSON object)."""
+
+    def decode(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
+        matches = _all_matches(pattern, text, partial)
+        if matches is None:
             return None
-        calls.append(RawCall(m.group(2).strip(), args))
-    return calls
+        calls = []
+        for m in matches:
+            groups = m.groupdict()
+            call_id = (groups.get("id") or "").strip() or None
+            name = (groups.get("name") or (call_id or "").split(":", 1)[0].removeprefix("functions.")).strip()
+            args = _object(m.group("args").strip())
+            if args is None or not name:
+                return None
+            calls.append(RawCall(name, args, call_id))
+        return calls
+
+    decode.__doc__ = doc
+    return decode
 
 
-def _decode_deepseek_v31(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
-    """`CALL_BEGIN NAME SEP {...} CALL_END` (V3.1; markers `DS_*`)."""
-    matches = _all_matches(_DS_V31_CALL, text, partial)
-    if matches is None:
-        return None
-    calls = []
-    for m in matches:
-        args = _object(m.group(2).strip())
-        if args is None:
-            return None
-        calls.append(RawCall(m.group(1).strip(), args))
-    return calls
+_decode_deepseek_v3 = _json_calls(_DS_V3_CALL, "`CALL_BEGIN function SEP NAME\\n```json\\n{...}\\n``` CALL_END` "
+                                  "(V3, R1-0528; markers `DS_*`).")
+_decode_deepseek_v31 = _json_calls(_DS_V31_CALL, "`CALL_BEGIN NAME SEP {...} CALL_END` (V3.1; markers `DS_*`).")
 
 
 _DSML_INVOKE = re.compile(f"<(?:{DSML})?" + r'invoke\s+name="([^"]+)"\s*>(.*?)' + f"</(?:{DSML})?invoke>", re.DOTALL)
@@ -450,25 +450,12 @@ def _decode_dsml(text: str, ctx: ToolContext, partial: bool = False) -> list[Raw
     return calls
 
 
-_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(.*?)\s*<\|tool_call_argument_begin\|>(.*?)<\|tool_call_end\|>",
-                        re.DOTALL)
+_KIMI_CALL = re.compile(r"<\|tool_call_begin\|>\s*(?P<id>.*?)\s*<\|tool_call_argument_begin\|>(?P<args>.*?)"
+                        r"<\|tool_call_end\|>", re.DOTALL)
 
 
-def _decode_kimi_k2(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
-    """`<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}<|tool_call_end|>`: the id is
-    the model's own and must come back unchanged in history."""
-    matches = _all_matches(_KIMI_CALL, text, partial)
-    if matches is None:
-        return None
-    calls = []
-    for m in matches:
-        call_id = m.group(1).strip()
-        name = call_id.split(":", 1)[0].removeprefix("functions.")
-        args = _object(m.group(2).strip())
-        if args is None or not name:
-            return None
-        calls.append(RawCall(name, args, call_id))
-    return calls
+_decode_kimi_k2 = _json_calls(_KIMI_CALL, "`<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>{...}"
+                              "<|tool_call_end|>`: the id is the model's own and must come back unchanged in history.")
 
 
 # ---------------------------------------------------------------------------------------- tool formats
