@@ -51,7 +51,18 @@ def test_compose_spec_parse() -> None:
     text = interpolate(COMPOSE_FILE.read_text(encoding="utf-8"))
     parsed = compose_spec.PyOptions(apply_merge=True).from_yaml(text)  # raises ValueError with the field
     parsed.validate()  # networks/volumes/configs/secrets referenced are defined
-    assert parsed.service_names() == ["prepare", "triton", "gateway"]
+    assert parsed.service_names() == ["prepare", "triton", "gateway", "redis"]
+
+
+def test_redis_is_an_option_for_the_keys_counters(compose: dict[str, Any]) -> None:
+    """Redis (issue #23) runs only with `--profile redis`, and the gateway reads its URL and the keys file
+    from the environment (empty: off)."""
+    redis = _services(compose)["redis"]
+    assert redis["profiles"] == ["redis"] and "--appendonly" in redis["command"]
+    assert redis["read_only"] is True and redis["cap_drop"] == ["ALL"]
+    env = _services(compose)["gateway"]["environment"]
+    assert {"OPENAI_API_REDIS_URL", "OPENAI_API_REDIS_FAIL_MODE", "OPENAI_API_KEYS_FILE"} <= set(env)
+    assert not env["OPENAI_API_REDIS_URL"] and env["OPENAI_API_REDIS_FAIL_MODE"] in ("open", "closed")
 
 
 def test_compose_spec_rejects_a_typo() -> None:

@@ -201,3 +201,15 @@ def test_workers_are_set_and_fit_the_cpu_limit(container: dict[str, Any]) -> Non
     cpu = str(container["resources"]["limits"]["cpu"])
     cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
     assert value != "auto" and 1 <= workers <= max(cores, 1)
+
+
+def test_redis_is_an_option_for_the_keys_counters(container: dict[str, Any]) -> None:
+    """The Deployment names the Redis settings (empty: off); the optional Redis manifest is not applied by
+    kustomize and its Service is the one the comment's URL names (issue #23)."""
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["OPENAI_API_REDIS_URL"] == "" and env["OPENAI_API_REDIS_FAIL_MODE"] in ("open", "closed")
+    docs = _docs(K8S / "redis.example.yaml")
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert "redis://" + service["metadata"]["name"] + ":6379" in (K8S / "redis.example.yaml").read_text()
+    listed = yaml.safe_load((K8S / "kustomization.yaml").read_text(encoding="utf-8"))["resources"]
+    assert "redis.example.yaml" not in listed
