@@ -41,6 +41,7 @@ SLOW = "smollm2-135m-instruct"
 EMBED, RERANK = "all-minilm-l6-v2", "minilm-rerank"
 WINDOW_S = 5.0
 CHAT = "/v1/chat/completions"
+USER_X = [{"role": "user", "content": "x"}]
 
 
 def sha(secret: str) -> str:
@@ -307,7 +308,7 @@ def test_concurrency_limit_holds_with_streams_open_across_gateways(setup: tuple[
 
 def test_headers_have_openais_names_and_count_down_and_the_openai_client_reads_them(
         setup: tuple[Gateway, Gateway]) -> None:
-    a, b = setup
+    a, _b = setup
     client = openai.OpenAI(base_url=f"{a.url}/v1", api_key="sk-llm", max_retries=0)
     seen = []
     for _ in range(3):
@@ -362,13 +363,12 @@ def test_allow_lists_on_every_route(setup: tuple[Gateway, Gateway]) -> None:
         for path, body in [(CHAT, chat_body(max_tokens=2)),
                            ("/v1/completions", {"model": LLM, "prompt": "x", "max_tokens": 2}),
                            ("/v1/responses", {"model": LLM, "input": "x", "max_output_tokens": 2}),
-                           ("/v1/messages", {"model": LLM, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}),
+                           ("/v1/messages", {"model": LLM, "max_tokens": 2, "messages": USER_X}),
                            ("/tokenize", {"model": LLM, "prompt": "hi"})]:
             assert c.post(path, json=body, headers=auth("sk-llm")).status_code == 200, path
         ids = [m["id"] for m in c.get("/v1/models", headers=auth("sk-llm")).json()["data"]]
         assert ids == [LLM]
-        r = c.post("/v1/messages", json={"model": SLOW, "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]},
-                   headers=auth("sk-llm"))
+        r = c.post("/v1/messages", json={"model": SLOW, "max_tokens": 2, "messages": USER_X}, headers=auth("sk-llm"))
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"  # Anthropic's shape
         assert c.get(f"/v1/models/{EMBED}", headers=auth("sk-llm")).status_code == 404
         assert {m["id"] for m in c.get("/v1/models", headers=auth("sk-admin")).json()["data"]} == \

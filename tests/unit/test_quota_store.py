@@ -33,7 +33,7 @@ def core() -> tuple[MemoryCore, Clock]:
 def test_requests_per_window_hold_over_any_sliding_minute_and_retry_after_says_when() -> None:
     c, clock = core()
     lim = Limits(requests=10, tokens=None, concurrent=None, day=None, month=None, window_s=60)
-    for i in range(6):
+    for _ in range(6):
         assert c.begin("k", lim).ok
         c.finish("k", [], True)
     clock.t += 30
@@ -52,7 +52,7 @@ def test_requests_per_window_hold_over_any_sliding_minute_and_retry_after_says_w
 
 
 def test_tokens_are_reserved_settled_and_refused_past_the_window() -> None:
-    c, clock = core()
+    c, _clock = core()
     lim = Limits(requests=None, tokens=1000, concurrent=None, day=None, month=None, window_s=60)
     assert c.begin("k", lim).ok
     r = c.reserve("k", lim, 600)
