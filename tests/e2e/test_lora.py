@@ -201,7 +201,7 @@ def test_cache_miss_path_resends_weights_only_on_a_miss(client: OpenAI, http: ht
     sent_before = lora_events(http, CODEWORD, "weights_sent") + lora_events(http, UPPER, "weights_sent")
     for i in range(100):
         name = CODEWORD if i % 2 == 0 else UPPER
-        text = ask(client, name, False, max_tokens=2)
+        text = ask(client, name, False, max_tokens=1)
         assert text, (i, name)
     after = read_ref_stats(ref_stats_dir, TRT)
     misses = after["lora_misses"] - before["lora_misses"]

@@ -1,0 +1,96 @@
+"""The runtime LoRA routes in-process (no Triton: loading only reads and checks files): off without
+--allow-runtime-lora, admin keys only with a keys file, vLLM's answers, and the loaded adapter as a model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from openai_api.app import create_app
+from openai_api.config import BUNDLED_CONFIG
+from openai_api.settings import Settings
+from tests.helpers import MODELS, missing_models
+from tests.unit.fakes import llm_only_config
+
+MODEL = "smollm2-135m-instruct"
+ADAPTER = MODELS / "adapters" / "lora-upper"
+
+if reason := missing_models(MODEL) or missing_models("adapters/lora-upper", files=("adapter_config.json",)):
+    pytest.skip(reason, allow_module_level=True)
+
+
+async def client_for(tmp_path: Path, **settings: object) -> AsyncIterator[httpx.AsyncClient]:
+    config = llm_only_config(tmp_path, url="127.0.0.1:1")
+    root = tmp_path / "adapters"
+    shutil.copytree(ADAPTER, root / "upper")
+    config.llm[0].adapters_dir = root
+    app = create_app(config, Settings(config_file=BUNDLED_CONFIG, **settings))  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+        yield c
+    await app.state.gateway.services.registry.pool.close()
+
+
+@pytest.fixture
+async def plain(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async for c in client_for(tmp_path, api_keys=["k1"], allow_runtime_lora=True):
+        yield c
+
+
+@pytest.fixture
+async def off(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    async for c in client_for(tmp_path, api_keys=["k1"]):
+        yield c
+
+
+@pytest.fixture
+async def with_keys_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[httpx.AsyncClient]:
+    monkeypatch.setenv("LORA_TEST_ADMIN", "sk-admin")
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [
+        {"name": "user", "secret_sha256": hashlib.sha256(b"sk-user").hexdigest()},
+        {"name": "admin", "secret_env": "LORA_TEST_ADMIN", "admin": True}]}))
+    async for c in client_for(tmp_path, keys_file=keys, allow_runtime_lora=True):
+        yield c
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+BODY = {"lora_name": "upper-at-runtime", "lora_path": "upper"}  # relative: inside the adapters_dir
+
+
+async def test_off_without_the_flag(off: httpx.AsyncClient) -> None:
+    r = await off.post("/v1/load_lora_adapter", json=BODY, headers=auth("k1"))
+    assert r.status_code == 404 and "--allow-runtime-lora" in r.json()["error"]["message"]
+
+
+async def test_load_then_unload_in_vllm_shapes(plain: httpx.AsyncClient) -> None:
+    r = await plain.post("/v1/load_lora_adapter", json=BODY, headers=auth("k1"))
+    assert r.status_code == 200 and r.text == "Success: LoRA adapter 'upper-at-runtime' added successfully."
+    card = (await plain.get("/v1/models/upper-at-runtime", headers=auth("k1"))).json()
+    assert card["parent"] == MODEL and card["root"].endswith("/adapters/upper")
+    base = (await plain.get(f"/v1/models/{MODEL}", headers=auth("k1"))).json()
+    assert base["adapters"] == ["upper-at-runtime"]
+    again = await plain.post("/v1/load_lora_adapter", json=BODY, headers=auth("k1"))
+    assert again.status_code == 400 and again.json()["error"]["code"] == "name_collision"
+    r = await plain.post("/v1/unload_lora_adapter", json={"lora_name": "upper-at-runtime"}, headers=auth("k1"))
+    assert r.status_code == 200
+    assert (await plain.get("/v1/models/upper-at-runtime", headers=auth("k1"))).status_code == 404
+    r = await plain.post("/v1/unload_lora_adapter", json={"lora_name": MODEL}, headers=auth("k1"))
+    assert r.status_code == 400 and "base model" in r.json()["error"]["message"]
+    r = await plain.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "/etc"}, headers=auth("k1"))
+    assert r.status_code == 400 and r.json()["error"]["code"] == "lora_path_not_allowed"
+
+
+async def test_only_admin_keys_with_a_keys_file(with_keys_file: httpx.AsyncClient) -> None:
+    r = await with_keys_file.post("/v1/load_lora_adapter", json=BODY, headers=auth("sk-user"))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
+    r = await with_keys_file.post("/v1/load_lora_adapter", json=BODY, headers=auth("sk-admin"))
+    assert r.status_code == 200, r.text
