@@ -170,6 +170,8 @@ class LoraHooks:
         self.active: LoraWeights | None = None
         self.dims: dict[str, tuple[int, int]] = {}
         self.layers = 0
+        self.linears: list[tuple[tuple[int, str], Any]] = []
+        self.installed = False
         for layer_idx, layer in enumerate(model.model.layers):
             self.layers = layer_idx + 1
             for part in (layer.self_attn, layer.mlp):
@@ -178,7 +180,15 @@ class LoraHooks:
                     if linear is None:
                         continue
                     self.dims[name] = (int(linear.in_features), int(linear.out_features))
-                    linear.register_forward_hook(self._hook((layer_idx, name)))
+                    self.linears.append(((layer_idx, name), linear))
+
+    def install(self) -> None:
+        """Hook every projection, once, on the first job with an adapter (called by the worker thread, the
+        only one running forward passes): a model never asked for LoRA keeps PyTorch's hook-free fast path."""
+        if not self.installed:
+            for key, linear in self.linears:
+                linear.register_forward_hook(self._hook(key))
+            self.installed = True
 
     def _hook(self, key: tuple[int, str]) -> Any:
         def hook(_module: Any, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
@@ -556,6 +566,8 @@ class SmolLM2Engine:
             return True
         with torch.inference_mode():
             # The worker thread runs one job's forward pass at a time: its adapter (or none) is the active one.
+            if job.lora is not None:
+                self.lora_modules.install()
             self.lora_modules.active = job.lora
             try:
                 out = self.model(
