@@ -124,6 +124,7 @@ class LoraAdapter:
     # Called with "weights_sent" / "cache_misses" as they happen (the registry points it at /metrics).
     on_event: Callable[[str], None] | None = field(default=None, repr=False)
     _tensors: dict[str, tuple[NDArray[Any], NDArray[np.int32]]] = field(default_factory=dict, repr=False)
+    _wire: dict[str, bytes] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self) -> None:
@@ -155,6 +156,20 @@ class LoraAdapter:
             if cached is None:
                 cached = self._tensors[dtype] = to_trtllm(self.modules, dtype)
             return cached
+
+    def wire_bytes(self, dtype: str = "FP16") -> bytes:
+        """`lora_weights` in `dtype` as the raw little-endian bytes Triton takes (BF16: the bit patterns),
+        encoded once per dtype."""
+        key = f"wire:{dtype}"
+        with self._lock:
+            raw = self._wire.get(key)
+        if raw is None:
+            weights, _ = self.trtllm_tensors(dtype)
+            little = {"FP32": "<f4", "FP16": "<f2", "BF16": "<u2"}[dtype]
+            raw = np.ascontiguousarray(weights, dtype=little).tobytes()
+            with self._lock:
+                self._wire[key] = raw
+        return raw
 
     def check(self, shape: BaseShape | None, max_rank: int) -> None:
         """Raise `AdapterError` unless every module fits the base model (layer, in and out sizes) and no rank

@@ -103,13 +103,10 @@ class TensorRTLLMAdapter(SpecAdapter):
         dtype = spec.inputs[_LORA_WEIGHTS].dtype
         try:
             w, c = lora.trtllm_tensors(dtype)
+            raw = lora.wire_bytes(dtype)  # encoded once per adapter and dtype: a resend costs no conversion
         except AdapterError as e:
             raise InvalidRequestError(f"The model {lora.name!r}: {e}", param="model") from None
-        if dtype == "BF16":  # numpy has no bfloat16: the bit patterns go on the wire as they are
-            shape = [1, *w.shape] if spec.batched else list(w.shape)
-            r._add(_LORA_WEIGHTS, "BF16", shape, w.astype("<u2").tobytes())
-        else:
-            r.add(spec, _LORA_WEIGHTS, w)
+        r._add(_LORA_WEIGHTS, dtype, [1, *w.shape] if spec.batched else list(w.shape), raw)
         r.add(spec, _LORA_CONFIG, c)
 
     @property
