@@ -86,9 +86,11 @@ def _installed() -> bool:
     return True
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node_clients() -> Path:
-    """tests/e2e/node/node_modules with the locked packages (`npm ci` once; skip when it cannot run)."""
+    """tests/e2e/node/node_modules with the locked packages (`npm ci` once; skip when it cannot run).
+    Session-scoped and first in the tests' arguments, so a skip comes before the session's tritonserver
+    starts."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("node and npm are not installed")
     if not _installed():
