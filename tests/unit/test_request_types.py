@@ -62,6 +62,9 @@ BASES: dict[str, dict[str, Any]] = {
                      "temperature": 0.5, "top_p": 1, "top_k": 5, "stream": True},
     "/v1/messages/count_tokens": {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
                                   "system": "Be brief."},
+    # Runtime LoRA (vLLM's shapes; off without --allow-runtime-lora, so a valid body is a 404 here).
+    "/v1/load_lora_adapter": {"lora_name": "a", "lora_path": "a", "base_model": MODEL},
+    "/v1/unload_lora_adapter": {"lora_name": "a"},
 }
 # Routes that answer in Anthropic's error shape: no `param`, so the message must name the field.
 ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
