@@ -138,6 +138,16 @@ class LoraAdapter:
             # 63 bits: positive in every signed reading of a UINT64
             self.task_id = int.from_bytes(digest.digest()[:8], "little") & ((1 << 63) - 1) or 1
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (the config travels to `--workers` processes): the weights, not the lock, caches or callback."""
+        state = dict(self.__dict__)
+        state.update(_lock=None, _tensors={}, _wire={}, on_event=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def count(self, event: str) -> None:
         """Report a LoRA event of this adapter ("weights_sent", "cache_misses")."""
         if self.on_event is not None:

@@ -273,3 +273,14 @@ def test_task_id_stable_and_content_bound(tmp_path: Path) -> None:
     assert one.task_id == again.task_id and 0 < one.task_id < 2**63
     peft_folder(tmp_path / "b", r=3)
     assert read_adapter(tmp_path / "b", "a", "m", SHAPE).task_id != one.task_id  # same name, new weights
+
+
+def test_adapters_travel_to_worker_processes(tmp_path: Path) -> None:
+    import pickle
+
+    one = tiny_adapter(tmp_path)
+    one.trtllm_tensors("FP16")
+    one.on_event = print
+    copy = pickle.loads(pickle.dumps(one))
+    assert copy.task_id == one.task_id and copy.on_event is None
+    np.testing.assert_array_equal(copy.trtllm_tensors("FP16")[0], one.trtllm_tensors("FP16")[0])
