@@ -225,7 +225,8 @@ class ChatService:
                     f"chat_template_kwargs may not set {key!r}: the gateway sets it from the request itself.",
                     param=f"chat_template_kwargs.{key}")
         # OpenAI's top-level `reasoning_effort` reaches templates that read it (gpt-oss), as in vLLM.
-        effort = getattr(req, "reasoning_effort", None)
+        # (From the extra fields directly: getattr on a pydantic model raises and catches when it is absent.)
+        effort = (req.model_extra or {}).get("reasoning_effort")
         if isinstance(effort, str) and "reasoning_effort" not in extra:
             extra = {**extra, "reasoning_effort": effort}
         sources = chat_image_sources(req.messages)

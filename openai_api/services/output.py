@@ -55,6 +55,8 @@ class ChoiceOutput:
         family = plan.family if plan.forced is None else None
         self.parser: Parser | None = make_parser(family or tool_parser, reasoning, tools_active=family is not None,
                                                  ctx=plan.ctx, prompt=prompt, control=control)
+        # Reasoning tokens are counted only for a model with a thinking section (per-token bookkeeping).
+        self._thinks = reasoning is not None or tool_parser == "harmony"
         self.calls = 0
         self.reasoning_tokens = 0
         self._produced = 0
@@ -87,7 +89,7 @@ class ChoiceOutput:
         pieces = parser.push(text) if text else []
         if last:
             pieces += parser.finish(cut)
-        if produced is not None:
+        if produced is not None and self._thinks:
             new, self._produced = produced - self._produced, produced
             if parser.undecided:
                 self._undecided += new
