@@ -47,6 +47,15 @@ def _die_with_parent(parent: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     run_dir, index, fds, parent = argv if argv is not None else sys.argv[1:]
+    # A SIGTERM (a drain, or the supervisor's death) while the app is still being built would kill the
+    # worker outright; it is held and delivered again once the server's own drain handler is in.
+    pending: list[int] = []
+
+    def hold(sig: int, frame: object) -> None:
+        pending.append(sig)
+
+    signal.signal(signal.SIGTERM, hold)
+    signal.signal(signal.SIGINT, hold)
     _die_with_parent(int(parent))
     with open(Path(run_dir) / HANDOFF, "rb") as f:
         config, settings = pickle.load(f)  # written by our own supervisor, in its private (0700) directory
@@ -69,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     alive = heartbeat_path(run_dir, os.getpid())
 
     def beat() -> None:
+        if pending:  # serving now, with the drain's handlers: the signal that came during boot
+            os.kill(os.getpid(), pending.pop())
+            pending.clear()
         try:
             alive.touch()
         except OSError:  # the run directory is gone with the supervisor: PR_SET_PDEATHSIG drains us anyway
