@@ -37,18 +37,10 @@ def _triton_error(metrics: Metrics, model: str, err: GatewayError) -> None:
         metrics.triton_errors.labels(model, err.code or err.type).inc()
 
 
-class InstrumentedLLMBackend:
-    """An `LLMBackend` that records, for any protocol: time to first token, inter-token latency, token
-    counters and Triton errors (and the request's token counts for the access log)."""
+class _WrappedLLMBackend:
+    """What a wrapper of an `LLMBackend` answers as the backend it wraps (`inner`)."""
 
-    def __init__(self, inner: LLMBackend, metrics: Metrics, model: str) -> None:
-        self.inner = inner
-        self.model = model
-        self._metrics = metrics
-        self._ttft = metrics.ttft.labels(model)
-        self._itl = metrics.itl.labels(model)
-        self._prompt = metrics.prompt_tokens.labels(model)
-        self._completion = metrics.completion_tokens.labels(model)
+    inner: LLMBackend
 
     @property
     def protocol(self) -> str:
@@ -63,6 +55,20 @@ class InstrumentedLLMBackend:
 
     async def check(self) -> None:
         await self.inner.check()
+
+
+class InstrumentedLLMBackend(_WrappedLLMBackend):
+    """An `LLMBackend` that records, for any protocol: time to first token, inter-token latency, token
+    counters and Triton errors (and the request's token counts for the access log)."""
+
+    def __init__(self, inner: LLMBackend, metrics: Metrics, model: str) -> None:
+        self.inner = inner
+        self.model = model
+        self._metrics = metrics
+        self._ttft = metrics.ttft.labels(model)
+        self._itl = metrics.itl.labels(model)
+        self._prompt = metrics.prompt_tokens.labels(model)
+        self._completion = metrics.completion_tokens.labels(model)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         stats = current_stats()
@@ -104,7 +110,7 @@ class InstrumentedLLMBackend:
                 meter.used(prompt if counted_prompt else 0, produced)
 
 
-class LoraBackend:
+class LoraBackend(_WrappedLLMBackend):
     """A LoRA adapter served as a model: its base model's backend, with the adapter named on every request
     (`GenerationRequest.lora`) and each sequence counted per adapter. No generator layer of its own."""
 
@@ -112,20 +118,6 @@ class LoraBackend:
         self.inner = inner
         self.adapter = adapter
         self.model = adapter.name
-
-    @property
-    def protocol(self) -> str:
-        return self.inner.protocol
-
-    @property
-    def guide_kinds(self) -> frozenset[GuideKind] | None:
-        return self.inner.guide_kinds
-
-    def supports(self, param: str) -> bool:
-        return self.inner.supports(param)
-
-    async def check(self) -> None:
-        await self.inner.check()
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         request.lora = self.adapter
