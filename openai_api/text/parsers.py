@@ -567,8 +567,7 @@ REASONING: dict[str, ReasoningFormat] = {r.name: r for r in (
     ReasoningFormat("deepseek_r1", "<think>", "</think>", opened_by_prompt=True),
     ReasoningFormat("qwen3", "<think>", "</think>"),
     ReasoningFormat("mistral", "[THINK]", "[/THINK]"),
-    ReasoningFormat("harmony", "<|channel|>analysis<|message|>", "<|end|>"),  # read by HarmonyParser
-)}
+)}  # harmony's thinking is its `analysis` channel: `HarmonyParser` reads it
 
 
 def keep_markers(tool_parser: str | None, reasoning_parser: str | None) -> tuple[str, ...]:
@@ -578,7 +577,7 @@ def keep_markers(tool_parser: str | None, reasoning_parser: str | None) -> tuple
         out += HARMONY_MARKERS
     elif tool_parser in FAMILIES:
         out += FAMILIES[tool_parser].markers
-    if reasoning_parser in REASONING and reasoning_parser != "harmony":
+    if reasoning_parser in REASONING:
         out += REASONING[reasoning_parser].markers
     return tuple(dict.fromkeys(out))
 
