@@ -43,7 +43,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "replay-llm" / "1"))
-from replay_core import ReplayError, ReplayLibrary
+from replay_core import ReplayError, ReplayLibrary, serve_jobs
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 DECODE_PREFIX = 8  # prompt ids that prime the detokenizer (leading-space handling as in a whole decode)
@@ -149,25 +149,8 @@ class TritonPythonModel:
 
     # ------------------------------------------------------------------ emission
     def _worker(self) -> None:
-        ready: deque[Job] = deque()
-        while not self.stopping.is_set():
-            self.wake.clear()
-            while self.incoming:
-                ready.append(self.incoming.popleft())
-            if not ready:
-                self.wake.wait(0.5)
-                continue
-            for _ in range(len(ready)):
-                job = ready.popleft()
-                try:
-                    done = self._step(job)
-                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
-                    self._send_error(job.sender, f"replay failed: {type(exc).__name__}: {exc}", "INTERNAL")
-                    continue
-                if not done:
-                    ready.append(job)
-        for job in list(ready) + list(self.incoming):
-            self._send_error(job.sender, "model is shutting down", "UNAVAILABLE")
+        serve_jobs(self.incoming, self.wake, self.stopping, self._step,
+                   lambda job, message, code: self._send_error(job.sender, message, code))
 
     def _step(self, job: Job) -> bool:
         if job.sender.is_cancelled():

@@ -26,6 +26,8 @@ import json
 import os
 import re
 import threading
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,3 +184,28 @@ class ReplayLibrary:
         with self._lock:
             self._scripts[key] = scenario
         return scenario
+
+
+def serve_jobs(incoming: deque[Any], wake: threading.Event, stopping: threading.Event,
+               step: Callable[[Any], bool], fail: Callable[[Any, str, str], None]) -> None:
+    """Both models' worker loop: take new jobs, `step` each ready one in turn (True: finished), and on
+    shutdown `fail` every job left. A job whose step raises fails alone; the others go on."""
+    ready: deque[Any] = deque()
+    while not stopping.is_set():
+        wake.clear()
+        while incoming:
+            ready.append(incoming.popleft())
+        if not ready:
+            wake.wait(0.5)
+            continue
+        for _ in range(len(ready)):
+            job = ready.popleft()
+            try:
+                done = step(job)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                fail(job, f"replay failed: {type(exc).__name__}: {exc}", "INTERNAL")
+                continue
+            if not done:
+                ready.append(job)
+    for job in list(ready) + list(incoming):
+        fail(job, "model is shutting down", "UNAVAILABLE")
