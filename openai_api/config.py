@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from openai_api.lora import AdapterError, BaseShape, LoraAdapter, abs_path, base_matches, read_adapter, scan_dir
 from openai_api.text.parsers import ReasoningParserName, ToolParserName
 from openai_api.text.templates import ChatTemplate, TemplateError
 
@@ -68,10 +69,68 @@ class ModelInfo(BaseModel):
     max_tokens: int | None = Field(default=None, gt=0, description="default completion budget")
 
 
+RoutingPolicy = Literal["least_outstanding", "round_robin", "least_load", "prefix_affinity"]
+DNS_SCHEME = "dns:///"
+
+
+class RoutingConfig(_Strict):
+    """How a request picks one replica of a model (`openai_api.triton.routing`). Every policy skips replicas
+    marked down and fails over as before; they differ in which healthy replica comes first:
+    - `least_outstanding` (default): fewest requests in flight from this gateway process.
+    - `round_robin`: in turn.
+    - `least_load`: lowest load score = requests in flight (Triton's own count from its metrics port, plus what
+      this process started since the last scrape; never less than this process's own count) + `kv_weight` x the
+      replica's KV-cache fill fraction (TensorRT-LLM only). Without a `metrics_port` it is least_outstanding.
+    - `prefix_affinity`: the replica that most recently served the longest run of this prompt's leading
+      `block_tokens`-token blocks (chained block hashes), so its KV cache likely holds that prefix; least load
+      when no replica holds at least `min_match_blocks`, when the holder is down, or when the replicas are
+      imbalanced (max load - min load > `imbalance_abs` and max load > `imbalance_rel` x min load). With a
+      session key (`session_header`'s value, or the request's `user` when `session_user`) the session's last
+      replica is preferred the same way.
+    """
+
+    policy: RoutingPolicy = "least_outstanding"
+    # Triton's metrics port on every replica (its /metrics in Prometheus text); the host is the replica's.
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    scrape_interval_s: float = Field(default=1.0, gt=0, description="seconds between two scrapes of a replica")
+    scrape_timeout_s: float = Field(default=0.5, gt=0, description="deadline of one scrape (connect + read)")
+    kv_weight: float = Field(default=4.0, ge=0, description="load added by a full KV cache (fraction 1.0)")
+    block_tokens: int = Field(default=16, ge=1, le=4096, description="tokens per hashed prefix block")
+    max_blocks: int = Field(default=65536, ge=1, description="block hashes remembered (oldest forgotten first)")
+    min_match_blocks: int = Field(default=1, ge=1, description="shortest cached prefix worth following")
+    imbalance_abs: float = Field(default=8.0, ge=0)
+    imbalance_rel: float = Field(default=1.5, ge=1.0)
+    session_header: str | None = Field(default=None, min_length=1, description="request header naming a session")
+    session_user: bool = Field(default=False, description="the request's `user` names a session")
+    max_sessions: int = Field(default=65536, ge=1, description="sessions remembered (oldest forgotten first)")
+
+
+class DiscoveryConfig(_Strict):
+    """Re-resolution of `dns:///host:port` urls: every A/AAAA record of `host` is a replica."""
+
+    interval_s: float = Field(default=5.0, gt=0, description="seconds between two resolutions")
+    resolve_timeout_s: float = Field(default=2.0, gt=0, description="deadline of one resolution")
+    # A new address serves only after Triton answers that the model is ready there.
+    ready_timeout_s: float = Field(default=2.0, gt=0, description="deadline of one readiness check")
+
+
+def _check_url(u: str) -> None:
+    if u.startswith(DNS_SCHEME):
+        host, sep, port = u[len(DNS_SCHEME):].rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536 or "/" in host:
+            raise ValueError(f"{u!r}: a DNS url is dns:///host:port")
+    elif u.startswith("dns:"):
+        raise ValueError(f"{u!r}: a DNS url is dns:///host:port (three slashes: no DNS server named)")
+
+
 class _Served(_Strict):
     name: str = Field(min_length=1)
-    # One "host:port", or a list of them for several Triton replicas serving the same model.
+    # One "host:port", or a list of them for several Triton replicas serving the same model. A
+    # "dns:///host:port" entry stands for every address `host` resolves to, re-resolved every
+    # `discovery.interval_s` (a Kubernetes headless Service: one address per ready pod).
     url: str | list[str] = Field(description="host:port of the Triton endpoint(s) for `transport`")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    discovery: DiscoveryConfig = Field(default_factory=DiscoveryConfig)
     path: Path = Field(description="folder with tokenizer.json (and the model's own configs)")
     triton_model: str | None = Field(default=None, description="Triton's model name, if not `name`")
     triton_version: str = ""
@@ -93,7 +152,20 @@ class _Served(_Strict):
             raise ValueError("must be a non-empty host:port, or a non-empty list of them")
         if len(set(items)) != len(items):
             raise ValueError("lists the same replica twice")
+        for u in items:
+            _check_url(u)
         return v
+
+    @model_validator(mode="after")
+    def _prefix_for_llms(self) -> _Served:
+        if self.routing.policy == "prefix_affinity" and getattr(self, "kind", "llm") != "llm":
+            raise ValueError("routing.policy prefix_affinity is for llm models (an encoder keeps no KV cache)")
+        return self
+
+    @property
+    def discovered(self) -> bool:
+        """Whether any url is a `dns:///` name (its replicas change at run time)."""
+        return any(u.startswith(DNS_SCHEME) for u in self.urls)
 
 
 class TextProtocolConfig(_Strict):
@@ -174,7 +246,7 @@ class LLMModel(_Served):
     adapters: list[LoraAdapterEntry] = Field(default_factory=list)
     adapters_dir: Path | None = None
     max_lora_rank: int = Field(default=64, gt=0)
-    # The adapters as read and checked at start-up (`openai_api.lora.resolve_adapters`): `lora.LoraAdapter`s.
+    # The adapters as read and checked at start-up (`resolve_adapters`): `lora.LoraAdapter`s.
     _lora: list[Any] | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
@@ -373,7 +445,62 @@ def load_config(path: Path | str) -> GatewayConfig:
                         ChatTemplate.from_tokenizer_dir(m.path)
                 except TemplateError as e:
                     raise ConfigError(path, f"{kind}[{i}].chat_template", str(e)) from None
-    from openai_api.lora import resolve_adapters  # the adapters' files are read once, here
-
-    resolve_adapters(config, path)
+    resolve_adapters(config, path)  # the adapters' files are read once, here
     return config
+
+
+def _load_entry(m: LLMModel, entry: LoraAdapterEntry, shape: BaseShape | None) -> LoraAdapter:
+    """One configured adapter, read and checked against its base model `m` (`AdapterError` if it cannot be
+    served); without a `source` an adapter whose weights only the backend holds."""
+    if entry.source is None:
+        return LoraAdapter(name=entry.name, base=m.name, lora_name=entry.lora_name or "")
+    adapter = read_adapter(Path(entry.source), entry.name, m.name, shape)
+    adapter.lora_name = entry.lora_name or entry.name
+    adapter.check(shape, m.max_lora_rank)
+    if entry.base is not None and not base_matches(adapter, entry.base):
+        raise AdapterError(f"adapter {entry.name!r} was trained on {adapter.base_model or 'an unnamed base model'!r}, "
+                           f"not {entry.base!r} (its `base` check)")
+    return adapter
+
+
+def resolve_adapters(config: GatewayConfig, file: Path) -> None:
+    """Read, check and attach every LLM's adapters (listed, and found in its `adapters_dir`); a problem, or an
+    adapter name that is already a model's, an alias or another adapter's, is a `ConfigError` naming both."""
+    base = file.resolve().parent
+    taken: dict[str, str] = {m.name: f"model {m.name!r}" for m in config.all_models()}
+    for m in config.llm:
+        for alias in m.aliases:
+            taken.setdefault(alias, f"alias {alias!r} of model {m.name!r}")
+    for i, m in enumerate(config.llm):
+        entries = [e.model_copy(update={"source": abs_path(base, e.source) if e.source is not None else None})
+                   for e in m.adapters]
+        if m.adapters_dir is not None:
+            m.adapters_dir = abs_path(base, m.adapters_dir)
+            try:
+                scanned = scan_dir(m.adapters_dir)
+            except AdapterError as e:
+                raise ConfigError(file, f"llm[{i}].adapters_dir", str(e)) from None
+            listed = {e.name for e in entries}
+            entries += [LoraAdapterEntry(name=n, source=src, lora_name=None if ln == n else ln)
+                        for n, src, ln in scanned if n not in listed]
+        shape = BaseShape.from_folder(m.path) if entries else None
+        loaded = []
+        for j, entry in enumerate(entries):
+            where = f"llm[{i}].adapters[{j}]" if j < len(m.adapters) else f"llm[{i}].adapters_dir"
+            if entry.name in taken:
+                raise ConfigError(file, where, f"adapter {entry.name!r} of model {m.name!r} has the same name as "
+                                               f"{taken[entry.name]}")
+            taken[entry.name] = f"adapter {entry.name!r} of model {m.name!r}"
+            try:
+                loaded.append(_load_entry(m, entry, shape))
+            except AdapterError as e:
+                raise ConfigError(file, where, str(e)) from None
+        m._lora = loaded
+
+
+def adapters_of(m: LLMModel) -> list[LoraAdapter]:
+    """The adapters of LLM entry `m`: as `load_config` read them, else (a config built in code) read now."""
+    if m._lora is None:
+        shape = BaseShape.from_folder(m.path) if m.adapters else None
+        m._lora = [_load_entry(m, e, shape) for e in m.adapters]
+    return list(m._lora)
