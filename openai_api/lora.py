@@ -34,13 +34,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-
-if TYPE_CHECKING:
-    from openai_api.config import GatewayConfig, LLMModel, LoraAdapterEntry
 
 logger = logging.getLogger(__name__)
 
@@ -384,7 +381,8 @@ def read_adapter(folder: Path, name: str = "", base: str = "", shape: BaseShape 
 MULTI_LORA = "multi_lora.json"
 
 
-def _abs(base: Path, value: Path | str) -> Path:
+def abs_path(base: Path, value: Path | str) -> Path:
+    """`value` (`~` and `$VARS` expanded) resolved against `base` when relative."""
     value = Path(os.path.expandvars(os.path.expanduser(str(value))))
     return (value if value.is_absolute() else base / value).resolve()
 
@@ -398,20 +396,6 @@ def base_matches(adapter: LoraAdapter, wanted: str) -> bool:
         return s.rstrip("/").rsplit("/", 1)[-1].lower()
 
     return bool(have) and (have == wanted or tail(have) == tail(wanted))
-
-
-def load_entry(m: LLMModel, entry: LoraAdapterEntry, shape: BaseShape | None) -> LoraAdapter:
-    """One configured adapter, read and checked against its base model `m` (`AdapterError` if it cannot be
-    served); without a `source` an adapter whose weights only the backend holds."""
-    if entry.source is None:
-        return LoraAdapter(name=entry.name, base=m.name, lora_name=entry.lora_name or "")
-    adapter = read_adapter(Path(entry.source), entry.name, m.name, shape)
-    adapter.lora_name = entry.lora_name or entry.name
-    adapter.check(shape, m.max_lora_rank)
-    if entry.base is not None and not base_matches(adapter, entry.base):
-        raise AdapterError(f"adapter {entry.name!r} was trained on {adapter.base_model or 'an unnamed base model'!r}, "
-                           f"not {entry.base!r} (its `base` check)")
-    return adapter
 
 
 def scan_dir(folder: Path) -> list[tuple[str, Path | None, str]]:
@@ -437,51 +421,6 @@ def scan_dir(folder: Path) -> list[tuple[str, Path | None, str]]:
         for name, where in entries.items():
             if name in known:
                 continue
-            path = _abs(folder, str(where))
+            path = abs_path(folder, str(where))
             found.append((str(name), path if is_adapter_folder(path) else None, str(name)))
     return found
-
-
-def resolve_adapters(config: GatewayConfig, file: Path) -> None:
-    """Read, check and attach every LLM's adapters (listed, and found in its `adapters_dir`); a problem, or an
-    adapter name that is already a model's, an alias or another adapter's, is a `ConfigError` naming both."""
-    from openai_api.config import ConfigError, LoraAdapterEntry
-
-    base = file.resolve().parent
-    taken: dict[str, str] = {m.name: f"model {m.name!r}" for m in config.all_models()}
-    for m in config.llm:
-        for alias in m.aliases:
-            taken.setdefault(alias, f"alias {alias!r} of model {m.name!r}")
-    for i, m in enumerate(config.llm):
-        entries = [e.model_copy(update={"source": _abs(base, e.source) if e.source is not None else None})
-                   for e in m.adapters]
-        if m.adapters_dir is not None:
-            m.adapters_dir = _abs(base, m.adapters_dir)
-            try:
-                scanned = scan_dir(m.adapters_dir)
-            except AdapterError as e:
-                raise ConfigError(file, f"llm[{i}].adapters_dir", str(e)) from None
-            listed = {e.name for e in entries}
-            entries += [LoraAdapterEntry(name=n, source=src, lora_name=None if ln == n else ln)
-                        for n, src, ln in scanned if n not in listed]
-        shape = BaseShape.from_folder(m.path) if entries else None
-        loaded = []
-        for j, entry in enumerate(entries):
-            where = f"llm[{i}].adapters[{j}]" if j < len(m.adapters) else f"llm[{i}].adapters_dir"
-            if entry.name in taken:
-                raise ConfigError(file, where, f"adapter {entry.name!r} of model {m.name!r} has the same name as "
-                                               f"{taken[entry.name]}")
-            taken[entry.name] = f"adapter {entry.name!r} of model {m.name!r}"
-            try:
-                loaded.append(load_entry(m, entry, shape))
-            except AdapterError as e:
-                raise ConfigError(file, where, str(e)) from None
-        m._lora = loaded
-
-
-def adapters_of(m: LLMModel) -> list[LoraAdapter]:
-    """The adapters of LLM entry `m`: as `load_config` read them, else (a config built in code) read now."""
-    if m._lora is None:
-        shape = BaseShape.from_folder(m.path) if m.adapters else None
-        m._lora = [load_entry(m, e, shape) for e in m.adapters]
-    return list(m._lora)

@@ -7,9 +7,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
-from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo, RerankModel
+from openai_api.config import EmbeddingModel, GatewayConfig, LLMModel, ModelInfo, RerankModel, adapters_of
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
-from openai_api.lora import LoraAdapter, adapters_of
+from openai_api.lora import LoraAdapter
 from openai_api.observability import Metrics
 from openai_api.services.backends import InstrumentedLLMBackend, LoraBackend, encoder_backend, llm_backend
 from openai_api.text.parsers import (

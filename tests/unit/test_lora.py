@@ -186,7 +186,7 @@ def test_config_scan_listing_and_collisions(tmp_path: Path) -> None:
     (root / "multi_lora.json").write_text(json.dumps({"backend-only": "/nowhere/on/this/machine"}))
     cfg = load_config(config_with(tmp_path, {"adapters_dir": str(root), "adapters": [
         {"name": "listed", "source": str(tmp_path / "listed"), "base": "smollm2-135m-instruct"}]}))
-    from openai_api.lora import adapters_of
+    from openai_api.config import adapters_of
 
     loaded = {a.name: a for a in adapters_of(cfg.llm[0])}
     assert set(loaded) == {"listed", "scanned", "backend-only"}
@@ -284,3 +284,58 @@ def test_adapters_travel_to_worker_processes(tmp_path: Path) -> None:
     copy = pickle.loads(pickle.dumps(one))
     assert copy.task_id == one.task_id and copy.on_event is None
     np.testing.assert_array_equal(copy.trtllm_tensors("FP16")[0], one.trtllm_tensors("FP16")[0])
+
+
+# ------------------------------------------------------------------ a full LoRA cache
+# The words each backend uses (TensorRT-LLM's peftCacheManager.cpp, current and older; vLLM's LoRA manager).
+CACHE_FULL = ["PEFT Cache is full. Could not store taskId=7",
+              "Encountered an error when fetching new request: Error storing task=1 in PEFT cache -- Cache is full. "
+              "There are no done tasks to evict",
+              "No free lora slots",
+              "Number of requested LoRAs (3) is greater than the number of GPU LoRA slots (2)."]
+
+
+@pytest.mark.parametrize("words", CACHE_FULL)
+def test_a_full_lora_cache_is_a_retryable_503_in_both_shapes(words: str) -> None:
+    from openai_api.errors import AdapterCacheFullError, anthropic_error_body, error_body
+    from openai_api.triton.errors import map_triton_error
+    from openai_api.triton.rpc import ResponseError
+
+    err = map_triton_error(ResponseError(f"[TensorRT-LLM][ERROR] {words}"), "m")
+    assert isinstance(err, AdapterCacheFullError) and err.status == 503 and err.headers == {"Retry-After": "1"}
+    assert error_body(err)["error"]["code"] == "lora_cache_full" and error_body(err)["error"]["type"] == "server_error"
+    assert "full" in err.message and "m" in err.message and "taskId" not in err.message  # Triton's words: the log
+    assert anthropic_error_body(err)["error"]["type"] == "overloaded_error"  # Anthropic's 529, which its SDKs retry
+
+
+def test_a_cache_miss_is_not_a_full_cache() -> None:
+    from openai_api.triton.errors import map_triton_error
+    from openai_api.triton.rpc import ResponseError
+
+    err = map_triton_error(ResponseError("LoRA task 5 not found in cache. Please send LoRA weights with request"), "m")
+    assert type(err) is BackendError
+
+
+class FullClient(FakeClient):
+    """A Triton whose LoRA cache is full of adapters in use: every request on an adapter fails as TensorRT-LLM's."""
+
+    async def _full(self) -> Any:
+        from openai_api.triton.errors import map_triton_error
+        from openai_api.triton.rpc import ResponseError
+
+        raise map_triton_error(ResponseError("PEFT Cache is full. Could not store taskId=3"), "m")
+        yield
+
+    def stream(self, request: Any, **kw: Any) -> Any:
+        self.requests.append(request)
+        return self._full()
+
+
+async def test_a_full_cache_reaches_the_client_once_without_a_resend_loop(tmp_path: Path) -> None:
+    from openai_api.errors import AdapterCacheFullError
+
+    client = FullClient(LORA_CONFIG)
+    adapter = make(TensorRTLLMAdapter, client, "tensorrt_llm")
+    with pytest.raises(AdapterCacheFullError):
+        await drain(adapter, request(lora=tiny_adapter(tmp_path)))
+    assert len(client.requests) == 1  # not retried as a cache miss: the weights were in the request
