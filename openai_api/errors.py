@@ -89,6 +89,17 @@ class BackendUnavailableError(GatewayError):
     default_code = "backend_unavailable"
 
 
+class AdapterCacheFullError(GatewayError):
+    """The backend's LoRA adapter cache has no room for this request's adapter: every adapter it holds is in use
+    by running requests (TensorRT-LLM's "PEFT Cache is full"). Transient, and not the replica's failure: a 503
+    with `Retry-After` (which the OpenAI SDKs retry; Anthropic's 529 overloaded_error), never a 429 (which
+    would read as the caller's own rate limit) and never a 400 (the request is valid)."""
+
+    status = 503
+    type = "server_error"
+    default_code = "lora_cache_full"
+
+
 class BackendTimeoutError(GatewayError):
     status = 504
     type = "server_error"

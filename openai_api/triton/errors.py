@@ -2,8 +2,9 @@
 
 tritonclient, grpc.aio and aiohttp each fail in their own types and words; `map_triton_error` reads the
 gRPC status (by name) or the message and decides: unreachable Triton and unknown or unready models are
-503 naming the model, deadlines 504, everything else a 502 naming the model (Triton's own message goes
-to the log only: it can carry a backend's exception text).
+503 naming the model, deadlines 504, a backend whose LoRA adapter cache is full a 503 `lora_cache_full` with
+`Retry-After`, everything else a 502 naming the model (Triton's own message goes to the log only: it can
+carry a backend's exception text).
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import logging
 
 from tritonclient.utils import InferenceServerException
 
-from openai_api.errors import BackendError, BackendTimeoutError, BackendUnavailableError, GatewayError
+from openai_api.errors import (
+    AdapterCacheFullError,
+    BackendError,
+    BackendTimeoutError,
+    BackendUnavailableError,
+    GatewayError,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +68,13 @@ def map_triton_error(err: BaseException, model: str) -> GatewayError:
     status_l = status.lower()
     if "deadline" in status_l or "deadline exceeded" in lowered:
         return BackendTimeoutError(f"The model {model!r} did not answer in time.")
+    if is_adapter_cache_full(lowered):
+        logger.warning("triton: the LoRA cache of model %s is full (%s); raise the backend's LoRA cache size "
+                       "(TensorRT-LLM: lora_cache_host_memory_bytes, lora_cache_gpu_memory_fraction) or run fewer "
+                       "adapters at once", model, message[:300])
+        return AdapterCacheFullError(f"The LoRA adapter cache of model {model!r} is full: every adapter it holds "
+                                     "is in use by running requests. Retry shortly.",
+                                     headers={"Retry-After": "1"}, detail=message[:2000])
     if "unknown model" in lowered or "is not ready" in lowered or ("not found" in lowered and "model" in lowered) \
             or "no available versions" in lowered:
         return BackendUnavailableError(f"The model {model!r} is not loaded or not ready in Triton.")
@@ -75,6 +89,20 @@ def map_triton_error(err: BaseException, model: str) -> GatewayError:
     # so what reaches here is the server side's failure.
     return BackendError(f"Triton failed the request for model {model!r}; the gateway's log has the details.",
                         detail=message[:2000])
+
+
+# What a backend says when its LoRA cache has no room for one more adapter because every one it holds is in use:
+# TensorRT-LLM's PeftCacheManager ("PEFT Cache is full. Could not store taskId=N"; older releases "Error storing
+# task=N in PEFT cache -- Cache is full. There are no done tasks to evict"), and vLLM's LoRA manager when a batch
+# asks for more adapters than it has GPU slots ("No free lora slots", "Number of requested LoRAs (N) is greater
+# than the number of GPU LoRA slots (M)").
+_CACHE_FULL_WORDS = ("peft cache is full", "no done tasks to evict", "no free lora slots",
+                     "greater than the number of gpu lora slots")
+
+
+def is_adapter_cache_full(message: str) -> bool:
+    """Whether a backend's error message (lower-cased) says its LoRA adapter cache is full (`_CACHE_FULL_WORDS`)."""
+    return any(w in message for w in _CACHE_FULL_WORDS) or ("in peft cache" in message and "cache is full" in message)
 
 
 def _is_connection_error(err: BaseException) -> bool:
