@@ -36,8 +36,8 @@ from openai_api.http.routers import (
     tokenize,
 )
 from openai_api.observability import Metrics
+from openai_api.quota.factory import build_store
 from openai_api.quota.service import QuotaService
-from openai_api.quota.store import build_store
 from openai_api.services.container import build_services
 from openai_api.settings import Settings
 from openai_api.triton.encoder import EncoderBackend

@@ -32,7 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from openai_api.quota.store import Decision, Limits, MemoryStore
+from openai_api.quota.store import Decision, Limits, MemoryStore, QuotaStoreUnavailableError
 
 logger = logging.getLogger("openai_api.keys")
 
@@ -281,8 +281,6 @@ class RedisStore:
         return result
 
     def _unavailable(self) -> Exception:
-        from openai_api.quota.service import QuotaStoreUnavailableError
-
         return QuotaStoreUnavailableError("The quota store (Redis) is unreachable; retry shortly.",
                                           headers={"Retry-After": "1"})
 

@@ -20,11 +20,11 @@ from typing import Any, cast
 
 from prometheus_client import Counter
 
-from openai_api.errors import BackendUnavailableError, GatewayError
+from openai_api.errors import GatewayError
 from openai_api.observability import Metrics
 from openai_api.quota.caller import UNLIMITED, Caller, TokenMeter
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, KeysFileError, KeyTable, load_keys
-from openai_api.quota.store import Decision, Limits, MemoryStore, Store
+from openai_api.quota.store import Decision, Limits, MemoryStore, QuotaStoreUnavailableError, Store
 
 logger = logging.getLogger("openai_api.keys")
 RELOAD_POLL_S = 1.0
@@ -56,10 +56,6 @@ class PermissionDeniedError(GatewayError):
     status = 403
     type = "invalid_request_error"
     default_code = "permission_denied"
-
-
-class QuotaStoreUnavailableError(BackendUnavailableError):
-    default_code = "quota_store_unavailable"
 
 
 def go_duration(seconds: float) -> str:

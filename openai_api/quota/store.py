@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from openai_api.errors import BackendUnavailableError
 from openai_api.quota.caller import Policy
 
 BUCKETS = 60
@@ -84,6 +85,12 @@ class Decision:
     @classmethod
     def from_list(cls, a: list[Any]) -> Decision:
         return cls(bool(a[0]), str(a[1]), float(a[2]), a[3], float(a[4]), a[5], float(a[6]), list(a[7] or []))
+
+
+class QuotaStoreUnavailableError(BackendUnavailableError):
+    """The shared counters cannot be reached (Redis down, with `fail_mode` closed): a 503 to the caller."""
+
+    default_code = "quota_store_unavailable"
 
 
 def day_id(now: float) -> int:
@@ -295,18 +302,3 @@ class MemoryStore:
 
     async def close(self) -> None:
         return None
-
-
-def build_store(redis_url: str | None, fail_mode: str) -> Store:
-    """The store this process uses: Redis when given, else the supervisor's (a worker of `--workers N`:
-    its socket is in the environment), else this process's memory."""
-    import os
-
-    if redis_url:
-        from openai_api.quota.redis_store import RedisStore
-
-        return RedisStore(redis_url, fail_mode)
-    from openai_api.quota.shared import SOCKET_ENV, SharedStore
-
-    path = os.environ.get(SOCKET_ENV)
-    return SharedStore(path) if path else MemoryStore()
