@@ -9,16 +9,28 @@ names the file, the field and the reason.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from openai_api.lora import AdapterError, BaseShape, LoraAdapter, abs_path, base_matches, read_adapter, scan_dir
+from openai_api.lora import (
+    RUNTIME_STATE,
+    AdapterError,
+    BaseShape,
+    LoraAdapter,
+    abs_path,
+    base_matches,
+    read_adapter,
+    read_runtime_state,
+    scan_dir,
+)
 from openai_api.text.parsers import ReasoningParserName, ToolParserName
 from openai_api.text.templates import ChatTemplate, TemplateError
 
+logger = logging.getLogger(__name__)
 PACKAGE_ROOT = Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_ROOT.parent
 BUNDLED_CONFIG = REPO_ROOT / "model_config.json"
@@ -246,6 +258,10 @@ class LLMModel(_Served):
     adapters: list[LoraAdapterEntry] = Field(default_factory=list)
     adapters_dir: Path | None = None
     max_lora_rank: int = Field(default=64, gt=0)
+    # Runtime loads and unloads of this model's adapters survive a restart: each is recorded in
+    # `<adapters_dir>/.runtime_adapters.json` and replayed at start-up (`openai_api.lora.RUNTIME_STATE`).
+    # Off: they last until the gateway stops, as in vLLM. Needs `adapters_dir`.
+    persist_adapters: bool = False
     # The adapters as read and checked at start-up (`resolve_adapters`): `lora.LoraAdapter`s.
     _lora: list[Any] | None = PrivateAttr(default=None)
 
@@ -483,7 +499,14 @@ def resolve_adapters(config: GatewayConfig, file: Path) -> None:
             listed = {e.name for e in entries}
             entries += [LoraAdapterEntry(name=n, source=src, lora_name=None if ln == n else ln)
                         for n, src, ln in scanned if n not in listed]
-        shape = BaseShape.from_folder(m.path) if entries else None
+        runtime: dict[str, str] = {}
+        if m.persist_adapters:
+            if m.adapters_dir is None:
+                raise ConfigError(file, f"llm[{i}].persist_adapters",
+                                  "needs adapters_dir (where runtime loads are read from and recorded)")
+            runtime, unloaded = read_runtime_state(m.adapters_dir)
+            entries = [e for e in entries if e.name not in unloaded and e.name not in runtime]
+        shape = BaseShape.from_folder(m.path) if entries or runtime else None
         loaded = []
         for j, entry in enumerate(entries):
             where = f"llm[{i}].adapters[{j}]" if j < len(m.adapters) else f"llm[{i}].adapters_dir"
@@ -495,7 +518,31 @@ def resolve_adapters(config: GatewayConfig, file: Path) -> None:
                 loaded.append(_load_entry(m, entry, shape))
             except AdapterError as e:
                 raise ConfigError(file, where, str(e)) from None
+        if runtime:
+            loaded += _restore_runtime(m, runtime, shape, taken)
         m._lora = loaded
+
+
+def _restore_runtime(m: LLMModel, runtime: dict[str, str], shape: BaseShape | None,
+                     taken: dict[str, str]) -> list[LoraAdapter]:
+    """The runtime loads recorded for `m` (`persist_adapters`), read and checked again; one that no longer serves
+    (folder gone, name taken by a model since, outside adapters_dir) is skipped with a warning, never fatal."""
+    assert m.adapters_dir is not None
+    restored = []
+    for name, rel in runtime.items():
+        source = abs_path(m.adapters_dir, rel)
+        problem = (f"its name is already {taken[name]}" if name in taken else
+                   "it is not inside adapters_dir" if not source.is_relative_to(m.adapters_dir) else None)
+        if problem is None:
+            try:
+                restored.append(_load_entry(m, LoraAdapterEntry(name=name, source=source), shape))
+                taken[name] = f"adapter {name!r} of model {m.name!r}"
+            except AdapterError as e:
+                problem = str(e)
+        if problem is not None:
+            logger.warning("model %s: the runtime-loaded adapter %s (%s, recorded in %s) is not restored: %s",
+                           m.name, name, source, RUNTIME_STATE, problem)
+    return restored
 
 
 def adapters_of(m: LLMModel) -> list[LoraAdapter]:

@@ -424,3 +424,46 @@ def scan_dir(folder: Path) -> list[tuple[str, Path | None, str]]:
             path = abs_path(folder, str(where))
             found.append((str(name), path if is_adapter_folder(path) else None, str(name)))
     return found
+
+
+# Runtime loads and unloads recorded for a restart (an LLM's `persist_adapters`), in its adapters_dir:
+# `{"loaded": {name: path relative to adapters_dir}, "unloaded": [name, ...]}`. An unloaded name stays unloaded
+# at start-up (a scanned folder or a listed entry of that name is skipped) until it is loaded again.
+RUNTIME_STATE = ".runtime_adapters.json"
+_STATE_LOCK = threading.Lock()
+
+
+def read_runtime_state(folder: Path) -> tuple[dict[str, str], set[str]]:
+    """(loaded name -> path relative to `folder`, unloaded names) recorded in `folder`; empty when there is no
+    record, and empty with a warning when the record cannot be read (a start-up never fails on it)."""
+    path = folder / RUNTIME_STATE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}, set()
+    except (OSError, ValueError) as e:
+        logger.warning("%s cannot be read (%s): no runtime-loaded adapters restored", path, e)
+        return {}, set()
+    loaded = data.get("loaded") if isinstance(data, dict) else None
+    unloaded = data.get("unloaded") if isinstance(data, dict) else None
+    if not isinstance(loaded, dict) or not isinstance(unloaded, list):
+        logger.warning('%s is not {"loaded": {...}, "unloaded": [...]}: no runtime-loaded adapters restored', path)
+        return {}, set()
+    return {str(k): str(v) for k, v in loaded.items()}, {str(n) for n in unloaded}
+
+
+def record_runtime(folder: Path, name: str, source: Path | None) -> None:
+    """Record in `folder`'s `RUNTIME_STATE` that adapter `name` was loaded from `source` (inside `folder`), or
+    unloaded (`source` None). Written whole to a temporary file renamed over the old one, so a crash leaves one
+    record or the other; `OSError` when it cannot be written."""
+    with _STATE_LOCK:
+        loaded, unloaded = read_runtime_state(folder)
+        if source is None:
+            loaded.pop(name, None)
+            unloaded.add(name)
+        else:
+            loaded[name] = str(source.resolve().relative_to(folder.resolve()))
+            unloaded.discard(name)
+        tmp = folder / f"{RUNTIME_STATE}.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps({"loaded": loaded, "unloaded": sorted(unloaded)}, indent=1), encoding="utf-8")
+        os.replace(tmp, folder / RUNTIME_STATE)

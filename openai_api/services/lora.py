@@ -5,8 +5,11 @@ An adapter is read only from inside a base model's `adapters_dir` (its real path
 no reading arbitrary files), read and checked against the base model before it appears (the files parse, each
 module fits the base model's layers and sizes, its rank is within `max_lora_rank`, the name is free), then
 served as a model like a configured one. Unloading stops new requests on it; streams already using it hold
-their own reference and finish. Either is in this process's memory only: an adapter loaded from a folder of
-`adapters_dir` named like the adapter comes back at a restart through the start-up scan.
+their own reference and finish. Without `persist_adapters` either lasts until the gateway stops (an adapter
+loaded from a folder of `adapters_dir` named like the adapter comes back at a restart through the start-up
+scan); with it, each is recorded in `adapters_dir` (`openai_api.lora.RUNTIME_STATE`) before it is answered, and
+replayed at the next start-up. Each gateway worker process serves its own set: a load reaches the worker that
+answered it (with `persist_adapters`, every worker at the next restart).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ import logging
 from pathlib import Path
 
 from openai_api.config import LLMModel
-from openai_api.errors import InvalidRequestError, ModelNotFoundError
-from openai_api.lora import AdapterError, BaseShape, LoraAdapter, read_adapter
+from openai_api.errors import InternalError, InvalidRequestError, ModelNotFoundError
+from openai_api.lora import RUNTIME_STATE, AdapterError, BaseShape, LoraAdapter, read_adapter, record_runtime
 from openai_api.services.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,14 @@ class LoraService:
         if (taken := self._taken(name)) is not None:  # loaded meanwhile by a concurrent request
             raise _bad(f"lora_name {name!r} is already the name of {taken}.", "lora_name", code="name_collision")
         self.registry.add_adapter(adapter)
+        if base.persist_adapters:
+            try:
+                await asyncio.to_thread(record_runtime, Path(str(base.adapters_dir)), name, folder)
+            except OSError as e:
+                self.registry.remove_adapter(name)
+                logger.error("LoRA adapter %s not loaded: %s cannot be written (%s)", name, RUNTIME_STATE, e)
+                raise InternalError(f"The adapter {name!r} was not loaded: the gateway could not record it for a "
+                                    "restart (persist_adapters); its log has the details.") from None
         logger.info("LoRA adapter %s loaded from %s onto %s (rank %d, %d modules, task id %d)", name, folder,
                     base.name, adapter.rank, len(adapter.modules), adapter.task_id)
         return adapter
@@ -100,5 +111,12 @@ class LoraService:
         removed = self.registry.remove_adapter(name)
         if removed is None or removed.adapter is None:
             raise ModelNotFoundError(f"The LoRA adapter {name!r} cannot be found.", param="lora_name")
+        base = next((m for m in self.registry.config.llm if m.name == removed.adapter.base), None)
+        if base is not None and base.persist_adapters and base.adapters_dir is not None:
+            try:  # a small JSON file: written in place of a thread hop
+                record_runtime(Path(str(base.adapters_dir)), name, None)
+            except OSError as e:  # unloaded all the same: it may come back at a restart, which the log says
+                logger.error("LoRA adapter %s unloaded, but %s cannot be written (%s): it comes back at a restart",
+                             name, RUNTIME_STATE, e)
         logger.info("LoRA adapter %s unloaded", name)
         return removed.adapter

@@ -70,8 +70,8 @@ def map_triton_error(err: BaseException, model: str) -> GatewayError:
         return BackendTimeoutError(f"The model {model!r} did not answer in time.")
     if is_adapter_cache_full(lowered):
         logger.warning("triton: the LoRA cache of model %s is full (%s); raise the backend's LoRA cache size "
-                       "(TensorRT-LLM: lora_cache_host_memory_bytes, lora_cache_gpu_memory_fraction) or run fewer "
-                       "adapters at once", model, message[:300])
+                       "(TensorRT-LLM: lora_cache_host_memory_bytes, lora_cache_gpu_memory_fraction; vLLM: "
+                       "max_loras) or run fewer adapters at once", model, message[:300])
         return AdapterCacheFullError(f"The LoRA adapter cache of model {model!r} is full: every adapter it holds "
                                      "is in use by running requests. Retry shortly.",
                                      headers={"Retry-After": "1"}, detail=message[:2000])

@@ -94,3 +94,43 @@ async def test_only_admin_keys_with_a_keys_file(with_keys_file: httpx.AsyncClien
     assert r.status_code == 403 and r.json()["error"]["code"] == "permission_denied"
     r = await with_keys_file.post("/v1/load_lora_adapter", json=BODY, headers=auth("sk-admin"))
     assert r.status_code == 200, r.text
+
+
+async def test_runtime_loads_and_unloads_survive_a_restart_with_persist_adapters(tmp_path: Path) -> None:
+    """persist_adapters: a load and an unload are recorded in adapters_dir, and a gateway started afterwards from the
+    same config serves the loaded adapter and not the unloaded (scanned) one, until it is loaded again."""
+    from openai_api.config import ConfigError, load_config
+    from openai_api.lora import RUNTIME_STATE
+    from tests.unit.test_lora import config_with
+
+    root = tmp_path / "adapters"
+    shutil.copytree(ADAPTER, root / "upper")
+    path = config_with(tmp_path, {"adapters_dir": str(root), "persist_adapters": True})
+
+    async def served(*calls: tuple[str, dict[str, str]]) -> list[str]:
+        """Start a gateway from the config (a restart), make `calls` (each a 200), and list the models after."""
+        app = create_app(load_config(path), Settings(config_file=path, api_keys=["k1"], allow_runtime_lora=True))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+            for route, body in calls:
+                r = await c.post(route, json=body, headers=auth("k1"))
+                assert r.status_code == 200, r.text
+            ids = [m["id"] for m in (await c.get("/v1/models", headers=auth("k1"))).json()["data"]]
+        await app.state.gateway.services.registry.pool.close()
+        return ids
+
+    assert "upper" in await served()  # found by the start-up scan
+    ids = await served(("/v1/load_lora_adapter", BODY), ("/v1/unload_lora_adapter", {"lora_name": "upper"}))
+    assert "upper-at-runtime" in ids and "upper" not in ids
+    assert json.loads((root / RUNTIME_STATE).read_text()) == {"loaded": {"upper-at-runtime": "upper"},
+                                                              "unloaded": ["upper"]}
+    ids = await served()  # restarted
+    assert "upper-at-runtime" in ids and "upper" not in ids
+    await served(("/v1/unload_lora_adapter", {"lora_name": "upper-at-runtime"}),
+                 ("/v1/load_lora_adapter", {"lora_name": "upper", "lora_path": "upper"}))
+    ids = await served()
+    assert "upper" in ids and "upper-at-runtime" not in ids
+    # A recorded adapter whose folder is gone is skipped at start-up (a warning), never a failed start.
+    (root / RUNTIME_STATE).write_text(json.dumps({"loaded": {"gone": "nowhere"}, "unloaded": []}))
+    assert "gone" not in await served()
+    with pytest.raises(ConfigError, match=r"persist_adapters.*needs adapters_dir"):
+        load_config(config_with(tmp_path, {"adapters_dir": None, "persist_adapters": True}))
