@@ -39,17 +39,20 @@ def error_response(err: GatewayError) -> Response:
 
 
 async def service_response(result: dict[str, Any] | AsyncGenerator[bytes, None],
-                           flush_interval_s: float = 0.0) -> Response:
+                           flush_interval_s: float = 0.0, keepalive: bytes = b"",
+                           keepalive_s: float = 0.0) -> Response:
     """A dict becomes JSON; a stream is primed with its first event first, so that errors raised before
     anything was sent still become a proper status code instead of a broken 200 stream. Stream events
-    arriving within `flush_interval_s` of the previous write share the next write (`http.sse`)."""
+    arriving within `flush_interval_s` of the previous write share the next write, and `keepalive` is
+    written after every `keepalive_s` without one (`http.sse`)."""
     if isinstance(result, dict):
         return json_response(result)
     try:
         first = await anext(result)
     except StopAsyncIteration:
         first = b""
-    return StreamingResponse(coalesced(first, result, flush_interval_s), media_type="text/event-stream",
+    return StreamingResponse(coalesced(first, result, flush_interval_s, keepalive, keepalive_s),
+                             media_type="text/event-stream",
                              headers=SSE_HEADERS)
 
 

@@ -10,6 +10,9 @@ within `interval_s` of the previous write together, once that interval has passe
   first token and slow (human-speed) streams are untouched;
 * only a stream producing faster than one event per interval waits, and then at most `interval_s`;
 * the end of the stream flushes at once.
+
+A `keepalive` (Anthropic's `ping` event) is written whenever nothing was written for `keepalive_s`: the
+writer's own timer, so a stream that wants one costs no task or queue per event beyond the coalescing's.
 """
 
 from __future__ import annotations
@@ -18,16 +21,17 @@ import asyncio
 from collections.abc import AsyncGenerator
 
 
-async def coalesced(first: bytes, source: AsyncGenerator[bytes, None],
-                    interval_s: float) -> AsyncGenerator[bytes, None]:
-    """Yield `first`, then `source`'s chunks, joined per write as described above.
+async def coalesced(first: bytes, source: AsyncGenerator[bytes, None], interval_s: float,
+                    keepalive: bytes = b"", keepalive_s: float = 0.0) -> AsyncGenerator[bytes, None]:
+    """Yield `first`, then `source`'s chunks, joined per write as described above, and `keepalive` after
+    every `keepalive_s` without a write (`keepalive_s <= 0`: never).
 
     `source` runs in a task of its own so it keeps reading (from Triton) while a write is held back.
     Closing or cancelling this generator (client gone) cancels that task, which closes `source`, which
-    cancels the Triton request; an exception `source` raises is raised here. `interval_s <= 0` passes
-    chunks through one write each.
+    cancels the Triton request; an exception `source` raises is raised here. `interval_s <= 0` (and no
+    keepalive) passes chunks through one write each.
     """
-    if interval_s <= 0:
+    if interval_s <= 0 and keepalive_s <= 0:
         try:
             if first:
                 yield first
@@ -63,7 +67,9 @@ async def coalesced(first: bytes, source: AsyncGenerator[bytes, None],
             await source.aclose()
 
     task = loop.create_task(pump())
-    last = -interval_s
+    # As if the last write were one interval ago: the first event goes at once, the first keepalive is due one
+    # keepalive_s from now.
+    last = loop.time() - interval_s if keepalive_s > 0 else -interval_s
     try:
         while True:
             if buf:
@@ -78,8 +84,13 @@ async def coalesced(first: bytes, source: AsyncGenerator[bytes, None],
                 break
             else:
                 wake = loop.create_future()
+                timer = loop.call_later(last + keepalive_s - loop.time(), _wake) if keepalive_s > 0 else None
                 await wake
                 wake = None
+                if timer is not None:
+                    timer.cancel()
+                    if not buf and not done and loop.time() - last >= keepalive_s:
+                        buf.append(keepalive)
         if error is not None:
             raise error
     finally:

@@ -35,13 +35,14 @@ are Anthropic's:
 * **Streaming**: Anthropic's event grammar with `event:` lines: `message_start` and a `ping`, then per
   block `content_block_start`, its `content_block_delta`s (`thinking_delta` then one `signature_delta`,
   `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, usage) and
-  `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping`. An error after the
-  stream began is an `error` event in Anthropic's shape.
+  `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping` (`PING`, written by
+  the HTTP edge's stream writer, `http.sse.coalesced`). An error after the stream began is an `error` event
+  in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's does: its
+  text goes straight to a `text_delta` whose bytes are built from a per-block prefix, with no parser pass.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import hashlib
 import json
@@ -64,6 +65,7 @@ from openai_api.services.tools import plan_tools
 # Seconds without an event after which a stream sends a `ping` (Anthropic keeps quiet streams alive so;
 # a tool call's markup is held back until it is whole, which can be many seconds of silence).
 PING_INTERVAL_S = 10.0
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 # Block types Anthropic defines that this gateway cannot take (a 400 that says so, not "unknown").
 _UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "web_search_tool_result",
                        "container_upload", "mcp_tool_use", "mcp_tool_result")
@@ -355,7 +357,16 @@ class BlockBuilder:
         self._open: str | None = None
         self._parts: list[str] = []
         self._blank = ""
-        self._index = b"0"
+        self._prefix = b""  # the open block's content_block_delta event up to its delta's type
+
+    def text(self, text: str) -> list[bytes]:
+        """`push` of one content delta; in an open text block (every token after the first) one event's bytes."""
+        if self._open == "text" and text:
+            self._parts.append(text)
+            if not self.stream:
+                return []
+            return [self._prefix + b'"text_delta","text":' + orjson.dumps(text) + b"}}\n\n"]
+        return self.push([Delta("content", text)]) if text else []
 
     def push(self, deltas: list[Delta]) -> list[bytes]:
         out: list[bytes] = []
@@ -369,8 +380,7 @@ class BlockBuilder:
                     continue
                 self._parts.append(d.text)
                 if self.stream:
-                    out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
-                               + b',"delta":{"type":"thinking_delta","thinking":' + orjson.dumps(d.text) + b"}}\n\n")
+                    out.append(self._prefix + b'"thinking_delta","thinking":' + orjson.dumps(d.text) + b"}}\n\n")
             elif d.kind == "content":
                 if self._open != "text":
                     pending = self._blank + d.text
@@ -383,8 +393,7 @@ class BlockBuilder:
                     text = d.text
                 self._parts.append(text)
                 if self.stream:
-                    out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
-                               + b',"delta":{"type":"text_delta","text":' + orjson.dumps(text) + b"}}\n\n")
+                    out.append(self._prefix + b'"text_delta","text":' + orjson.dumps(text) + b"}}\n\n")
             elif d.kind == "call":
                 self.calls += 1
                 self._start("tool_use", {"type": "tool_use", "id": anthropic_call_id(d.call_id), "name": d.name,
@@ -392,8 +401,7 @@ class BlockBuilder:
             elif d.text:  # a call's arguments
                 self._parts.append(d.text)
                 if self.stream:
-                    out.append(b'event: content_block_delta\ndata: {"type":"content_block_delta","index":' + self._index
-                               + b',"delta":{"type":"input_json_delta","partial_json":' + orjson.dumps(d.text)
+                    out.append(self._prefix + b'"input_json_delta","partial_json":' + orjson.dumps(d.text)
                                + b"}}\n\n")
         return out
 
@@ -402,7 +410,8 @@ class BlockBuilder:
         self._blank = ""
         self._open, self._parts = kind, []
         self.blocks.append(block)
-        self._index = str(len(self.blocks) - 1).encode()
+        self._prefix = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+                        + str(len(self.blocks) - 1).encode() + b',"delta":{"type":')
         if self.stream:
             out.append(_event(b"content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
                                                        "content_block": block}))
@@ -502,8 +511,8 @@ class MessagesService:
         answer = MessageAnswer(req, prepared, request_id, budget)
         if req.stream:
             encoder = MessagesStreamEncoder(answer)
-            return with_pings(sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens,
-                                         answer.id), PING_INTERVAL_S)
+            # Pings on quiet streams: the HTTP edge's writer adds them (`PING`, `PING_INTERVAL_S`).
+            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, answer.id)
         greq = prepared.greqs[0]
         if not prepared.stops and not prepared.rt.stop_strings:
             greq.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough (as chat)
@@ -571,6 +580,8 @@ class MessagesStreamEncoder:
         self.answer = answer
         self.finish = "stop"
         self.stop: str | None = None
+        # No parser and no forced call: every piece of text is content (what `ChoiceOutput.push` would say).
+        self.plain = answer.output.parser is None and answer.prepared.plan.forced is None
 
     def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
         a = self.answer
@@ -582,8 +593,14 @@ class MessagesStreamEncoder:
             out += [_event(b"message_start", {"type": "message_start", "message": start}),
                     _event(b"ping", {"type": "ping"})]
         last = ev.finish_reason is not None
-        deltas = a.output.push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
-        out += a.blocks.push(a.cap_stream(deltas))
+        if self.plain:
+            if not first and not last:  # the per-token path: one text_delta, or nothing
+                piece = a.blocks.text(ev.text)
+                return piece[0] if len(piece) == 1 else b"".join(piece)
+            out += a.blocks.text(ev.text)
+        else:
+            deltas = a.output.push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
+            out += a.blocks.push(a.cap_stream(deltas))
         if last:
             self.finish, self.stop = ev.finish_reason or "stop", ev.stop
             out += a.blocks.close()
@@ -599,55 +616,3 @@ class MessagesStreamEncoder:
                                           "delta": {"stop_reason": reason, "stop_sequence": sequence},
                                           "usage": a.usage(completion_tokens)})
                 + _event(b"message_stop", {"type": "message_stop"}))
-
-
-_PING = b'event: ping\ndata: {"type":"ping"}\n\n'
-_END = object()
-
-
-async def with_pings(events: AsyncGenerator[bytes, None], interval: float) -> AsyncGenerator[bytes, None]:
-    """`events`, with a `ping` event whenever nothing was sent for `interval` seconds.
-
-    The first event is awaited directly, so an error before it is raised to the caller (a status code).
-    After it a task reads `events` into a small queue (bounded: a slow client still slows the reading) and
-    a timer adds a ping when the queue stayed empty for `interval`. Closing this iterator cancels the reader
-    and closes `events`, which cancels the Triton request."""
-    first = await anext(events, None)
-    if first is None:
-        return
-    yield first
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
-    last = loop.time()
-
-    async def read() -> None:
-        try:
-            async for item in events:
-                await queue.put(item)
-            await queue.put(_END)
-        except Exception as e:  # noqa: BLE001 - re-raised by the consumer
-            await queue.put(e)
-
-    async def tick() -> None:
-        while True:
-            await asyncio.sleep(max(0.0, last + interval - loop.time()))
-            if loop.time() - last >= interval and queue.empty():
-                queue.put_nowait(_PING)
-                await asyncio.sleep(interval)  # the consumer takes it and resets `last`
-
-    reader = asyncio.create_task(read())
-    ticker = asyncio.create_task(tick())
-    try:
-        while True:
-            item = await queue.get()
-            if item is _END:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            last = loop.time()
-            yield item
-    finally:
-        ticker.cancel()
-        reader.cancel()
-        await asyncio.gather(reader, ticker, return_exceptions=True)
-        await events.aclose()

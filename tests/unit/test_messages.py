@@ -18,8 +18,9 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.config import load_config
 from openai_api.errors import BackendError, BackendUnavailableError
+from openai_api.http.sse import coalesced
 from openai_api.schemas.anthropic import MessagesRequest
-from openai_api.services.messages import chat_messages, with_pings
+from openai_api.services.messages import PING, chat_messages
 from openai_api.settings import Settings
 from tests.anthropic_events import accumulate, check_stream, parse_sse, validate
 from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
@@ -295,7 +296,8 @@ async def test_chat_errors_keep_openais_shape(app: FastAPI) -> None:
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
-async def test_a_quiet_stream_gets_pings_and_closing_it_closes_the_source() -> None:
+@pytest.mark.parametrize("flush_s", [0.0, 0.002])
+async def test_a_quiet_stream_gets_pings_and_closing_it_closes_the_source(flush_s: float) -> None:
     gate = asyncio.Event()
     closed = asyncio.Event()
 
@@ -308,7 +310,8 @@ async def test_a_quiet_stream_gets_pings_and_closing_it_closes_the_source() -> N
         finally:
             closed.set()
 
-    stream = with_pings(source(), 0.01)
+    first = source()
+    stream = coalesced(await anext(first), first, flush_s, PING, 0.01)  # as the Messages route writes it
     assert await anext(stream) == b"first"
     assert b"ping" in await anext(stream)  # nothing came for the interval
     gate.set()
@@ -316,3 +319,16 @@ async def test_a_quiet_stream_gets_pings_and_closing_it_closes_the_source() -> N
         assert b"ping" in item
     await stream.aclose()
     assert closed.is_set()
+
+
+def test_the_plain_text_path_writes_the_same_events_as_the_delta_path() -> None:
+    """`BlockBuilder.text` (a plain answer's per-token path) is `push` of one content delta, byte for byte: blank
+    pieces before the first text, the block's start, every text_delta, and the whole block at the end."""
+    from openai_api.services.messages import BlockBuilder
+    from openai_api.services.output import Delta
+
+    pieces = [" ", "\n", " Hello", ",", "", " \"wörld\"", "\n", "!"]
+    fast, slow = BlockBuilder(stream=True), BlockBuilder(stream=True)
+    got = [b"".join(fast.text(p)) for p in pieces] + [b"".join(fast.close())]
+    want = [b"".join(slow.push([Delta("content", p)] if p else [])) for p in pieces] + [b"".join(slow.close())]
+    assert got == want and fast.blocks == slow.blocks == [{"type": "text", "text": 'Hello, "wörld"\n!'}]

@@ -6,6 +6,7 @@ from starlette.responses import Response
 from openai_api.http.deps import AdmissionDep, Ctx, MessagesSvc
 from openai_api.http.responses import json_response, service_response
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
+from openai_api.services.messages import PING, PING_INTERVAL_S
 
 router = APIRouter()
 
@@ -16,7 +17,9 @@ async def create_message(body: MessagesRequest, service: MessagesSvc, admission:
     Anthropic's shape (`http.anthropic`); `anthropic-version` and `anthropic-beta` headers are accepted."""
     chat_req = service.chat_request(body)
     admission.chat(chat_req)
-    return await service_response(await service.create(body, chat_req, ctx.request_id), ctx.flush_interval_s)
+    # A quiet stream gets Anthropic's `ping` from the writer's own timer (no task or queue per event).
+    return await service_response(await service.create(body, chat_req, ctx.request_id), ctx.flush_interval_s,
+                                  PING, PING_INTERVAL_S)
 
 
 @router.post("/v1/messages/count_tokens", tags=["anthropic"])
