@@ -8,6 +8,7 @@ names the file, the field and the reason.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -102,8 +103,9 @@ class RoutingConfig(_Strict):
     """
 
     policy: RoutingPolicy = "least_outstanding"
-    # Triton's metrics port on every replica (its /metrics in Prometheus text); the host is the replica's.
-    metrics_port: int | None = Field(default=None, ge=1, le=65535)
+    # Triton's metrics port on every replica (its /metrics in Prometheus text); the host is the replica's. Or
+    # a map replica url -> port, for several Tritons on one host (a replica it does not name is not scraped).
+    metrics_port: int | dict[str, int] | None = None
     scrape_interval_s: float = Field(default=1.0, gt=0, description="seconds between two scrapes of a replica")
     scrape_timeout_s: float = Field(default=0.5, gt=0, description="deadline of one scrape (connect + read)")
     kv_weight: float = Field(default=4.0, ge=0, description="load added by a full KV cache (fraction 1.0)")
@@ -115,6 +117,19 @@ class RoutingConfig(_Strict):
     session_header: str | None = Field(default=None, min_length=1, description="request header naming a session")
     session_user: bool = Field(default=False, description="the request's `user` names a session")
     max_sessions: int = Field(default=65536, ge=1, description="sessions remembered (oldest forgotten first)")
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _ports(cls, v: int | dict[str, int] | None) -> int | dict[str, int] | None:
+        for port in ([] if v is None else [v] if isinstance(v, int) else v.values()):
+            if not 0 < port < 65536:
+                raise ValueError(f"{port} is not a TCP port")
+        return v
+
+    def metrics_port_of(self, replica_url: str) -> int | None:
+        """The metrics port of the Triton at `replica_url` (None: not scraped)."""
+        port = self.metrics_port
+        return port.get(replica_url) if isinstance(port, dict) else port
 
 
 class DiscoveryConfig(_Strict):
@@ -324,6 +339,18 @@ class GatewayConfig(_Strict):
     rerank: list[RerankModel] = Field(default_factory=list)
 
     source: Path | None = Field(default=None, exclude=True)
+    # SHA-256 of the file as `load_config` read it (a reload skips a file whose content is the same), and the
+    # embedded Triton's endpoints once `with_triton_endpoint` applied them (a reloaded config gets them too).
+    _digest: str | None = PrivateAttr(default=None)
+    _triton_endpoint: tuple[str, str] | None = PrivateAttr(default=None)
+
+    @property
+    def digest(self) -> str | None:
+        return self._digest
+
+    @property
+    def triton_endpoint(self) -> tuple[str, str] | None:
+        return self._triton_endpoint
 
     @field_validator("llm", "embedding", "rerank", "model_infos")
     @classmethod
@@ -368,6 +395,7 @@ class GatewayConfig(_Strict):
         """Point every model at one Triton (the embedded one), keeping each model's transport."""
         for m in self.all_models():
             m.url = grpc_url if m.transport == "grpc" else http_url
+        self._triton_endpoint = (grpc_url, http_url)
         return self
 
 
@@ -408,7 +436,8 @@ def load_config(path: Path | str) -> GatewayConfig:
     if not path.is_file():
         raise ConfigError(path, "", "config file not found")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+        data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
         raise ConfigError(path, "", f"not UTF-8 text ({e.reason})") from None
     except json.JSONDecodeError as e:
@@ -432,6 +461,7 @@ def load_config(path: Path | str) -> GatewayConfig:
 
     base = path.resolve().parent
     config.source = path.resolve()
+    config._digest = hashlib.sha256(raw).hexdigest()
     for kind in ("llm", "embedding", "rerank"):
         for i, m in enumerate(getattr(config, kind)):
             m.path = _resolve(base, m.path)

@@ -155,6 +155,46 @@ class Metrics:
         self.image_refusals = Counter("openai_api_image_refusals", "Image parts refused, by reason.", ["reason"],
                                       registry=r)
 
+        # Config reloads (SIGHUP or a changed file, `openai_api.reload`): applied, or refused (the old config stays).
+        self.config_reloads = Counter("openai_api_config_reloads", "Model config reloads by result (ok, refused).",
+                                      ["result"], registry=r)
+
+        # Routing over replicas (openai_api.triton.replicas / routing): why each request's first replica was
+        # chosen, and each replica's load as routing sees it (scraped from Triton where configured).
+        self.routing_decisions = Counter("openai_api_routing_decisions", "Replica choices by model, policy and "
+                                         "reason (prefix, session, imbalance, no_match, all_down, or the policy "
+                                         "name).", ["model", "policy", "reason"], registry=r)
+        self.replica_load_gauge = Gauge("openai_api_replica_load", "A replica's load score as routing sees it.",
+                                        ["model", "replica"], registry=r, multiprocess_mode="max")
+        self.replica_in_flight = Gauge("openai_api_replica_requests_in_flight", "This gateway's requests in "
+                                       "flight per replica.", ["model", "replica"], registry=r,
+                                       multiprocess_mode="livesum")
+        self.replica_triton_in_flight = Gauge("openai_api_replica_triton_in_flight", "Requests the replica's "
+                                              "Triton reported holding at the last scrape.", ["model", "replica"],
+                                              registry=r, multiprocess_mode="max")
+        self.replica_kv_fraction = Gauge("openai_api_replica_kv_cache_fraction", "The replica's KV-cache fill "
+                                         "fraction at the last scrape (TensorRT-LLM).", ["model", "replica"],
+                                         registry=r, multiprocess_mode="max")
+
+    def replica_load(self, model: str, replica: str, load: float, own: int, triton: float | None,
+                     kv: float | None) -> None:
+        """One replica's figures (called by the scrape loop every `routing.scrape_interval_s`)."""
+        self.replica_load_gauge.labels(model, replica).set(load)
+        self.replica_in_flight.labels(model, replica).set(own)
+        if triton is not None:
+            self.replica_triton_in_flight.labels(model, replica).set(triton)
+        if kv is not None:
+            self.replica_kv_fraction.labels(model, replica).set(kv)
+
+    def forget_replica(self, model: str, replica: str) -> None:
+        """A retired replica's series leave /metrics."""
+        for g in (self.replica_load_gauge, self.replica_in_flight, self.replica_triton_in_flight,
+                  self.replica_kv_fraction):
+            try:
+                g.remove(model, replica)
+            except KeyError:
+                pass
+
     def rejected_connection(self, reason: str) -> None:
         """A connection closed by the connection guard (`header_timeout`, `connection_limit`)."""
         self.rejected.labels(reason).inc()
@@ -171,8 +211,8 @@ class RequestStats:
     the last body message (`more_body` false) is handed to the server, so the guard can tell a client
     that left mid-response (499) from one that closed after reading everything."""
 
-    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "model", "prompt_tokens",
-                 "request_id", "start", "status")
+    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "headers", "model",
+                 "prompt_tokens", "request_id", "start", "status")
 
     def __init__(self, start: float, request_id: str = "") -> None:
         self.start = start
@@ -184,6 +224,8 @@ class RequestStats:
         self.status = 0
         self.complete = False
         self.event_stream = False  # the response is text/event-stream (set with `status`)
+        # The request's headers as ASGI gives them (lower-case names): routing reads a session header from them.
+        self.headers: list[tuple[bytes, bytes]] = []
 
 
 _CURRENT: ContextVar[RequestStats | None] = ContextVar("openai_api_request_stats", default=None)

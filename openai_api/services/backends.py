@@ -14,12 +14,12 @@ chunk; token counters are added once per sequence.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from numpy.typing import NDArray
 
-from openai_api.config import EmbeddingModel, LLMModel, RerankModel
+from openai_api.config import DNS_SCHEME, EmbeddingModel, LLMModel, RerankModel
 from openai_api.errors import GatewayError
 from openai_api.lora import LoraAdapter
 from openai_api.observability import Metrics, current_stats
@@ -27,6 +27,7 @@ from openai_api.quota.caller import current_meter
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderAdapter, EncoderBackend
+from openai_api.triton.health import model_ready
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind, LLMBackend
 from openai_api.triton.replicas import ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
 from openai_api.triton.text import TextWire
@@ -161,19 +162,34 @@ class InstrumentedEncoder:
         return out
 
 
+def _set_options(m: LLMModel | EmbeddingModel | RerankModel, pool: TritonClientPool, metrics: Metrics,
+                 make: Callable[[str], Any]) -> dict[str, Any]:
+    """A replica set's routing, discovery, adapter factory and readiness check (`ReplicaSet` fields)."""
+
+    async def ready(url: str) -> bool:
+        return await model_ready(pool, m.transport, url, m.triton_name, m.triton_version)
+
+    return {"routing": m.routing, "discovery": m.discovery, "sources": m.urls, "factory": make, "ready": ready,
+            "metrics": metrics}
+
+
 def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
                 stream_idle_timeout_s: float | None) -> tuple[LLMBackend, ReplicaSet[Any] | None]:
     """The backend of one LLM entry: protocol adapter(s), replicas, metrics (see the module docstring)."""
     wire = TextWire.configured(m.text_protocol.model_dump()) if m.text_protocol is not None else None
-    adapters = [(u, AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
-                                   stream_idle_timeout_s=stream_idle_timeout_s,
-                                   vllm_guide_key=m.guided_decoding_key, text_wire=wire)) for u in m.urls]
+
+    def make(u: str) -> LLMBackend:
+        return AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
+                              stream_idle_timeout_s=stream_idle_timeout_s, vllm_guide_key=m.guided_decoding_key,
+                              text_wire=wire)
+
+    adapters = [(u, make(u)) for u in m.urls if not u.startswith(DNS_SCHEME)]
     inner: LLMBackend
     replicas: ReplicaSet[Any] | None = None
-    if len(adapters) == 1:
+    if len(adapters) == 1 and not m.discovered:
         inner = adapters[0][1]
     else:
-        replicated = ReplicatedLLMBackend(m.name, m.transport, adapters)
+        replicated = ReplicatedLLMBackend(m.name, m.transport, adapters, **_set_options(m, pool, metrics, make))
         inner, replicas = replicated, replicated.set
     return InstrumentedLLMBackend(inner, metrics, m.name), replicas
 
@@ -182,15 +198,18 @@ def encoder_backend(m: EmbeddingModel | RerankModel, pool: TritonClientPool,
                     metrics: Metrics) -> tuple[EncoderBackend, ReplicaSet[Any] | None]:
     """The backend of one embedding or rerank entry: adapter(s), replicas, metrics."""
     output = m.output_name if isinstance(m, EmbeddingModel) else m.output_config.name
-    adapters: list[tuple[str, EncoderBackend]] = [
-        (u, EncoderAdapter(pool, transport=m.transport, url=u, model=m.name, triton_model=m.triton_name,
-                           version=m.triton_version, input_config=m.input_config, input_dtype=m.input_dtype,
-                           output_name=output, timeout_s=m.timeout_s)) for u in m.urls]
+
+    def make(u: str) -> EncoderBackend:
+        return EncoderAdapter(pool, transport=m.transport, url=u, model=m.name, triton_model=m.triton_name,
+                              version=m.triton_version, input_config=m.input_config, input_dtype=m.input_dtype,
+                              output_name=output, timeout_s=m.timeout_s)
+
+    adapters = [(u, make(u)) for u in m.urls if not u.startswith(DNS_SCHEME)]
     inner: EncoderBackend
     replicas: ReplicaSet[Any] | None = None
-    if len(adapters) == 1:
+    if len(adapters) == 1 and not m.discovered:
         inner = adapters[0][1]
     else:
-        replicated = ReplicatedEncoder(m.name, m.transport, adapters)
+        replicated = ReplicatedEncoder(m.name, m.transport, adapters, **_set_options(m, pool, metrics, make))
         inner, replicas = replicated, replicated.set
     return InstrumentedEncoder(inner, metrics, m.name), replicas

@@ -19,6 +19,7 @@ from openai_api.services.registry import LLMRuntime
 from openai_api.text.detokenizer import IncrementalDetokenizer
 from openai_api.text.stops import StopStringMatcher
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.routing import session_key
 
 
 class TokenLogprobs(list[float]):
@@ -234,4 +235,5 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         stop_texts=[*rt.stop_strings, *req.stop_list()],
         bad_texts=rt.bad_strings,
         timeout_s=rt.config.timeout_s,
+        session=session_key(rt.config.routing, req.user),
     )

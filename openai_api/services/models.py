@@ -68,14 +68,17 @@ class HealthService:
         models = self.registry.config.all_models()
         pool = self.registry.pool
         # A model is ready while at least one of its replicas is.
-        probes = [(m, u) for m in models for u in m.urls]
+        # (a replicated model's current replicas: discovery changes them, and a dns:/// url is not an address)
+        sets = self.registry.replicas
+        probes = [(m, u) for m in models for u in ([r.url for r in sets[m.name].replicas] if m.name in sets
+                                                   else m.urls)]
         results = await asyncio.gather(*(health.model_ready(pool, m.transport, u, m.triton_name, m.triton_version)
                                          for m, u in probes))
         ready: dict[str, bool] = {m.name: False for m in models}
         replicas: dict[str, dict[str, str]] = {}
         for (m, u), ok in zip(probes, results, strict=True):
             ready[m.name] = ready[m.name] or ok
-            if len(m.urls) > 1:
+            if m.name in sets:
                 replicas.setdefault(m.name, {})[u] = "ready" if ok else "not ready"
         report: dict[str, Any] = {"ready": all(ready.values()),
                                   "models": {n: ("ready" if ok else "not ready") for n, ok in ready.items()}}

@@ -87,6 +87,8 @@ class GenerationRequest:
     # The LoRA adapter to generate with (the request named an adapter model): TensorRT-LLM gets its task id and,
     # when the replica may not hold it, its weights; vLLM its name (`sampling_parameters.lora_name`).
     lora: LoraAdapter | None = None
+    # The session this request belongs to, for routing's session affinity (`routing.session_key`); None: none.
+    session: str | None = None
 
 
 @dataclass(slots=True)
