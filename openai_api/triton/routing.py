@@ -126,7 +126,7 @@ def block_hashes(ids: Sequence[int], block_tokens: int) -> list[int]:
 
 
 # Replicas remembered per block: one that is down still leaves others that hold the prefix.
-HOLDERS = 4
+HOLDERS = 8
 
 
 class PrefixAffinity:
@@ -155,9 +155,11 @@ class PrefixAffinity:
                 return by_url[url], "session"
         hashes = self._hashes(request.prompt_ids)
         for i in range(len(hashes) - 1, self.config.min_match_blocks - 2, -1):
-            for url in self.blocks.get(hashes[i], ()):
-                if url in by_url:
-                    return by_url[url], "prefix"
+            # Several replicas may hold this prefix (a system prompt every conversation shares): the least
+            # loaded of them, else each new conversation would follow the previous one onto one replica.
+            held = [by_url[u] for u in self.blocks.get(hashes[i], ()) if u in by_url]
+            if held:
+                return min(held, key=lambda r: r.load()), "prefix"
         return None, "no_match"
 
     def order(self, healthy: Sequence[R], request: RoutedRequest | None) -> tuple[list[R], str]:

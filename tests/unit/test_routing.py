@@ -409,3 +409,17 @@ def test_replica_set_order_puts_down_replicas_last() -> None:
     rs.failed(rs.replicas[0])
     assert [r.url for r in rs.order()] == ["b", "a"]
     assert [r.url for r in rs.order()] == ["b", "a"]
+
+
+def test_a_prefix_every_conversation_shares_does_not_herd_them() -> None:
+    p = PrefixAffinity(RoutingConfig(policy="prefix_affinity", block_tokens=4))
+    a, b = Fake("a"), Fake("b")
+    system = list(range(12))  # 3 blocks every conversation starts with
+    p.routed(a, Req([*system, 100, 101, 102, 103]))
+    p.routed(b, Req([*system, 200, 201, 202, 203]))  # both now hold the system prompt
+    a.load_ = 2.0
+    ordered, reason = p.order([a, b], Req([*system, 300, 301, 302, 303]))
+    assert ordered[0] is b and reason == "prefix"  # the least loaded of the holders
+    b.load_ = 3.0
+    ordered, _ = p.order([a, b], Req([*system, 100, 101, 102, 103, 9]))
+    assert ordered[0] is a  # a conversation's own longer prefix still wins over load
