@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -12,7 +11,6 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from openai_api import __version__
 from openai_api.config import GatewayConfig
-from openai_api.errors import GatewayError
 from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
 from openai_api.http.fastpath import JSONRouteMiddleware
@@ -38,15 +36,11 @@ from openai_api.http.routers import (
 from openai_api.observability import Metrics
 from openai_api.quota.factory import build_store
 from openai_api.quota.service import QuotaService
-from openai_api.services.container import build_services
+from openai_api.reload import ConfigReloader, PinGeneration, check_models, model_names
+from openai_api.services.container import Services, build_services
 from openai_api.settings import Settings
-from openai_api.triton.encoder import EncoderBackend
-from openai_api.triton.llm import LLMBackend
-from openai_api.triton.replicas import ReplicaProber
 
 logger = logging.getLogger(__name__)
-# Start-up check of each model's Triton config: long enough for a busy Triton, short enough to start.
-STARTUP_CHECK_TIMEOUT_S = 10.0
 # Routes served by `JSONRouteMiddleware` without FastAPI's per-request machinery: the ones a benchmark
 # against Triton itself measures, where that machinery cost as much CPU as the gateway's own work.
 HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings", "/v1/rerank",
@@ -60,36 +54,33 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     svc = build_services(config, settings, metrics_)
     lifecycle = Lifecycle()
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
-                              models={*svc.registry.llms, *svc.registry.encoders}, metrics=metrics_)
+                              models=model_names(svc), metrics=metrics_)
     # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
     quota = QuotaService(settings.keys_file, settings.api_keys, metrics_,
                          build_store(settings.redis_url, settings.redis_fail_mode) if settings.keys_file else None)
     state = AppState(settings=settings, services=svc, metrics=metrics_, lifecycle=lifecycle, limiter=limiter,
                      quota=quota)
 
+    def swapped(new: Services) -> None:  # a config reload (openai_api/reload.py): new requests get `new`
+        state.services = new
+        limiter.models = model_names(new)
+
+    reloader = ConfigReloader(config, svc, settings, metrics_, on_swap=swapped,
+                              also_on_sighup=(lambda: quota.reload("SIGHUP")) if settings.keys_file else None)
+    state.reloader = reloader
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # Check each model against Triton's own config now, so a mismatch is reported at start-up
         # rather than on the first request. Triton being down is not fatal: /health/ready says so.
         # Bounded: a hung (not dead) Triton must not keep the gateway from starting.
-        checks: list[tuple[str, str, LLMBackend | EncoderBackend]] = [
-            (rt.name, rt.config.triton_name, rt.backend) for rt in svc.registry.llms.values()]
-        checks += [(e.name, e.config.triton_name, e.adapter) for e in svc.registry.encoders.values()]
-        for name, triton_name, backend in checks:
-            try:
-                await asyncio.wait_for(backend.check(), STARTUP_CHECK_TIMEOUT_S)
-                logger.info("model %s: Triton model %s checked", name, triton_name)
-            except GatewayError as e:
-                logger.warning("model %s: %s", name, e.message)
-            except TimeoutError:
-                logger.warning("model %s: Triton did not answer the config check in time", name)
-        prober = ReplicaProber(svc.registry.pool, list(svc.registry.replicas.values()))
-        prober.start()
+        await check_models(svc)
         await quota.start()
+        await reloader.start()  # the replica prober; SIGHUP and the config file's poll (after the keys' handler)
         yield
+        await reloader.close()
         await quota.close()
-        await prober.stop()
-        await svc.close()
+        await reloader.services.close()  # the process-lifetime parts every generation shared
 
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
     app.state.gateway = state
@@ -106,6 +97,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     # outside the routes; inside it, the direct dispatch of the hot JSON routes.
     app.add_middleware(JSONRouteMiddleware, paths=HOT_ROUTES, routes=[rt for r in api_routers for rt in r.routes],
                        handlers=app.exception_handlers)
+    app.add_middleware(PinGeneration, reloader=reloader)  # each request keeps the config it arrived under
     app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, limiter=limiter,
                        lifecycle=lifecycle, metrics=metrics_, log_prompts=settings.log_prompts)
     if settings.keys_file is not None:  # the keys file's policies (and --api-key keys, unlimited)

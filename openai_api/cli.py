@@ -46,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     triton = None
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
-        if settings.keys_file is not None:  # SIGHUP reloads the keys file once the app runs; until then, not a kill
-            signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        # SIGHUP reloads the model config (and the keys file) once the app runs; until then, not a kill.
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         if settings.embedded_triton:
             from openai_api.embedded.prepare import prepare_models

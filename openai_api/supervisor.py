@@ -182,8 +182,8 @@ class Supervisor:
         # First: a signal from here on stops the gateway in order (one that came before the loop stops it
         # before any worker starts).
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        if s.keys_file is not None:  # SIGHUP reloads the keys file: passed on to every worker
-            previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_signal)
+        # SIGHUP reloads the model config (openai_api/reload.py) and the keys file: passed on to every worker.
+        previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, self._on_signal)
         try:
             try:
                 probe = bind_listeners(s.host, s.port, listen=not REUSE_PORT)
@@ -235,7 +235,8 @@ class Supervisor:
                 if self._signals[self._acted - 1] == signal.SIGHUP:
                     self._signals.pop(self._acted - 1)  # not a stop: SIGTERM counting ignores it
                     self._acted -= 1
-                    logger.info("SIGHUP: the workers reload the keys file")
+                    logger.info("SIGHUP: the workers reload the model config%s",
+                                " and the keys file" if self.settings.keys_file else "")
                     self._send(signal.SIGHUP)
                     continue
                 self._signalled(self._signals[self._acted - 1], self._acted)

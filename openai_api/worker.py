@@ -1,9 +1,9 @@
 """One worker process of `--workers N`: `python -m openai_api.worker RUN_DIR INDEX FDS SUPERVISOR_PID`, started
 only by `openai_api.supervisor`.
 
-It reads the settings and model config the supervisor resolved (`RUN_DIR/worker.pickle`: every worker,
-restarted ones included, serves exactly what the supervisor checked at start-up, even if the files have
-changed since), builds the app and serves it on the supervisor's listening sockets (the inherited file
+It reads the settings and model config the supervisor resolved (`RUN_DIR/worker.pickle`; a worker started
+after the config file changed - a restart after a reload - loads the file as it is now, see
+`openai_api.reload`), builds the app and serves it on the supervisor's listening sockets (the inherited file
 descriptors FDS) with the single process's drain (`server.serve`): SIGTERM -> new requests 503, requests
 in flight get --shutdown-grace, exit 0. While it serves, its event loop touches `RUN_DIR/alive-PID` once a
 second: the supervisor kills and restarts a worker whose loop has stopped (`--worker-timeout`).
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(config, GatewayConfig) or not isinstance(settings, Settings):
         raise TypeError(f"{run_dir}/{HANDOFF} does not hold a config and settings")
     setup_logging(settings.verbose, with_pid=True)
-    if settings.keys_file is not None:  # SIGHUP reloads the keys file once the app runs; until then, not a kill
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    # SIGHUP reloads the model config (and the keys file) once the app runs; until then, not a kill.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The family and type are read from each descriptor (uvicorn's own `fd=` would take them for AF_UNIX).
     sockets = [socket.socket(fileno=int(fd)) for fd in fds.split(",")]
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 
@@ -31,6 +31,12 @@ from openai_api.services.responses import ResponsesService
 from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
 
+if TYPE_CHECKING:
+    from openai_api.reload import ConfigReloader
+
+# scope["state"] key of the pinned services (set by `openai_api.reload.PinGeneration`).
+SERVICES_KEY = "services"
+
 
 @dataclass
 class AppState:
@@ -42,6 +48,8 @@ class AppState:
     lifecycle: Lifecycle
     limiter: InFlightLimiter
     quota: QuotaService
+    # Swaps `services` on SIGHUP or a config file change (openai_api/reload.py); None: never reloaded.
+    reloader: ConfigReloader | None = None
 
 
 @dataclass(slots=True)
@@ -73,6 +81,13 @@ def caller(request: Request) -> Caller:
                                                           else ANONYMOUS)
 
 
+def services(request: Request) -> Services:
+    """The services of the config generation this request was pinned to when it arrived (`reload.PinGeneration`),
+    so a config reload mid-request never mixes two configs in one request; the current ones where unpinned."""
+    pinned = request.scope.get("state", {}).get(SERVICES_KEY)
+    return pinned if isinstance(pinned, Services) else app_state(request).services
+
+
 def quota_service(request: Request) -> QuotaService:
     return app_state(request).quota
 
@@ -82,39 +97,39 @@ def admission(request: Request) -> Admission:
 
 
 def chat_service(request: Request) -> ChatService:
-    return app_state(request).services.chat
+    return services(request).chat
 
 
 def completions_service(request: Request) -> CompletionsService:
-    return app_state(request).services.completions
+    return services(request).completions
 
 
 def embeddings_service(request: Request) -> EmbeddingsService:
-    return app_state(request).services.embeddings
+    return services(request).embeddings
 
 
 def rerank_service(request: Request) -> RerankService:
-    return app_state(request).services.rerank
+    return services(request).rerank
 
 
 def responses_service(request: Request) -> ResponsesService:
-    return app_state(request).services.responses
+    return services(request).responses
 
 
 def messages_service(request: Request) -> MessagesService:
-    return app_state(request).services.messages
+    return services(request).messages
 
 
 def tokenize_service(request: Request) -> TokenizeService:
-    return app_state(request).services.tokenize
+    return services(request).tokenize
 
 
 def models_service(request: Request) -> ModelsService:
-    return app_state(request).services.models
+    return services(request).models
 
 
 def health_service(request: Request) -> HealthService:
-    return app_state(request).services.health
+    return services(request).health
 
 
 def metrics(request: Request) -> Metrics:

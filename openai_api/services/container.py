@@ -38,6 +38,7 @@ class Services:
     messages: MessagesService
 
     async def close(self) -> None:
+        """At the process's end: the process-lifetime parts (CPU workers, image fetching, Triton clients)."""
         self.preprocess.workers.close()
         self.chat.images.close()
         await self.registry.pool.close()
@@ -50,8 +51,21 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     registry = ModelRegistry(config, pool or TritonClientPool(), metrics, settings.stream_idle_timeout_s)
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                        RenderLimits(settings.template_timeout_s, settings.template_max_chars))
-    chat = ChatService(registry, pre, ImageService.from_settings(settings, metrics))
     store = ResponseStore(settings.responses_store) if settings.responses_store else None
+    return _assemble(registry, pre, ImageService.from_settings(settings, metrics), store)
+
+
+def rebuild_services(old: Services, config: GatewayConfig, settings: Settings, metrics: Metrics) -> Services:
+    """The services of a new config (a reload, `openai_api.reload`): a new registry over `old`'s process-lifetime
+    parts, which it shares: the Triton client pool (its channels are reused), the CPU workers, image fetching
+    and the Responses store. No event-loop work: it may run in a thread."""
+    registry = ModelRegistry(config, old.registry.pool, metrics, settings.stream_idle_timeout_s)
+    return _assemble(registry, old.preprocess, old.chat.images, old.responses.store)
+
+
+def _assemble(registry: ModelRegistry, pre: Preprocessor, images: ImageService,
+              store: ResponseStore | None) -> Services:
+    chat = ChatService(registry, pre, images)
     return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
                     models=ModelsService(registry), health=HealthService(registry),

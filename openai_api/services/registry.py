@@ -198,6 +198,20 @@ class ModelRegistry:
             return None
         return self.llms.pop(name)
 
+    def carry_adapters(self, old: ModelRegistry, old_config: GatewayConfig) -> int:
+        """Serve here the adapters `old` loaded at runtime (not from its config) whose base model this config
+        keeps with the same weights folder (they were checked against it); returns how many. A config reload's."""
+        configured = {a.name for m in old_config.llm for a in adapters_of(m)}
+        kept = 0
+        for adapter in old.adapters():
+            base = self.llms.get(adapter.base)
+            if adapter.name in configured or self.kind_of(adapter.name) is not None or base is None or \
+                    base.adapter is not None or base.config.path != old.llms[adapter.base].config.path:
+                continue
+            self.add_adapter(adapter)
+            kept += 1
+        return kept
+
     def adapters(self, base: str | None = None) -> list[LoraAdapter]:
         """The adapters served now (of `base` only, when given)."""
         return [rt.adapter for rt in self.llms.values()

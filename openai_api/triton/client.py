@@ -63,6 +63,12 @@ class TritonClientPool:
             self._http[url] = client
         return client
 
+    async def close_urls(self, urls: set[str]) -> None:
+        """Close the clients of `urls` (a config reload removed them); asked for again, they are made anew."""
+        clients: list[Any] = [c for u in urls for c in (self._grpc.pop(u, None), self._http.pop(u, None),
+                                                         self._rpc.pop(u, None)) if c is not None]
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
     async def close(self) -> None:
         clients: list[Any] = [*self._grpc.values(), *self._http.values(), *self._rpc.values()]
         self._grpc.clear()

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from openai_api.errors import NotFoundError
-from openai_api.http.deps import CallerDep, QuotaDep, app_state
+from openai_api.http.deps import CallerDep, QuotaDep, app_state, services
 from openai_api.quota.service import PermissionDeniedError
 from openai_api.services.lora import LoraService
 
@@ -43,7 +43,7 @@ def _service(request: Request, caller: CallerDep, quota: QuotaDep) -> LoraServic
                             code="not_found")
     if quota.table is not None and not caller.policy.admin:
         raise PermissionDeniedError("This key may not load or unload LoRA adapters (it is not an admin key).")
-    return LoraService(state.services.registry)
+    return LoraService(services(request).registry)
 
 
 @router.post("/v1/load_lora_adapter", tags=["lora"])
