@@ -24,6 +24,22 @@ cumulative (read from the model config's `parameters`). `num_output_tokens` coun
 tokens (a delta either way; the BLS model does not forward it). Log-probs are not taken: the text
 interface returns no token ids to pair them with.
 
+Images (`GenerationRequest.images`, TensorRT-LLM's multimodal `ensemble`, tensorrtllm_backend
+docs/multimodal.md; `all_models/multimodal/ensemble/config.pbtxt`): a model takes images when its config
+declares `image_url_input` (BYTES [-1]) or `image_bytes_input` (UINT8 [-1, -1, -1, -1]); `supports("images")`
+says so, read from the config, never from the protocol's name. `image_url_input` is preferred: one element
+per image, in prompt order ([1, n] batched), each `data:image/jpeg;base64,...` of the image the gateway
+fetched and verified, re-encoded as JPEG unless it is one (`images.encode`: the preprocessing model decodes
+that prefix itself and fetches any other string from the network, which must never happen). Else
+`image_bytes_input`: the pixels, uint8 [1, height, width, 3] ([1, 1, h, w, 3] batched); the preprocessing
+model reads that tensor as one image per batch entry, so a second image is a 400 naming the model.
+`prompt_table_extra_id` (UINT64 [1]), a stable hash of the request's images (`images.encode.prompt_table_id`),
+is sent when the model declares it and its config's parameters say `enable_kv_cache_reuse: true` (the
+ensemble has no such parameter of its own: an operator who turns reuse on in the tensorrt_llm model copies
+it there; without reuse the preprocessing of some models, Qwen2-VL's, fails on the id). The prompt holds the
+model's own image markers (`<|image|>` for Llama 3.2 Vision, `<image>` for VILA...), written by the chat
+template or the model entry's `image_placeholder`. The conversions run off the event loop.
+
 `text` (wire from the config block, `TextWire.configured`): the block names the tensors; see README.
 
 Streaming, unary calls and cancellation are as for the vLLM adapter: decoupled models are called over one
@@ -35,15 +51,18 @@ deltas, holding back a trailing U+FFFD (a character not complete yet) until the 
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from tritonclient.grpc import InferResult
 
 from openai_api.errors import BackendError, InvalidRequestError
+from openai_api.images.encode import jpeg_data_url, prompt_table_id, rgb_pixels
 from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, GuideKind
 from openai_api.triton.rpc import TritonRPC
@@ -253,7 +272,15 @@ class TextAdapter(SpecAdapter):
         """`name` when the model's config declares that input, else None."""
         return name if name is not None and name in self.spec.inputs else None
 
-    def build_request(self, req: GenerationRequest, streaming: bool) -> InferRequest:
+    async def image_inputs(self, req: GenerationRequest) -> list[tuple[str, Any]]:
+        """The (input, value) pairs that carry the request's images: none here (a text wire takes no images;
+        the services refuse image parts before, as `supports("images")` is false)."""
+        if req.images:
+            raise self.refuse("images", ": its Triton config declares no image input")
+        return []
+
+    def build_request(self, req: GenerationRequest, streaming: bool,
+                      extra: Sequence[tuple[str, Any]] = ()) -> InferRequest:
         spec, wire = self.spec, self.wire
         if req.return_logprobs:
             raise self.refuse("logprobs", ": its text interface returns no token ids to pair log-probabilities with")
@@ -294,6 +321,8 @@ class TextAdapter(SpecAdapter):
             kind, text = trtllm_guide(req.guide)
             r.add(spec, guide_type, kind)
             r.add(spec, guide, text)
+        for name, value in extra:
+            r.add(spec, name, value)
         count = wire.num_tokens if wire.num_tokens in spec.outputs else None
         if count is not None and (ask := self._input(wire.return_num_tokens)):
             r.add(spec, ask, True)
@@ -311,9 +340,10 @@ class TextAdapter(SpecAdapter):
         # The prompt is stripped from the output only when the model cannot be told not to echo it.
         echo = "" if self.wire.exclude_input in self.spec.inputs else request.prompt_text
         state = TextState(self.wire, echo)
+        extra = await self.image_inputs(request)
         if not self._always_stream:
             try:
-                result = await self.rpc.infer(self.build_request(request, streaming=False), model=self.model,
+                result = await self.rpc.infer(self.build_request(request, False, extra), model=self.model,
                                               timeout_s=request.timeout_s)
             except BackendError as e:
                 if "decoupled" not in (e.detail or "").lower():
@@ -329,7 +359,7 @@ class TextAdapter(SpecAdapter):
         # A decoupled model can still answer with one response (stream false) when nobody needs the
         # tokens as they come; without a stream input it streams as it likes.
         streaming = request.stream_tokens or self.wire.stream not in self.spec.inputs
-        responses = self.rpc.stream(self.build_request(request, streaming), model=self.model,
+        responses = self.rpc.stream(self.build_request(request, streaming, extra), model=self.model,
                                     timeout_s=request.timeout_s, idle_s=self.stream_idle_timeout_s)
         first = True
         # aclosing: closing this generator early must close the stream (and so cancel the request) now.
@@ -354,4 +384,49 @@ class TensorRTLLMTextAdapter(TextAdapter):
                  stream_idle_timeout_s: float | None = None) -> None:
         super().__init__(rpc, spec, wire=trtllm_text_wire(spec), model=model, triton_model=triton_model,
                          version=version, stream_idle_timeout_s=stream_idle_timeout_s)
+        self.image_input = _trtllm_image_input(spec)
+        self.prompt_table_ids = (_PROMPT_TABLE_ID in spec.inputs
+                                 and _flag(spec.parameters.get("enable_kv_cache_reuse")))
+
+    def supports(self, param: str) -> bool:
+        if param == "images":
+            return self.image_input is not None
+        return super().supports(param)
+
+    async def image_inputs(self, req: GenerationRequest) -> list[tuple[str, Any]]:
+        """The request's images as the multimodal ensemble takes them (module docstring)."""
+        images = req.images
+        if not images:
+            return []
+        if self.image_input is None:
+            return await super().image_inputs(req)
+        if self.image_input == _IMAGE_URL:
+            urls = await asyncio.to_thread(lambda: [jpeg_data_url(im.data, im.mime, im.b64) for im in images])
+            out: list[tuple[str, Any]] = [(_IMAGE_URL, urls)]
+        else:
+            if len(images) > 1:
+                raise InvalidRequestError(
+                    f"The model {self.model!r} takes one image per request (its Triton model "
+                    f"{self.triton_model!r} takes images as pixels, {_IMAGE_BYTES}); this request has "
+                    f"{len(images)}.", param="messages", code="too_many_images")
+            pixels = await asyncio.to_thread(rgb_pixels, images[0].data)
+            out = [(_IMAGE_BYTES, pixels[np.newaxis, ...])]
+        if self.prompt_table_ids:
+            out.append((_PROMPT_TABLE_ID, prompt_table_id([im.digest for im in images])))
+        return out
+
+
+# TensorRT-LLM's multimodal ensemble: its image inputs, and the id of a request's prompt table for KV reuse.
+_IMAGE_URL, _IMAGE_BYTES, _PROMPT_TABLE_ID = "image_url_input", "image_bytes_input", "prompt_table_extra_id"
+
+
+def _trtllm_image_input(spec: ModelSpec) -> str | None:
+    """The image input the gateway sends a multimodal ensemble: `image_url_input` when declared BYTES, else
+    `image_bytes_input` when declared UINT8 with four dims (images x height x width x channels)."""
+    url, pixels = spec.inputs.get(_IMAGE_URL), spec.inputs.get(_IMAGE_BYTES)
+    if url is not None and url.dtype == "BYTES":
+        return _IMAGE_URL
+    if pixels is not None and pixels.dtype == "UINT8" and len(pixels.dims) == 4:
+        return _IMAGE_BYTES
+    return None
 
