@@ -168,6 +168,25 @@ def gateway_config(fleet: Fleet, routing_extra: dict[str, Any]) -> dict[str, Any
 
 
 # ------------------------------------------------------------------------------------------------ replay
+def gateway_routing(gw: Gateway, model: str) -> dict[str, Any]:
+    """What the gateway's /metrics says about ``model``'s routing: decisions by reason (cumulative) and whether
+    it holds scraped Triton figures for its replicas (so least_load is known to read them)."""
+    with urllib.request.urlopen(f"{gw.url}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    decisions: dict[str, float] = {}
+    scraped = 0
+    tag = f'model="{model}"'
+    for line in text.splitlines():
+        if tag not in line or line.startswith("#"):
+            continue
+        if line.startswith("openai_api_routing_decisions_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            decisions[reason] = decisions.get(reason, 0.0) + float(line.rsplit(" ", 1)[1])
+        elif line.startswith("openai_api_replica_triton_in_flight{"):
+            scraped += 1
+    return {"decisions": decisions, "replicas_scraped": scraped}
+
+
 async def chat_stream(conns: ConnectionPool, payload: dict[str, Any], rec: Record) -> str:
     """POST a streamed chat completion; fill ``rec`` (TTFT, tokens, usage) and return the answer's text."""
     text: list[str] = []
@@ -326,14 +345,39 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _decisions(r: dict[str, Any]) -> str:
+    d = (r.get("routing") or {}).get("decisions") or {}
+    return ", ".join(f"{k} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1])) or "-"
+
+
+def readme_table(res: dict[str, Any]) -> str:
+    """What bench/README.md holds between its fleet-table markers: the table and the two targets' verdicts."""
+    meta, v = res["meta"], res.get("verdicts", {})
+    lines = [f"Run of {meta['date']}, {meta['replicas']} replicas per policy, every figure over {meta['rounds']} "
+             f"replays of each trace, load average at the end {meta['loadavg']}:", "", *table(res), "",
+             f"* multi-turn TTFT p50, least_outstanding / prefix_affinity: "
+             f"{v.get('multi_turn_ttft_p50_least_outstanding_over_prefix_affinity')}x (target >= 2x: "
+             f"{_met(v.get('multi_turn_target_2x'))})",
+             f"* skewed TTFT p99, prefix_affinity / least_outstanding: "
+             f"{v.get('skewed_ttft_p99_prefix_affinity_over_least_outstanding')}x (target: no regression, read as "
+             f"<= 1.1x: {_met(v.get('skewed_target_no_p99_regression'))})"]
+    return "\n".join(lines) + "\n"
+
+
+def latest_results(folder: Path = RESULTS) -> Path | None:
+    """The newest full run's JSON in ``folder`` (quick runs are smoke tests, never the README's table)."""
+    runs = sorted(f for f in folder.glob("fleet-*.json") if not f.stem.endswith("-quick"))
+    return runs[-1] if runs else None
+
+
 def _met(v: bool | None) -> str:
     return "not measured" if v is None else ("met" if v else "**missed**")
 
 
 def table(res: dict[str, Any]) -> list[str]:
     rows = ["| trace | policy | TTFT p50 | TTFT p99 | later turns p50 | output tok/s | req/s | cache hit "
-            "| requests per replica | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| requests per replica | routing decisions | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for trace in TRACES:
         for p in res["meta"]["policies"]:
             r = res.get(trace, {}).get(p)
@@ -342,7 +386,7 @@ def table(res: dict[str, Any]) -> list[str]:
             t = r["ttft"]
             rows.append(f"| {trace} | {p} | {t['p50_ms']} ms | {t['p99_ms']} ms | {r['ttft_later_turns']['p50_ms']} ms "
                         f"| {r['output_tok_s']} | {r['req_s']} | {r['replicas']['cache_hit_fraction']} "
-                        f"| {r['replicas']['requests']} | {r['errors']} |")
+                        f"| {r['replicas']['requests']} | {_decisions(r)} | {r['errors']} |")
     return rows
 
 
@@ -352,15 +396,26 @@ async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int) -> 
     for trace_name, build in TRACES.items():
         trace = build(shape)
         res[trace_name] = {}
+        pooled: dict[str, tuple[list[Record], float, list[dict[str, Any]]]] = {}
         for rnd in range(rounds):
             # Alternate the order between rounds so that drift in the machine's load does not favour one policy.
             order = fleet.policies if rnd % 2 == 0 else list(reversed(fleet.policies))
             for p in order:
                 try:
                     fleet.reset(p)
+                    before = gateway_routing(gw, f"fleet-{p}")
                     records, wall = await replay(gw.url, f"fleet-{p}", trace)
-                    summary = summarize(records, wall, fleet.stats(p))
-                    res[trace_name].setdefault(p, []).append(summary)
+                    stats = fleet.stats(p)
+                    summary = summarize(records, wall, stats)
+                    after = gateway_routing(gw, f"fleet-{p}")
+                    summary["routing"] = {
+                        "decisions": {k: int(v - before["decisions"].get(k, 0.0))
+                                      for k, v in after["decisions"].items() if v > before["decisions"].get(k, 0.0)},
+                        "replicas_scraped": after["replicas_scraped"]}
+                    res[trace_name].setdefault(p, {"rounds": []})["rounds"].append(summary)
+                    recs, walls, totals = pooled.get(p, ([], 0.0, [dict.fromkeys(s, 0) for s in stats]))
+                    pooled[p] = (recs + records, walls + wall,
+                                 [{k: t[k] + s[k] for k in t} for t, s in zip(totals, stats, strict=True)])
                     t = summary["ttft"]
                     print(f"{trace_name:10} {p:18} ttft p50 {t['p50_ms']} p99 {t['p99_ms']} ms, "
                           f"{summary['output_tok_s']} tok/s, hit {summary['replicas']['cache_hit_fraction']}, "
@@ -368,10 +423,17 @@ async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int) -> 
                 except Exception as e:  # noqa: BLE001 - one case failing leaves the others standing
                     res["failures"].append({"case": f"{trace_name}/{p}", "error": f"{type(e).__name__}: {e}",
                                             "traceback": traceback.format_exc()[-2000:]})
-        # One summary per policy: the round with the median TTFT p50 (every round is kept under "rounds").
-        for p, runs in list(res[trace_name].items()):
-            runs_sorted = sorted(runs, key=lambda s: s["ttft"]["p50_ms"] or 0)
-            res[trace_name][p] = {**runs_sorted[(len(runs_sorted) - 1) // 2], "rounds": runs}
+        # The headline per policy pools every round's requests (percentiles over all of them, tokens over the
+        # rounds' summed wall time); each round's own summary stays under "rounds".
+        for p, (recs, walls, totals) in pooled.items():
+            rounds_ = res[trace_name][p]["rounds"]
+            decisions: dict[str, int] = {}
+            for r in rounds_:
+                for k, v in r["routing"]["decisions"].items():
+                    decisions[k] = decisions.get(k, 0) + v
+            res[trace_name][p] = {**summarize(recs, walls, totals), "routing": {
+                "decisions": decisions, "replicas_scraped": rounds_[-1]["routing"]["replicas_scraped"]},
+                "rounds": rounds_}
     return res
 
 
@@ -396,7 +458,15 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for fleet-<date>.{json,md}")
     ap.add_argument("--params", default="", help="SimParams overrides as JSON")
     ap.add_argument("--routing", default="", help="extra routing keys for every model, as JSON")
+    ap.add_argument("--report", type=Path, nargs="?", const=True, default=None,
+                    help="print the README table of a results JSON (default: the newest full run) and exit")
     args = ap.parse_args()
+    if args.report is not None:
+        path = latest_results() if args.report is True else args.report
+        if path is None:
+            sys.exit("no bench/results/fleet-*.json yet")
+        print(readme_table(json.loads(path.read_text())), end="")
+        return
     with contextlib.suppress(ImportError):
         import uvloop
 
