@@ -153,11 +153,12 @@ def _compose_config() -> dict[str, Any]:
 
 def test_compose_model_config_points_at_the_triton_service() -> None:
     config = _compose_config()
+    # dns:///: every container of the (scalable) triton service is a replica (README "Fleet")
     for entry in config["llm"]:
-        assert entry["url"] == "triton:8001", "LLMs stream over gRPC"
+        assert entry["url"] == "dns:///triton:8001", "LLMs stream over gRPC"
     for kind in ("embedding", "rerank"):
         for entry in config[kind]:
-            assert entry["url"] == "triton:8000", f"{kind} defaults to HTTP"
+            assert entry["url"] == "dns:///triton:8000", f"{kind} defaults to HTTP"
     served = {p.name for p in (REPO / "triton_models").iterdir() if (p / "config.pbtxt").is_file()}
     wanted = {entry.get("triton_model", entry["name"]) for kind in ("llm", "embedding", "rerank")
               for entry in config[kind]}

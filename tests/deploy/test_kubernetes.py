@@ -165,6 +165,9 @@ def test_service_and_hpa(resources: dict[tuple[str, str], dict[str, Any]], conta
     assert 1 <= hpa["spec"]["minReplicas"] <= hpa["spec"]["maxReplicas"]
     # CPU utilisation is measured against the request: without one the HPA cannot act.
     assert "cpu" in container["resources"]["requests"]
+    # Triton's Service is headless, so the gateway's dns:/// urls see every pod (a ClusterIP pins gRPC to one).
+    triton = resources[("Service", "triton")]
+    assert triton["spec"]["clusterIP"] == "None" and {p["port"] for p in triton["spec"]["ports"]} >= {8000, 8001}
     pdb = resources[("PodDisruptionBudget", "openai-api")]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
     assert pdb["spec"]["minAvailable"] < hpa["spec"]["minReplicas"], "a PDB must not block node drains"
@@ -189,7 +192,7 @@ def test_configmap_model_config_loads(tmp_path: Path) -> None:
     loaded = load_config(path)
     assert {m.name for m in loaded.all_models()} == {"smollm2-135m-instruct", "all-minilm-l6-v2", "minilm-rerank"}
     for m in loaded.all_models():
-        assert re.fullmatch(r"triton:800[01]", m.url)
+        assert isinstance(m.url, str) and re.fullmatch(r"dns:///triton:800[01]", m.url)
 
 
 def test_workers_are_set_and_fit_the_cpu_limit(container: dict[str, Any]) -> None:
