@@ -27,6 +27,11 @@ TARGETS: dict[str, tuple[str, float]] = {
     "added_ttft_p50_ms": ("<=", 1.0),
     "embeddings_ratio_single_c32": (">=", 1.0),
     "embeddings_ratio_batch32_c4": (">=", 1.0),
+    # The board's terms (issue #27), on 20 ms pacing, against the bare client on the same upstream.
+    "board_added_p99_ms_c1": ("<=", 0.5),
+    "board_added_ttft_p99_ms": ("<=", 0.5),
+    "board_added_itl_p99_ms": ("<=", 0.2),
+    "board_stall_free_ratio_w1": (">=", 0.9),
 }
 # Not a target but a check of the bench itself: the gateway can never beat the fastest direct client.
 LIMIT_SANITY_MAX = 1.0
@@ -69,6 +74,12 @@ EXTRA_KEYS = (
     "embeddings_ratio_single_c32",
     "embeddings_ratio_batch32_c4",
     "perf_analyzer_responses_s_c16",
+    *(f"board_{k}" for k in ("added_p50_ms_c1", "added_p99_ms_c1", "added_ttft_p50_ms", "added_ttft_p99_ms")),
+    *(f"board_{k}" for k in ("added_itl_p50_ms", "added_itl_p99_ms", "cpu_us_per_request", "cpu_us_per_token")),
+    *(f"board_{k}" for k in ("stall_free_w1", "stall_free_w2", "stall_free_bare", "stall_free_ratio_w1")),
+    *(f"litellm_{k}" for k in ("added_p50_ms_c1", "added_p99_ms_c1", "added_ttft_p50_ms", "added_ttft_p99_ms")),
+    *(f"litellm_{k}" for k in ("added_itl_p50_ms", "added_itl_p99_ms", "cpu_us_per_request", "cpu_us_per_token")),
+    *(f"litellm_{k}" for k in ("stall_free", "stall_free_bare")),
 )
 
 
@@ -127,6 +138,34 @@ _SOURCES: dict[str, tuple[str, Callable[[dict[str, Any]], Any]]] = {
         lambda r: _get(r, "perf_analyzer", "runs", "c16", "responses_per_s"),
     ),
 }
+
+
+# The board case (bench.board): gateway figures vs the bare client on Triton, LiteLLM's vs the stand-in.
+def _board(*path: str) -> tuple[str, Callable[[dict[str, Any]], Any]]:
+    def read(r: dict[str, Any]) -> Any:
+        return _get(r, "board", *path)
+
+    return ("board", read)
+
+
+for _who, _side in (("board", "gateway"), ("litellm", "litellm")):
+    for _key, _cell, _pct in (
+        ("added_p50_ms_c1", "nonstream", "p50_ms"),
+        ("added_p99_ms_c1", "nonstream", "p99_ms"),
+        ("added_ttft_p50_ms", "ttft", "p50_ms"),
+        ("added_ttft_p99_ms", "ttft", "p99_ms"),
+        ("added_itl_p50_ms", "itl", "p50_ms"),
+        ("added_itl_p99_ms", "itl", "p99_ms"),
+    ):
+        _SOURCES[f"{_who}_{_key}"] = _board(f"{_side}_added", _cell, _pct)
+    _SOURCES[f"{_who}_cpu_us_per_request"] = _board("sides", _side, "nonstream", "cpu_us_per_request")
+    _SOURCES[f"{_who}_cpu_us_per_token"] = _board("sides", _side, "itl", "cpu_us_per_token")
+_SOURCES["board_stall_free_w1"] = _board("sides", "gateway", "streams", "stall_free")
+_SOURCES["board_stall_free_w2"] = _board("sides", "gateway_w2", "streams", "stall_free")
+_SOURCES["board_stall_free_bare"] = _board("sides", "bare", "streams", "stall_free")
+_SOURCES["board_stall_free_ratio_w1"] = _board("gateway_added", "stall_free_ratio")
+_SOURCES["litellm_stall_free"] = _board("sides", "litellm", "streams", "stall_free")
+_SOURCES["litellm_stall_free_bare"] = _board("sides", "standin", "streams", "stall_free")
 _RESULT_KEY = {"long": "long_outputs", "streams": "many_streams"}
 
 
@@ -278,8 +317,56 @@ def _rows(s: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def board_table(s: dict[str, Any], meta: dict[str, Any]) -> list[str]:
+    """The comparison on the board's terms (issue #27): our gateway, its bare client and LiteLLM."""
+
+    def pair(who: str, what: str) -> str:
+        p50, p99 = s.get(f"{who}_added_{what}_p50_ms"), s.get(f"{who}_added_{what}_p99_ms")
+        return "-" if p50 is None or p99 is None else f"{p50:+.2f} / {p99:+.2f} ms"
+
+    def lat(who: str) -> str:
+        p50, p99 = s.get(f"{who}_added_p50_ms_c1"), s.get(f"{who}_added_p99_ms_c1")
+        return "-" if p50 is None or p99 is None else f"{p50:+.2f} / {p99:+.2f} ms"
+
+    def us(key: str) -> str:
+        return _val(s.get(key), " us")
+
+    def target(key: str, unit: str) -> str:
+        return f"{_target(key, unit)} | {_verdict(key, s.get(key))}"
+
+    version = meta.get("litellm_version") or "?"
+    sf_bare = s.get("litellm_stall_free_bare")
+    return [
+        f'On the board\'s terms (20 ms pacing, c=1 unless stated; "added" = the side minus its bare client on '
+        f"the same upstream: our gateway vs the bare gRPC client on Triton's `synthetic-llm-paced`, LiteLLM "
+        f"{version} vs the paced stand-in it fronts called directly):",
+        "",
+        f"| board metric | gateway, 1 worker | gateway, 2 workers | bare client (Triton gRPC) | LiteLLM {version} | "
+        "target (gateway) | verdict |",
+        "|---|---:|---:|---:|---:|---|---|",
+        f"| added latency p50 / p99, non-streamed (`board_added_p99_ms_c1`) | {lat('board')} | - | 0 (reference) "
+        f"| {lat('litellm')} | p99 {target('board_added_p99_ms_c1', ' ms')} |",
+        f"| added TTFT p50 / p99, streamed (`board_added_ttft_p99_ms`) | {pair('board', 'ttft')} | - | "
+        f"0 (reference) | {pair('litellm', 'ttft')} | p99 {target('board_added_ttft_p99_ms', ' ms')} |",
+        f"| added inter-token latency p50 / p99, 64-token stream (`board_added_itl_p99_ms`) | "
+        f"{pair('board', 'itl')} | - | 0 (reference) | {pair('litellm', 'itl')} | p99 "
+        f"{target('board_added_itl_p99_ms', ' ms')} |",
+        "| stall-free 20 ms streams, no gap > 2x pacing (`board_stall_free_w1`) | "
+        f"{_val(s.get('board_stall_free_w1'), '')} | {_val(s.get('board_stall_free_w2'), '')} | "
+        f"{_val(s.get('board_stall_free_bare'), '')} | "
+        f"{_val(s.get('litellm_stall_free'), '')}{f' (its stand-in: {sf_bare:g})' if sf_bare is not None else ''} | "
+        f"w1 / bare {_val(s.get('board_stall_free_ratio_w1'), 'x')} {target('board_stall_free_ratio_w1', 'x')} |",
+        f"| CPU per non-streamed request (`board_cpu_us_per_request`) | {us('board_cpu_us_per_request')} | - | - | "
+        f"{us('litellm_cpu_us_per_request')} | report | - |",
+        f"| CPU per streamed token (`board_cpu_us_per_token`) | {us('board_cpu_us_per_token')} | - | - | "
+        f"{us('litellm_cpu_us_per_token')} | report | - |",
+        "",
+    ]
+
+
 def readme_table(res: dict[str, Any]) -> str:
-    """The README's performance table: rendered from ``res["summary"]`` and ``res["meta"]`` only."""
+    """The README's performance table: rendered from ``res["summary"]`` and ``res["meta"]`` only; the
+    comparison on the board's terms leads."""
     s = res.get("summary") or {}
     meta = res.get("meta") or {}
     out = [
@@ -287,6 +374,7 @@ def readme_table(res: dict[str, Any]) -> str:
         f"{meta.get('cpus')} CPU cores shared by Triton, the gateway and the load generators (load average "
         f"{meta.get('loadavg_1m_at_start')} at start, {meta.get('loadavg_1m_at_end')} at end).",
         "",
+        *board_table(s, meta),
         f"Limit client (`limit_client`): {s.get('limit_client') or '-'}.",
         "",
         "| figure (`summary` key) | value | target | verdict |",

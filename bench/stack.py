@@ -33,6 +33,9 @@ from openai_api.embedded.launcher import EmbeddedTriton
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = "synthetic-llm"
 SYNTHETIC_SLOW = "synthetic-llm-slow"
+# The board's paced upstream (bench.board): the synthetic model with 20 ms between tokens.
+SYNTHETIC_PACED = "synthetic-llm-paced"
+PACED_DELAY_MS = 20
 EMBEDDING = "all-minilm-l6-v2"
 SMOLLM_TOKENIZER = REPO / "models" / "smollm2-135m-instruct"
 MINILM_FOLDER = REPO / "models" / "all-minilm-l6-v2"
@@ -83,42 +86,45 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen[bytes] | None = N
 
 
 def slow_model_repository(delay_ms: int) -> Path:
-    """A temporary repository holding ``synthetic-llm-slow``: the synthetic model, paced."""
+    """A temporary repository holding ``synthetic-llm-slow`` (``delay_ms`` between tokens) and
+    ``synthetic-llm-paced`` (``PACED_DELAY_MS``): the synthetic model, paced."""
     root = Path(tempfile.mkdtemp(prefix="bench-models-"))
     src = REPO / "triton_models" / SYNTHETIC
-    dst = root / SYNTHETIC_SLOW
-    (dst / "1").mkdir(parents=True)
-    shutil.copy2(src / "1" / "model.py", dst / "1" / "model.py")
-    cfg = (src / "config.pbtxt").read_text()
-    cfg = cfg.replace(f'name: "{SYNTHETIC}"', f'name: "{SYNTHETIC_SLOW}"')
-    cfg = cfg.replace(
-        '{ key: "delay_ms" value: { string_value: "0" } }',
-        f'{{ key: "delay_ms" value: {{ string_value: "{delay_ms}" }} }}',
-    )
-    if f'string_value: "{delay_ms}"' not in cfg:
-        raise RuntimeError("could not derive synthetic-llm-slow: delay_ms parameter not found in config.pbtxt")
-    (dst / "config.pbtxt").write_text(cfg)
+    for name, delay in ((SYNTHETIC_SLOW, delay_ms), (SYNTHETIC_PACED, PACED_DELAY_MS)):
+        dst = root / name
+        (dst / "1").mkdir(parents=True)
+        shutil.copy2(src / "1" / "model.py", dst / "1" / "model.py")
+        cfg = (src / "config.pbtxt").read_text()
+        cfg = cfg.replace(f'name: "{SYNTHETIC}"', f'name: "{name}"')
+        cfg = cfg.replace(
+            '{ key: "delay_ms" value: { string_value: "0" } }',
+            f'{{ key: "delay_ms" value: {{ string_value: "{delay}" }} }}',
+        )
+        if f'string_value: "{delay}"' not in cfg:
+            raise RuntimeError(f"could not derive {name}: delay_ms parameter not found in config.pbtxt")
+        (dst / "config.pbtxt").write_text(cfg)
     return root
 
 
 def start_triton(slow_delay_ms: int, embeddings: bool) -> tuple[EmbeddedTriton, Path]:
     extra = slow_model_repository(slow_delay_ms)
-    models = [SYNTHETIC, SYNTHETIC_SLOW] + ([EMBEDDING] if embeddings else [])
+    models = [SYNTHETIC, SYNTHETIC_SLOW, SYNTHETIC_PACED] + ([EMBEDDING] if embeddings else [])
     triton = EmbeddedTriton(models=models, extra_args=[f"--model-repository={extra}"])
     triton.start()
     return triton, extra
 
 
 def gateway_config(grpc_url: str, http_url: str) -> dict[str, Any]:
-    """The bench-only model config: both synthetic LLMs with SmolLM2's tokenizer and template."""
+    """The bench-only model config: the synthetic LLMs with SmolLM2's tokenizer and template."""
     template = str(REPO / "chat_templates" / "smollm2.jinja")
+    names = (SYNTHETIC, SYNTHETIC_SLOW, SYNTHETIC_PACED)
     llm = [
         {"name": name, "url": grpc_url, "path": str(SMOLLM_TOKENIZER), "triton_model": name, "chat_template": template}
-        for name in (SYNTHETIC, SYNTHETIC_SLOW)
+        for name in names
     ]
     return {
         # Long-output runs ask for 8,192 tokens: the synthetic model has no position limit.
-        "model_infos": [{"name": name, "end_id": -1, "max_len": 32768} for name in (SYNTHETIC, SYNTHETIC_SLOW)],
+        "model_infos": [{"name": name, "end_id": -1, "max_len": 32768} for name in names],
         "llm": llm,
         "embedding": [{"name": EMBEDDING, "url": http_url, "path": str(MINILM_FOLDER), "max_tokens": 256}],
         "rerank": [],
