@@ -32,9 +32,11 @@ REPLAY_MODELS = ["replay-llm", "replay-llm-vllm"]
 # Vision: the vLLM interface with its image input (decodes every image, answers with facts from the pixels),
 # and a copy whose prompt placeholder is "<image>" (served with a string template and image_placeholder).
 VISION, VISION_PLACEHOLDER = "vision-vllm", "vision-vllm-placeholder"
+# The same facts behind TensorRT-LLM's multimodal ensemble interface (image_url_input, "<|image|>" markers).
+VISION_TRTLLM = "vision-trtllm"
 TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "smollm2-ensemble", "smollm2-text",
                  "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING, *REPLAY_MODELS, VISION,
-                 VISION_PLACEHOLDER]
+                 VISION_PLACEHOLDER, VISION_TRTLLM]
 
 
 class GatewayServer:
@@ -115,6 +117,8 @@ def gateway_config(triton: EmbeddedTriton) -> GatewayConfig:
         LLMModel(name=VISION, url=triton.grpc_url, path=smollm2, image_tokens=64,
                  chat_template=BUNDLED_TEMPLATES / "chatml-vision.jinja"),
         LLMModel(name=VISION_PLACEHOLDER, url=triton.grpc_url, path=smollm2, image_placeholder="<image>",
+                 chat_template=BUNDLED_TEMPLATES / "smollm2.jinja"),
+        LLMModel(name=VISION_TRTLLM, url=triton.grpc_url, path=smollm2, image_placeholder="<|image|>",
                  chat_template=BUNDLED_TEMPLATES / "smollm2.jinja")]
     return config.with_triton_endpoint(triton.grpc_url, triton.http_url)
 

@@ -25,7 +25,7 @@ import pytest
 
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
-from tests.e2e.conftest import API_KEY, LLM, VISION, VISION_PLACEHOLDER, GatewayServer, gateway_config
+from tests.e2e.conftest import API_KEY, LLM, VISION, VISION_PLACEHOLDER, VISION_TRTLLM, GatewayServer, gateway_config
 from tests.image_samples import data_url, mostly, png_bomb, solid
 
 RED = solid(64, 48, "red")
@@ -243,6 +243,13 @@ def test_models_say_which_take_images(client: openai.OpenAI, http: httpx.Client)
     cards = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
     assert cards[VISION]["capabilities"]["images"] is True
     assert cards["smollm2-135m-instruct-vllm"]["capabilities"]["images"] is False
+    # TensorRT-LLM: the multimodal ensemble declares image_url_input; the plain ensemble no image input.
+    client.chat.completions.create(model=VISION_TRTLLM, max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    client.chat.completions.create(model="smollm2-135m-instruct-trtllm-text", max_tokens=1,
+                                   messages=[{"role": "user", "content": "hi"}])
+    cards = {m["id"]: m for m in http.get("/v1/models").json()["data"]}
+    assert cards[VISION_TRTLLM]["capabilities"]["images"] is True
+    assert cards["smollm2-135m-instruct-trtllm-text"]["capabilities"]["images"] is False
 
 
 @pytest.mark.parametrize("model", [LLM, "smollm2-135m-instruct-vllm"])
@@ -342,3 +349,28 @@ def test_metrics_count_images_bytes_fetches_and_refusals(http: httpx.Client, cli
     assert 'openai_api_image_bytes_total{source="url"}' in text
     assert "openai_api_image_fetch_seconds_count" in text
     assert 'openai_api_image_refusals_total{reason="loopback"}' in text
+
+
+# --- TensorRT-LLM's multimodal ensemble --------------------------------------------------------------------
+# vision-trtllm speaks the ensemble's interface (image_url_input, the batch dim, "<|image|>" markers) and, like
+# TensorRT-LLM's preprocessing model, takes only data:image/jpeg;base64 URLs without fetching: any other URL
+# (the client's http URL, a PNG data URL) would be an error there, so these prove the gateway fetched,
+# verified and re-encoded every image itself.
+
+@STREAM
+def test_trtllm_ensemble_gets_url_and_data_url_images_in_order(client: openai.OpenAI, images: str,
+                                                               stream: bool) -> None:
+    messages = [{"role": "user", "content": [image(data_url(RED)), {"type": "text", "text": "and"},
+                                             image(f"{images}/green.webp")]}]
+    assert ask(client, messages, stream, VISION_TRTLLM) == "image 1: 64x48, red. image 2: 33x7, green."
+    messages = [{"role": "user", "content": [image(f"{images}/blue.jpg"), {"type": "text", "text": "this?"}]}]
+    assert ask(client, messages, stream, VISION_TRTLLM) == "image 1: 10x20, blue."
+
+
+def test_trtllm_ensemble_refusals_are_the_gateways(http: httpx.Client, images: str) -> None:
+    """A refused image never reaches the model (which would fetch it, being TensorRT-LLM's preprocessing)."""
+    for url, reason in ((f"{images}/to-loopback.png", "loopback"), ("file:///etc/passwd", "scheme")):
+        body = {"model": VISION_TRTLLM, "messages": [{"role": "user", "content": [image(url)]}]}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and f"(reason: {reason})" in r.text, r.text
+        assert r.json()["error"]["param"] == "messages[0].content[0]"
