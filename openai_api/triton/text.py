@@ -32,7 +32,8 @@ per image, in prompt order ([1, n] batched), each `data:image/jpeg;base64,...` o
 fetched and verified, re-encoded as JPEG unless it is one (`images.encode`: the preprocessing model decodes
 that prefix itself and fetches any other string from the network, which must never happen). Else
 `image_bytes_input`: the pixels, uint8 [1, height, width, 3] ([1, 1, h, w, 3] batched); the preprocessing
-model reads that tensor as one image per batch entry, so a second image is a 400 naming the model.
+model reads that tensor as one image per batch entry, so a second image is a 400 naming the model (as is
+an image past `max_num_images`, when the config's parameters carry the preprocessing model's value).
 `prompt_table_extra_id` (UINT64 [1]), a stable hash of the request's images (`images.encode.prompt_table_id`),
 is sent when the model declares it and its config's parameters say `enable_kv_cache_reuse: true` (the
 ensemble has no such parameter of its own: an operator who turns reuse on in the tensorrt_llm model copies
@@ -387,6 +388,10 @@ class TensorRTLLMTextAdapter(TextAdapter):
         self.image_input = _trtllm_image_input(spec)
         self.prompt_table_ids = (_PROMPT_TABLE_ID in spec.inputs
                                  and _flag(spec.parameters.get("enable_kv_cache_reuse")))
+        # Pixels: the preprocessing reads one image per batch entry. URLs: as many as the preprocessing model's
+        # `max_num_images` (the engine's limit), when the operator copies it into this config too.
+        cap = (spec.parameters.get("max_num_images") or "").strip()
+        self.max_images = 1 if self.image_input == _IMAGE_BYTES else int(cap) if cap.isdigit() and int(cap) else None
 
     def supports(self, param: str) -> bool:
         if param == "images":
@@ -400,15 +405,17 @@ class TensorRTLLMTextAdapter(TextAdapter):
             return []
         if self.image_input is None:
             return await super().image_inputs(req)
+        if self.max_images is not None and len(images) > self.max_images:
+            how = (f"takes images as pixels ({_IMAGE_BYTES}), one per request" if self.image_input == _IMAGE_BYTES
+                   else f"says max_num_images {self.max_images}")
+            raise InvalidRequestError(
+                f"The model {self.model!r} takes at most {self.max_images} image(s) per request (its Triton model "
+                f"{self.triton_model!r} {how}); this request has {len(images)}.", param="messages",
+                code="too_many_images")
         if self.image_input == _IMAGE_URL:
             urls = await asyncio.to_thread(lambda: [jpeg_data_url(im.data, im.mime, im.b64) for im in images])
             out: list[tuple[str, Any]] = [(_IMAGE_URL, urls)]
         else:
-            if len(images) > 1:
-                raise InvalidRequestError(
-                    f"The model {self.model!r} takes one image per request (its Triton model "
-                    f"{self.triton_model!r} takes images as pixels, {_IMAGE_BYTES}); this request has "
-                    f"{len(images)}.", param="messages", code="too_many_images")
             pixels = await asyncio.to_thread(rgb_pixels, images[0].data)
             out = [(_IMAGE_BYTES, pixels[np.newaxis, ...])]
         if self.prompt_table_ids:

@@ -84,7 +84,16 @@ async def test_a_model_taking_pixels_gets_them_for_one_image_and_refuses_two() -
     assert np.array_equal(t["image_bytes_input"][0, 0], expected)
     with pytest.raises(InvalidRequestError) as e:
         await send(ensemble(PIXELS), [data, data])
-    assert e.value.code == "too_many_images" and "one image per request" in e.value.message
+    assert e.value.code == "too_many_images" and "one per request" in e.value.message
+
+
+async def test_max_num_images_in_the_config_caps_the_images_sent_by_url() -> None:
+    red = solid(2, 2, "red")
+    assert (await send(ensemble(URL, max_num_images="2"), [red, red]))["image_url_input"].shape == (1, 2)
+    with pytest.raises(InvalidRequestError) as e:
+        await send(ensemble(URL, max_num_images="2"), [red, red, red])
+    assert e.value.code == "too_many_images" and "at most 2 image(s)" in e.value.message
+    assert (await send(ensemble(URL, max_num_images="${max_num_images}"), [red] * 3))["image_url_input"].shape == (1, 3)
 
 
 async def test_the_prompt_table_id_is_sent_with_kv_reuse_and_follows_the_images() -> None:
