@@ -32,6 +32,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import socket
 import statistics
 import subprocess
@@ -365,8 +366,9 @@ def readme_table(res: dict[str, Any]) -> str:
 
 
 def latest_results(folder: Path = RESULTS) -> Path | None:
-    """The newest full run's JSON in ``folder`` (quick runs are smoke tests, never the README's table)."""
-    runs = sorted(f for f in folder.glob("fleet-*.json") if not f.stem.endswith("-quick"))
+    """The newest full run's JSON in ``folder``: ``fleet-<date>.json`` (quick runs are smoke tests and tagged runs
+    variants, never the README's table)."""
+    runs = sorted(f for f in folder.glob("fleet-*.json") if re.fullmatch(r"fleet-\d{4}-\d\d-\d\d", f.stem))
     return runs[-1] if runs else None
 
 
@@ -391,9 +393,10 @@ def table(res: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------ main
-async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int) -> dict[str, Any]:
+async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int, traces: list[str]) -> dict[str, Any]:
     res: dict[str, Any] = {"failures": []}
-    for trace_name, build in TRACES.items():
+    for trace_name in traces:
+        build = TRACES[trace_name]
         trace = build(shape)
         res[trace_name] = {}
         pooled: dict[str, tuple[list[Record], float, list[dict[str, Any]]]] = {}
@@ -453,11 +456,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--quick", action="store_true", help="a smoke run of a few seconds per case")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--traces", default=",".join(TRACES), help="which traces to replay")
     ap.add_argument("--replicas", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=None, help="replays per (trace, policy); default 1 quick, 2 full")
     ap.add_argument("--out", type=Path, default=RESULTS, help="folder for fleet-<date>.{json,md}")
     ap.add_argument("--params", default="", help="SimParams overrides as JSON")
     ap.add_argument("--routing", default="", help="extra routing keys for every model, as JSON")
+    ap.add_argument("--tag", default="", help="a variant's name: results go to fleet-<date>-<tag>.{json,md}")
     ap.add_argument("--report", type=Path, nargs="?", const=True, default=None,
                     help="print the README table of a results JSON (default: the newest full run) and exit")
     args = ap.parse_args()
@@ -484,13 +489,13 @@ def main() -> None:
     res: dict[str, Any] = {"meta": {
         "date": now.strftime("%Y-%m-%d %H:%M UTC"), "quick": args.quick, "policies": policies,
         "replicas": args.replicas, "rounds": rounds, "sim_params": asdict(params), "trace_shape": asdict(shape),
-        "routing_extra": routing_extra, "gateway_args": "--workers 1 (default)", "host": platform.node(),
-        "cpus": os.cpu_count(), "notes": []}}
+        "routing_extra": routing_extra, "tag": args.tag, "gateway_args": "--workers 1 (default)",
+        "host": platform.node(), "cpus": os.cpu_count(), "notes": []}}
     try:
         fleet.start(workdir)
         gw = Gateway(gateway_config(fleet, routing_extra), workdir, name="fleet-gateway").start()
         asyncio.run(warm(gw, fleet))
-        res.update(asyncio.run(run_all(gw, fleet, shape, rounds)))
+        res.update(asyncio.run(run_all(gw, fleet, shape, rounds, [t for t in args.traces.split(",") if t])))
     except Exception as e:  # noqa: BLE001 - written into the results, exit code 1
         res.setdefault("failures", []).append({"case": "setup", "error": f"{type(e).__name__}: {e}",
                                                "traceback": traceback.format_exc()[-3000:]})
@@ -503,7 +508,7 @@ def main() -> None:
     res["meta"]["loadavg"] = [round(x, 2) for x in os.getloadavg()]
     res["verdicts"] = verdicts(res)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"fleet-{now.strftime('%Y-%m-%d')}" + ("-quick" if args.quick else "")
+    stem = f"fleet-{now.strftime('%Y-%m-%d')}" + ("-quick" if args.quick else "") + (f"-{args.tag}" if args.tag else "")
     (args.out / f"{stem}.json").write_text(json.dumps(res, indent=2) + "\n")
     (args.out / f"{stem}.md").write_text(markdown(res))
     print(markdown(res))
