@@ -2,6 +2,8 @@
 
 ``.venv/bin/python -m bench.messages_cpu [--reps 6] [--out bench/results/messages-cpu-DATE.json]``
 ``.venv/bin/python -m bench.messages_cpu --instructions``  (machine instructions under callgrind instead)
+``.venv/bin/python -m bench.messages_cpu --root /tmp/other``  (another checkout's ``openai_api``, e.g. a commit
+``git archive``d there with ``models/`` linked in: the children import it and record its path)
 
 Issue #25 asks that Messages cost no more gateway CPU per token than chat: it is a dialect at the HTTP edge
 over the same chat service, so what it adds is its own request mapping (``MessagesService.chat_request``),
@@ -168,12 +170,15 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
 
 
 def _child_cmd(streams: int, tokens: int, cases: str, dialects: str) -> list[str]:
-    return [sys.executable, "-m", "bench.messages_cpu", "--child", "--streams", str(streams), "--tokens", str(tokens),
-            "--cases", cases, "--dialects", dialects]
+    return [sys.executable, str(Path(__file__).resolve()), "--child", "--streams", str(streams), "--tokens",
+            str(tokens), "--cases", cases, "--dialects", dialects]
+
+
+ROOT = REPO  # the checkout whose openai_api the children import (--root)
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "LOG_LEVEL": "WARNING"}
+    return {**os.environ, "PYTHONPATH": str(ROOT), "LOG_LEVEL": "WARNING"}
 
 
 def instructions(a: argparse.Namespace) -> dict[str, Any]:
@@ -188,7 +193,7 @@ def instructions(a: argparse.Namespace) -> dict[str, Any]:
                 for d in DIALECTS:
                     cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={tmp}/cg-{d}.out",
                            *_child_cmd(streams, a.tokens, case, d)]
-                    done = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True)
+                    done = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
                     if done.returncode != 0:
                         raise RuntimeError(f"{d} {case}: {done.stderr[-2000:]}")
                     ir = int(next(ln for ln in done.stderr.splitlines() if "Collected :" in ln).split(":")[-1])
@@ -216,14 +221,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--dialects", default=",".join(DIALECTS), help=argparse.SUPPRESS)
     p.add_argument("--profile", type=Path, help="with --child: cProfile each case to PROFILE-<dialect>-<case>.prof")
+    p.add_argument("--root", type=Path, default=REPO,
+                   help="the checkout whose openai_api is measured (default this one; another commit: git archive it "
+                        "and link models/ in)")
     a = p.parse_args(argv)
+    global ROOT
+    ROOT = a.root.resolve()
     if a.child:
         print(json.dumps(child(a.streams, a.tokens, tuple(a.cases.split(",")), tuple(a.dialects.split(",")),
                                a.profile)))
         return 0
     meta = {"date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "streams": a.streams, "tokens": a.tokens,
             "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                     text=True).stdout.strip(), "cpus": os.cpu_count()}
+                                     text=True).stdout.strip(), "root": str(ROOT), "cpus": os.cpu_count()}
     if a.instructions:
         result = {"instructions": instructions(a), **meta}
         print(json.dumps(result, indent=1))
@@ -233,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     for rep in range(a.reps):
         order = DIALECTS if rep % 2 == 0 else DIALECTS[::-1]
-        done = subprocess.run(_child_cmd(a.streams, a.tokens, a.cases, ",".join(order)), cwd=REPO, env=_env(),
+        done = subprocess.run(_child_cmd(a.streams, a.tokens, a.cases, ",".join(order)), cwd=ROOT, env=_env(),
                               capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(done.stderr[-2000:])
