@@ -38,6 +38,7 @@ from openai_api.triton.health import server_ready
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind, LLMBackend
 from openai_api.triton.loadscrape import TritonLoad
 from openai_api.triton.routing import RoutingPolicy, make_policy
+from openai_api.triton.sharedmap import table_for
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class ReplicaSet(Generic[T]):
     _refresh_lock: asyncio.Lock | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
-        self.policy = make_policy(self.routing)
+        shared = table_for(self.model, self.routing.max_blocks) if self.routing.policy == "prefix_affinity" else None
+        self.policy = make_policy(self.routing, shared)
         for r in self.replicas:
             self._configure(r)
 

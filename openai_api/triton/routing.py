@@ -21,7 +21,7 @@ over down the list as before. Each policy is one small class behind `RoutingPoli
 `order` returns the ordering and the reason (a label of the routing-decision metric); `routed` is told the
 replica a request was actually sent to (after failover too), which is what the prefix map remembers.
 Python's hash of a tuple of ints is deterministic (no per-process salt), so every worker process hashes a
-prompt the same way.
+prompt the same way, and with `--workers` the workers share the prefix map (`sharedmap`).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from typing import Protocol, TypeVar
 
 from openai_api.config import RoutingConfig
 from openai_api.observability import current_stats
+from openai_api.triton.sharedmap import SharedTable, stable_id
 
 
 class Routable(Protocol):
@@ -132,8 +133,11 @@ HOLDERS = 8
 class PrefixAffinity:
     name = "prefix_affinity"
 
-    def __init__(self, config: RoutingConfig) -> None:
+    def __init__(self, config: RoutingConfig, shared: SharedTable | None = None) -> None:
         self.config = config
+        # With --workers: the map every worker writes and reads as well (`sharedmap`), else None.
+        self.shared = shared
+        self._ids: dict[str, int] = {}
         # block hash -> the replicas that were sent that prefix, most recent first (at most HOLDERS)
         self.blocks: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self.sessions: OrderedDict[str, str] = OrderedDict()
@@ -149,18 +153,47 @@ class PrefixAffinity:
     def holder(self, healthy: Sequence[R], request: RoutedRequest) -> tuple[R | None, str]:
         """The healthy replica the session or the longest remembered prefix points at, and which of the two."""
         by_url = {r.url: r for r in healthy}
+        shared = self.shared
+        by_id = {self._id(r.url): r for r in healthy} if shared is not None else {}
         if request.session is not None:
             url = self.sessions.get(request.session)
             if url is not None and url in by_url:
                 return by_url[url], "session"
+            if shared is not None:
+                ids = shared.get(stable_id("session:" + request.session))
+                if ids and ids[0] in by_id:
+                    return by_id[ids[0]], "session"
         hashes = self._hashes(request.prompt_ids)
-        for i in range(len(hashes) - 1, self.config.min_match_blocks - 2, -1):
+        blocks = self.blocks
+
+        def known(i: int) -> bool:
+            return hashes[i] in blocks or (shared is not None and bool(shared.get(hashes[i])))
+
+        # `routed` records every block of a prompt, so the blocks remembered form a prefix of the prompt's
+        # (up to evictions): binary search for the deepest one (log n lookups instead of n on a new prompt),
+        # then walk down past blocks whose holders are all down.
+        lo, hi = -1, len(hashes) - 1  # known(lo) holds (lo = -1: nothing), the answer is in [lo, hi]
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if known(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        for i in range(lo, self.config.min_match_blocks - 2, -1):
             # Several replicas may hold this prefix (a system prompt every conversation shares): the least
             # loaded of them, else each new conversation would follow the previous one onto one replica.
-            held = [by_url[u] for u in self.blocks.get(hashes[i], ()) if u in by_url]
+            held = [by_url[u] for u in blocks.get(hashes[i], ()) if u in by_url]
+            if not held and shared is not None:
+                held = [by_id[x] for x in shared.get(hashes[i]) if x in by_id]
             if held:
                 return min(held, key=lambda r: r.load()), "prefix"
         return None, "no_match"
+
+    def _id(self, url: str) -> int:
+        i = self._ids.get(url)
+        if i is None:
+            i = self._ids[url] = stable_id(url)
+        return i
 
     def order(self, healthy: Sequence[R], request: RoutedRequest | None) -> tuple[list[R], str]:
         by_load, _ = self._balance.order(healthy, request)
@@ -179,15 +212,21 @@ class PrefixAffinity:
             return
         url = replica.url
         blocks = self.blocks
+        shared = self.shared
+        me = self._id(url) if shared is not None else 0
         for h in self._hashes(request.prompt_ids):
             held = blocks.get(h, ())
             blocks[h] = held if held[:1] == (url,) else (url, *(u for u in held if u != url))[:HOLDERS]
             blocks.move_to_end(h)
+            if shared is not None:
+                shared.put(h, me)
         while len(blocks) > self.config.max_blocks:
             blocks.popitem(last=False)
         if request.session is not None:
             self.sessions[request.session] = url
             self.sessions.move_to_end(request.session)
+            if shared is not None:
+                shared.put(stable_id("session:" + request.session), me)
             while len(self.sessions) > self.config.max_sessions:
                 self.sessions.popitem(last=False)
 
@@ -203,14 +242,14 @@ class PrefixAffinity:
             del self.sessions[s]
 
 
-def make_policy(config: RoutingConfig) -> RoutingPolicy:
-    """The policy object of one model (it holds that model's routing state)."""
+def make_policy(config: RoutingConfig, shared: SharedTable | None = None) -> RoutingPolicy:
+    """The policy object of one model (it holds that model's routing state; `shared`: the workers' table)."""
     if config.policy == "round_robin":
         return RoundRobin()
     if config.policy == "least_load":
         return LeastLoad()
     if config.policy == "prefix_affinity":
-        return PrefixAffinity(config)
+        return PrefixAffinity(config, shared)
     return LeastOutstanding()
 
 

@@ -423,3 +423,57 @@ def test_a_prefix_every_conversation_shares_does_not_herd_them() -> None:
     b.load_ = 3.0
     ordered, _ = p.order([a, b], Req([*system, 100, 101, 102, 103, 9]))
     assert ordered[0] is a  # a conversation's own longer prefix still wins over load
+
+
+# --- workers: the shared prefix table -----------------------------------------------------------------------
+
+def test_the_shared_table_is_one_map_for_every_process_that_maps_the_file(tmp_path: Path) -> None:
+    from openai_api.triton.sharedmap import SharedTable, stable_id
+
+    one, two = SharedTable(tmp_path / "t.bin", 64), SharedTable(tmp_path / "t.bin", 64)
+    one.put(12345, 7)
+    two.put(12345, 8)
+    assert one.get(12345) == (8, 7) and two.get(99) == ()
+    for h in range(10_000):  # a table far smaller than what goes in: entries are overwritten, never an error
+        one.put(h * 7919, 1)
+    assert len(one.get(9_999 * 7919)) == 1
+    assert stable_id("10.0.0.1:8001") == stable_id("10.0.0.1:8001") != 0
+    one.close()
+    two.close()
+
+
+def affinity_across_workers(tmp_path: Path | None, workers: int = 2, replicas: int = 4,
+                            conversations: int = 200, turns: int = 4) -> float:
+    """The share of follow-up turns that reach the replica of the conversation's previous turn, when each
+    turn lands on a worker at random (as new connections do), each worker with its own PrefixAffinity:
+    sharing one table (`tmp_path` given) or each its own map."""
+    import random
+
+    from openai_api.triton.sharedmap import SharedTable
+
+    cfg = RoutingConfig(policy="prefix_affinity", block_tokens=8)
+    table = (lambda: SharedTable(tmp_path / "prefix.bin", cfg.max_blocks)) if tmp_path else (lambda: None)
+    policies = [PrefixAffinity(cfg, table()) for _ in range(workers)]
+    reps = [Fake(f"10.0.0.{i}:8001") for i in range(replicas)]
+    rng = random.Random(7)
+    last: dict[int, Fake] = {}
+    same = follow_ups = 0
+    convs = {c: conversation(turns, seed=c + 1) for c in range(conversations)}
+    for turn in range(turns):
+        for c in rng.sample(range(conversations), conversations):
+            p = policies[rng.randrange(workers)]
+            req = Req(convs[c][turn])
+            chosen = p.order(reps, req)[0][0]
+            p.routed(chosen, req)
+            chosen.load_ += 0.01  # a little load so that new conversations spread
+            if c in last:
+                follow_ups += 1
+                same += last[c] is chosen
+            last[c] = chosen
+    return same / follow_ups
+
+
+def test_workers_sharing_the_table_keep_every_conversation_on_its_replica(tmp_path: Path) -> None:
+    assert affinity_across_workers(tmp_path) == 1.0
+    # Without it, a turn that reaches a worker that never saw the conversation goes by load.
+    assert affinity_across_workers(None) < 0.8
