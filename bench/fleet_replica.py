@@ -122,7 +122,7 @@ class SimEngine:
         self.active = 0
         self.stats: dict[str, int] = dict.fromkeys(
             ("requests", "prompt_tokens", "cached_tokens", "computed_tokens", "output_tokens", "evicted_blocks",
-             "overcommit_blocks", "cancelled"), 0)
+             "overcommit_blocks", "cancelled", "first_token_us", "prefill_planned_us"), 0)
 
     def _touch(self, hashes: list[int], pin: bool) -> None:
         cache = self.cache
@@ -173,6 +173,8 @@ class SimEngine:
     async def generate(self, prompt: list[int], max_tokens: int) -> AsyncIterator[int]:
         """The output tokens of one request, each at the time the simulated engine produces it."""
         p = self.p
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
         self.stats["requests"] += 1
         self.stats["prompt_tokens"] += len(prompt)
         hashes = block_hashes(prompt, p.block_tokens)
@@ -193,10 +195,15 @@ class SimEngine:
                     cached = min(hit * p.block_tokens, len(prompt) - 1)
                     self.stats["cached_tokens"] += cached
                     self.stats["computed_tokens"] += len(prompt) - cached
+                    planned = p.prefill_overhead_s + (len(prompt) - cached) * p.prefill_s_per_token
+                    self.stats["prefill_planned_us"] += int(planned * 1e6)
                     try:
-                        await asyncio.sleep(p.prefill_overhead_s + (len(prompt) - cached) * p.prefill_s_per_token)
+                        await asyncio.sleep(planned)
                     finally:
                         self.context -= 1
+                # The replica's own time to first token (queue + prefill, and any lag of this process's event
+                # loop): what the gateway and the machine add is the client's TTFT minus this.
+                self.stats["first_token_us"] += int((loop.time() - arrived) * 1e6)
                 out: list[int] = []
                 words = self.words
                 for i in range(max_tokens):
