@@ -210,6 +210,9 @@ class TextProtocolConfig(_Strict):
     guide_type: str | None = Field(default=None, description="BYTES input: TensorRT-LLM guide type")
     guide: str | None = Field(default=None, description="BYTES input: the guide (schema, regex, grammar)")
     num_tokens: str | None = Field(default=None, description="integer output: tokens the response's text took")
+    # TensorRT-LLM's LLM-API model declares `image_url` (BYTES [-1]) and loads http(s) URLs itself: the gateway
+    # sends it only data URLs of images it fetched and verified.
+    image_url: str | None = Field(default=None, description="BYTES [-1] input: one data:image/jpeg URL per image")
     output_mode: Literal["delta", "cumulative"] = Field(
         default="delta", description="whether each response holds the new text (and count) or all so far")
     parameters: dict[TextParam, str] = Field(default_factory=dict, description="request parameter -> input name")

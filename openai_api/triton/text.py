@@ -41,7 +41,9 @@ it there; without reuse the preprocessing of some models, Qwen2-VL's, fails on t
 model's own image markers (`<|image|>` for Llama 3.2 Vision, `<image>` for VILA...), written by the chat
 template or the model entry's `image_placeholder`. The conversions run off the event loop.
 
-`text` (wire from the config block, `TextWire.configured`): the block names the tensors; see README.
+`text` (wire from the config block, `TextWire.configured`): the block names the tensors; see README. Its
+`image_url` (TensorRT-LLM's LLM-API model declares `image_url` BYTES [-1], and fetches http(s) URLs itself)
+gets one JPEG data URL per image, as `image_url_input` does.
 
 Streaming, unary calls and cancellation are as for the vLLM adapter: decoupled models are called over one
 gRPC stream per request (`stream` true when the client streams or stop strings must be matched, else one
@@ -113,6 +115,7 @@ class TextWire:
     guide: str | None = None
     num_tokens: str | None = None
     return_num_tokens: str | None = None
+    image_url: str | None = None
     cumulative: bool = False
     cumulative_count: bool = False
     parameters: Mapping[str, str] = field(default_factory=dict)
@@ -125,7 +128,8 @@ class TextWire:
                    stream=block.get("stream"), exclude_input=block.get("exclude_input"),
                    stop_words=block.get("stop_words"), bad_words=block.get("bad_words"),
                    guide_type=block.get("guide_type"), guide=block.get("guide"), num_tokens=block.get("num_tokens"),
-                   cumulative=cumulative, cumulative_count=cumulative, parameters=dict(block.get("parameters") or {}))
+                   image_url=block.get("image_url"), cumulative=cumulative, cumulative_count=cumulative,
+                   parameters=dict(block.get("parameters") or {}))
 
 
 def _flag(value: str | None) -> bool:
@@ -172,7 +176,7 @@ def wire_mismatches(wire: TextWire, spec: ModelSpec) -> list[str]:
     check("input", wire.max_tokens, INTEGER_DTYPES, "an integer type", "max_tokens")
     check("input", wire.stream, flag, "BOOL", "stream")
     check("input", wire.exclude_input, flag, "BOOL", "exclude_input")
-    for key in ("stop_words", "bad_words", "guide_type", "guide"):
+    for key in ("stop_words", "bad_words", "guide_type", "guide", "image_url"):
         check("input", getattr(wire, key), text, "BYTES", key)
     check("output", wire.num_tokens, INTEGER_DTYPES, "an integer type", "num_tokens")
     for param, name in wire.parameters.items():
@@ -267,6 +271,8 @@ class TextAdapter(SpecAdapter):
             return True  # matched on the text by the gateway; also sent where the model takes stop words
         if param == "bad_words":
             return self.wire.bad_words in self.spec.inputs
+        if param == "images":
+            return self.wire.image_url in self.spec.inputs
         return False  # log-probs: text out has no token ids to pair them with
 
     def _input(self, name: str | None) -> str | None:
@@ -274,11 +280,16 @@ class TextAdapter(SpecAdapter):
         return name if name is not None and name in self.spec.inputs else None
 
     async def image_inputs(self, req: GenerationRequest) -> list[tuple[str, Any]]:
-        """The (input, value) pairs that carry the request's images: none here (a text wire takes no images;
-        the services refuse image parts before, as `supports("images")` is false)."""
-        if req.images:
+        """The (input, value) pairs that carry the request's images: the wire's `image_url` input, one
+        `data:image/jpeg;base64,` URL per image in order (a model without one takes no images; the services
+        refuse image parts before, as `supports("images")` is false)."""
+        images = req.images
+        if not images:
+            return []
+        name = self._input(self.wire.image_url)
+        if name is None:
             raise self.refuse("images", ": its Triton config declares no image input")
-        return []
+        return [(name, await asyncio.to_thread(lambda: [jpeg_data_url(im.data, im.mime, im.b64) for im in images]))]
 
     def build_request(self, req: GenerationRequest, streaming: bool,
                       extra: Sequence[tuple[str, Any]] = ()) -> InferRequest:

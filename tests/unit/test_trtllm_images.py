@@ -16,8 +16,10 @@ import pytest
 from PIL import Image
 
 from openai_api.errors import InvalidRequestError
+from openai_api.triton.detect import protocol_mismatches
 from openai_api.triton.llm import ImageInput
-from openai_api.triton.text import TensorRTLLMTextAdapter
+from openai_api.triton.text import TensorRTLLMTextAdapter, TextAdapter, TextWire
+from openai_api.triton.wire import parse_model_config
 from tests.image_samples import COLOURS, solid
 from tests.unit.test_protocol_adapters import FakeClient, collect, make, request, sent, tensor
 from tests.unit.test_text_protocols import ENSEMBLE, text_result
@@ -118,3 +120,33 @@ async def test_an_ensemble_without_a_usable_image_input_takes_no_images(inputs: 
     with pytest.raises(InvalidRequestError) as e:
         await collect(adapter.generate(request(images=[image(solid(2, 2, "red"))])))
     assert e.value.param == "images" and not client.requests
+
+
+# TensorRT-LLM's LLM-API model (all_models/llmapi/tensorrt_llm): a `text` model whose block names `image_url`.
+LLMAPI_BLOCK = {"input": "text_input", "output": "text_output", "max_tokens": "sampling_param_max_tokens",
+                "stream": "streaming", "image_url": "image_url"}
+
+
+def llmapi(*inputs: dict[str, Any]) -> dict[str, Any]:
+    return {"config": {
+        "name": "tensorrt_llm", "backend": "python", "max_batch_size": 64,
+        "input": [tensor("text_input", "STRING", [-1]), tensor("streaming", "BOOL", [1], True),
+                  tensor("sampling_param_max_tokens", "INT32", [1], True), *inputs],
+        "output": [tensor("text_output", "STRING", [-1])]}}
+
+
+async def test_the_llmapi_image_url_input_gets_jpeg_data_urls_when_the_block_names_it() -> None:
+    client = FakeClient(llmapi(tensor("image_url", "STRING", [-1], True)), [text_result("ok")])
+    adapter = TextAdapter(client, parse_model_config(client.config),  # type: ignore[arg-type]
+                          wire=TextWire.configured(LLMAPI_BLOCK), model="m", triton_model="tensorrt_llm")
+    assert adapter.supports("images")
+    png, jpeg = solid(3, 2, "white"), solid(2, 3, "black", "JPEG")
+    await collect(adapter.generate(request(images=[image(png), image(jpeg)])))
+    urls = sent(client.requests[0])["image_url"]
+    assert urls.shape == (1, 2) and [decode(u).size for u in urls[0].tolist()] == [(3, 2), (2, 3)]
+    assert protocol_mismatches("text", parse_model_config(llmapi()), TextWire.configured(LLMAPI_BLOCK)) == [
+        "no input 'image_url' (text_protocol.image_url)"]
+    plain = TextAdapter(client, parse_model_config(client.config),  # type: ignore[arg-type]
+                        wire=TextWire.configured({k: v for k, v in LLMAPI_BLOCK.items() if k != "image_url"}),
+                        model="m", triton_model="tensorrt_llm")
+    assert not plain.supports("images")
