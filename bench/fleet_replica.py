@@ -123,6 +123,7 @@ class SimEngine:
         self.stats: dict[str, int] = dict.fromkeys(
             ("requests", "prompt_tokens", "cached_tokens", "computed_tokens", "output_tokens", "evicted_blocks",
              "overcommit_blocks", "cancelled", "first_token_us", "prefill_planned_us"), 0)
+        self.ttft_us: list[int] = []  # each request's own time to first token here, in arrival order
 
     def _touch(self, hashes: list[int], pin: bool) -> None:
         cache = self.cache
@@ -203,7 +204,9 @@ class SimEngine:
                         self.context -= 1
                 # The replica's own time to first token (queue + prefill, and any lag of this process's event
                 # loop): what the gateway and the machine add is the client's TTFT minus this.
-                self.stats["first_token_us"] += int((loop.time() - arrived) * 1e6)
+                ttft_us = int((loop.time() - arrived) * 1e6)
+                self.stats["first_token_us"] += ttft_us
+                self.ttft_us.append(ttft_us)
                 out: list[int] = []
                 words = self.words
                 for i in range(max_tokens):
@@ -369,7 +372,7 @@ async def _serve_http(engine: SimEngine, reader: asyncio.StreamReader, writer: a
             body = engine.metrics("fleet-llm").encode()
         elif method == b"GET" and path.startswith(b"/stats"):
             stats = {**engine.stats, "cached_blocks": len(engine.cache), "pinned_blocks": engine.pinned,
-                     "waiting": engine.waiting, "active": engine.active}
+                     "waiting": engine.waiting, "active": engine.active, "ttft_us": engine.ttft_us}
             ctype, body = "application/json", json.dumps(stats).encode()
         elif method == b"POST" and path.startswith(b"/reset"):
             if engine.active or engine.waiting:

@@ -303,6 +303,9 @@ def summarize(records: list[Record], wall_s: float, stats: list[dict[str, Any]])
         # Where the time to first token goes: the replicas' own (queue + simulated prefill), and the rest
         # (the gateway, the network stack and this machine's load), as means over the requests.
         replica_ms = sum(s.get("first_token_us", 0) for s in stats) / n / 1000
+        # The same percentiles of the replicas' own TTFT: what routing changes, without the gateway's time and
+        # this machine's load (which inflate the client's figures alike for every policy).
+        out["replica_ttft"] = _ms(percentiles_ms([us / 1e6 for s in stats for us in s.get("ttft_us", [])]))
         out["ttft_split_mean_ms"] = {
             "replica": round(replica_ms, 1),
             "planned_prefill": round(sum(s.get("prefill_planned_us", 0) for s in stats) / n / 1000, 1),
@@ -328,13 +331,18 @@ def verdicts(results: dict[str, Any]) -> dict[str, Any]:
     """The issue's targets, judged from the measured numbers (never asserted)."""
     mt, sk = results.get("multi_turn", {}), results.get("skewed", {})
 
-    def get(d: dict[str, Any], p: str, key: str) -> float | None:
-        v = (d.get(p) or {}).get("ttft", {}).get(key)
+    def get(d: dict[str, Any], p: str, key: str, which: str = "ttft") -> float | None:
+        v = ((d.get(p) or {}).get(which) or {}).get(key)
         return float(v) if isinstance(v, int | float) else None
 
     speedup = ratio(get(mt, "least_outstanding", "p50_ms"), get(mt, "prefix_affinity", "p50_ms"))
     p99 = ratio(get(sk, "prefix_affinity", "p99_ms"), get(sk, "least_outstanding", "p99_ms"))
     return {
+        # The same two ratios on the replicas' own TTFT (no gateway time, no machine load in them).
+        "replica_multi_turn_ttft_p50_ratio": ratio(get(mt, "least_outstanding", "p50_ms", "replica_ttft"),
+                                                   get(mt, "prefix_affinity", "p50_ms", "replica_ttft")),
+        "replica_skewed_ttft_p99_ratio": ratio(get(sk, "prefix_affinity", "p99_ms", "replica_ttft"),
+                                               get(sk, "least_outstanding", "p99_ms", "replica_ttft")),
         "multi_turn_ttft_p50_least_outstanding_over_prefix_affinity": speedup,
         "multi_turn_target_2x": None if speedup is None else speedup >= 2.0,
         "skewed_ttft_p99_prefix_affinity_over_least_outstanding": p99,
@@ -359,7 +367,9 @@ def markdown(res: dict[str, Any]) -> str:
               f"{_met(v.get('multi_turn_target_2x'))})",
               f"* skewed TTFT p99, prefix_affinity / least_outstanding: "
               f"**{v.get('skewed_ttft_p99_prefix_affinity_over_least_outstanding')}x** (target <= 1.1x, no "
-              f"regression: {_met(v.get('skewed_target_no_p99_regression'))})"]
+              f"regression: {_met(v.get('skewed_target_no_p99_regression'))})",
+              f"* the same on the replicas' own TTFT: {v.get('replica_multi_turn_ttft_p50_ratio')}x and "
+              f"{v.get('replica_skewed_ttft_p99_ratio')}x"]
     for note in meta.get("notes", []):
         lines.append(f"* {note}")
     if res.get("failures"):
@@ -382,7 +392,9 @@ def readme_table(res: dict[str, Any]) -> str:
              f"{_met(v.get('multi_turn_target_2x'))})",
              f"* skewed TTFT p99, prefix_affinity / least_outstanding: "
              f"{v.get('skewed_ttft_p99_prefix_affinity_over_least_outstanding')}x (target: no regression, read as "
-             f"<= 1.1x: {_met(v.get('skewed_target_no_p99_regression'))})"]
+             f"<= 1.1x: {_met(v.get('skewed_target_no_p99_regression'))})",
+             f"* the same on the replicas' own TTFT: {v.get('replica_multi_turn_ttft_p50_ratio')}x and "
+             f"{v.get('replica_skewed_ttft_p99_ratio')}x"]
     return "\n".join(lines) + "\n"
 
 
@@ -398,9 +410,9 @@ def _met(v: bool | None) -> str:
 
 
 def table(res: dict[str, Any]) -> list[str]:
-    rows = ["| trace | policy | TTFT p50 | TTFT p99 | later turns p50 | TTFT mean: replica + rest | output tok/s "
-            "| req/s | cache hit | requests per replica | routing decisions | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| trace | policy | TTFT p50 | TTFT p99 | replica TTFT p50 | replica TTFT p99 | TTFT mean: replica + rest "
+            "| output tok/s | req/s | cache hit | requests per replica | routing decisions | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for trace in TRACES:
         for p in res["meta"]["policies"]:
             r = res.get(trace, {}).get(p)
@@ -409,8 +421,10 @@ def table(res: dict[str, Any]) -> list[str]:
             t = r["ttft"]
             split = r.get("ttft_split_mean_ms")
             split_s = f"{split['replica']} + {split['gateway_and_machine']} ms" if split else "-"
-            rows.append(f"| {trace} | {p} | {t['p50_ms']} ms | {t['p99_ms']} ms | {r['ttft_later_turns']['p50_ms']} ms "
-                        f"| {split_s} | {r['output_tok_s']} | {r['req_s']} | {r['replicas']['cache_hit_fraction']} "
+            rt = r.get("replica_ttft") or {}
+            rows.append(f"| {trace} | {p} | {t['p50_ms']} ms | {t['p99_ms']} ms | {rt.get('p50_ms')} ms "
+                        f"| {rt.get('p99_ms')} ms | {split_s} | {r['output_tok_s']} | {r['req_s']} "
+                        f"| {r['replicas']['cache_hit_fraction']} "
                         f"| {r['replicas']['requests']} | {_decisions(r)} | {r['errors']} |")
     return rows
 
@@ -439,9 +453,10 @@ async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int, tra
                                       for k, v in after["decisions"].items() if v > before["decisions"].get(k, 0.0)},
                         "replicas_scraped": after["replicas_scraped"]}
                     res[trace_name].setdefault(p, {"rounds": []})["rounds"].append(summary)
-                    recs, walls, totals = pooled.get(p, ([], 0.0, [dict.fromkeys(s, 0) for s in stats]))
+                    recs, walls, totals = pooled.get(p, ([], 0.0, [{} for _ in stats]))
                     pooled[p] = (recs + records, walls + wall,
-                                 [{k: t[k] + s[k] for k in t} for t, s in zip(totals, stats, strict=True)])
+                                 [{k: t.get(k, type(v)()) + v for k, v in s.items()} for t, s in zip(totals, stats,
+                                                                                                  strict=True)])
                     t = summary["ttft"]
                     print(f"{trace_name:10} {p:18} ttft p50 {t['p50_ms']} p99 {t['p99_ms']} ms, "
                           f"{summary['output_tok_s']} tok/s, hit {summary['replicas']['cache_hit_fraction']}, "
