@@ -21,7 +21,7 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
-from tests.helpers import derived_model, free_port
+from tests.helpers import REPO, derived_model, free_port
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
@@ -32,11 +32,12 @@ REPLAY_MODELS = ["replay-llm", "replay-llm-vllm"]
 # Vision: the vLLM interface with its image input (decodes every image, answers with facts from the pixels),
 # and a copy whose prompt placeholder is "<image>" (served with a string template and image_placeholder).
 VISION, VISION_PLACEHOLDER = "vision-vllm", "vision-vllm-placeholder"
-# The same facts behind TensorRT-LLM's multimodal ensemble interface (image_url_input, "<|image|>" markers).
-VISION_TRTLLM = "vision-trtllm"
+# The same facts behind TensorRT-LLM's multimodal ensemble interface (image_url_input, "<|image|>" markers), and a
+# copy declaring image_bytes_input only (pixels; KV reuse off).
+VISION_TRTLLM, VISION_TRTLLM_PIXELS = "vision-trtllm", "vision-trtllm-pixels"
 TRITON_MODELS = ["smollm2-135m-instruct", "smollm2-vllm", "smollm2-ft", "smollm2-ensemble", "smollm2-text",
                  "all-minilm-l6-v2", "minilm-rerank", "synthetic-llm", REASONING, *REPLAY_MODELS, VISION,
-                 VISION_PLACEHOLDER, VISION_TRTLLM]
+                 VISION_PLACEHOLDER, VISION_TRTLLM, VISION_TRTLLM_PIXELS]
 
 
 class GatewayServer:
@@ -105,6 +106,11 @@ def triton(ref_stats_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     extra = tmp_path_factory.mktemp("derived-models")
     derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
     derived_model(extra, VISION, VISION_PLACEHOLDER, {"image_placeholder": "<image>"})
+    pixels = derived_model(extra, VISION_TRTLLM, VISION_TRTLLM_PIXELS, {
+        "enable_kv_cache_reuse": "false",
+        "vision_vllm_model": str(REPO / "triton_models" / VISION / "1" / "model.py")}) / "config.pbtxt"
+    pixels.write_text("".join(line for line in pixels.read_text(encoding="utf-8").splitlines(keepends=True)
+                              if '"image_url_input"' not in line), encoding="utf-8")
     with EmbeddedTriton(models=TRITON_MODELS, extra_args=[f"--model-repository={extra}"]) as server:
         yield server
 
@@ -118,8 +124,9 @@ def gateway_config(triton: EmbeddedTriton) -> GatewayConfig:
                  chat_template=BUNDLED_TEMPLATES / "chatml-vision.jinja"),
         LLMModel(name=VISION_PLACEHOLDER, url=triton.grpc_url, path=smollm2, image_placeholder="<image>",
                  chat_template=BUNDLED_TEMPLATES / "smollm2.jinja"),
-        LLMModel(name=VISION_TRTLLM, url=triton.grpc_url, path=smollm2, image_placeholder="<|image|>",
-                 chat_template=BUNDLED_TEMPLATES / "smollm2.jinja")]
+        *(LLMModel(name=name, url=triton.grpc_url, path=smollm2, image_placeholder="<|image|>",
+                   chat_template=BUNDLED_TEMPLATES / "smollm2.jinja")
+          for name in (VISION_TRTLLM, VISION_TRTLLM_PIXELS))]
     return config.with_triton_endpoint(triton.grpc_url, triton.http_url)
 
 

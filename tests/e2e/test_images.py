@@ -25,7 +25,16 @@ import pytest
 
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
-from tests.e2e.conftest import API_KEY, LLM, VISION, VISION_PLACEHOLDER, VISION_TRTLLM, GatewayServer, gateway_config
+from tests.e2e.conftest import (
+    API_KEY,
+    LLM,
+    VISION,
+    VISION_PLACEHOLDER,
+    VISION_TRTLLM,
+    VISION_TRTLLM_PIXELS,
+    GatewayServer,
+    gateway_config,
+)
 from tests.image_samples import data_url, mostly, png_bomb, solid
 
 RED = solid(64, 48, "red")
@@ -365,6 +374,20 @@ def test_trtllm_ensemble_gets_url_and_data_url_images_in_order(client: openai.Op
     assert ask(client, messages, stream, VISION_TRTLLM) == "image 1: 64x48, red. image 2: 33x7, green."
     messages = [{"role": "user", "content": [image(f"{images}/blue.jpg"), {"type": "text", "text": "this?"}]}]
     assert ask(client, messages, stream, VISION_TRTLLM) == "image 1: 10x20, blue."
+
+
+@STREAM
+def test_trtllm_ensemble_taking_pixels_gets_one_image(client: openai.OpenAI, http: httpx.Client, images: str,
+                                                      stream: bool) -> None:
+    """vision-trtllm-pixels declares image_bytes_input only: uint8 [1, 1, h, w, 3] through Triton's own shape
+    checks; a second image is the gateway's 400 (the preprocessing reads one image per batch entry)."""
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what?"}, image(f"{images}/green.webp")]}]
+    assert ask(client, messages, stream, VISION_TRTLLM_PIXELS) == "image 1: 33x7, green."
+    if not stream:
+        body = {"model": VISION_TRTLLM_PIXELS, "messages": [{"role": "user", "content": [
+            image(data_url(RED)), image(data_url(BLUE))]}]}
+        r = http.post("/v1/chat/completions", json=body)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_images", r.text
 
 
 def test_trtllm_ensemble_refusals_are_the_gateways(http: httpx.Client, images: str) -> None:

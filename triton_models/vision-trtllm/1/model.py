@@ -3,7 +3,7 @@
 What it proves: the images a client sent reach a TensorRT-LLM multimodal deployment whole, decodable, in
 prompt order and in the only forms its preprocessing model takes without reaching the network. It decodes
 every image it gets and answers as ``vision-vllm`` does (its ``dominant`` colour finder, loaded from
-``../../vision-vllm/1/model.py``), one sentence per image in order::
+``../../vision-vllm/1/model.py`` or the config's ``vision_vllm_model`` path), one sentence per image in order::
 
     image 1: 64x48, red. image 2: 10x20, blue.
 
@@ -43,17 +43,14 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 JPEG_PREFIX = "data:image/jpeg;base64,"
 
 
-def _load_vision_vllm() -> Any:
+def _load_vision_vllm(where: str) -> Any:
     """vision-vllm's model module (its colour finder), under its own name: both files are `model.py`."""
-    path = Path(__file__).resolve().parents[2] / "vision-vllm" / "1" / "model.py"
+    path = Path(where) if where else Path(__file__).resolve().parents[2] / "vision-vllm" / "1" / "model.py"
     spec = importlib.util.spec_from_file_location("vision_vllm_model", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-dominant = _load_vision_vllm().dominant
 
 
 class RequestError(Exception):
@@ -105,6 +102,7 @@ class TritonPythonModel:
         self.placeholder = params.get("image_placeholder", {}).get("string_value") or "<|image|>"
         reuse = params.get("enable_kv_cache_reuse", {}).get("string_value", "")
         self.kv_reuse = reuse.strip().lower() in ("true", "1", "yes")
+        self.dominant = _load_vision_vllm(params.get("vision_vllm_model", {}).get("string_value", "")).dominant
 
     def execute(self, requests: list[Any]) -> None:
         for request in requests:
@@ -143,7 +141,7 @@ class TritonPythonModel:
         max_tokens = int(limit.reshape(-1)[0]) if limit is not None and limit.size else 16
         stream_flag = _array(request, "stream")
         stream = bool(stream_flag.reshape(-1)[0]) if stream_flag is not None and stream_flag.size else False
-        facts = [f"image {k}: {im.width}x{im.height}, {dominant(im)}." for k, im in enumerate(images, 1)]
+        facts = [f"image {k}: {im.width}x{im.height}, {self.dominant(im)}." for k, im in enumerate(images, 1)]
         words = [w + " " for w in (" ".join(facts) if facts else "no images.").split(" ")]
         words[-1] = words[-1].rstrip()
         words = words[:max(max_tokens, 0)]
