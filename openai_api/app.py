@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -39,6 +40,7 @@ from openai_api.quota.service import QuotaService
 from openai_api.reload import ConfigReloader, PinGeneration, check_models, model_names
 from openai_api.services.container import Services, build_services
 from openai_api.settings import Settings
+from openai_api.tracing import TracingMiddleware, build_tracing
 
 logger = logging.getLogger(__name__)
 # Routes served by `JSONRouteMiddleware` without FastAPI's per-request machinery: the ones a benchmark
@@ -81,6 +83,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         await reloader.close()
         await quota.close()
         await reloader.services.close()  # the process-lifetime parts every generation shared
+        if tracing is not None:
+            await asyncio.to_thread(tracing.shutdown)  # the last batch of spans goes out
 
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
     app.state.gateway = state
@@ -109,5 +113,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
                            expose_headers=["X-Request-Id", "Retry-After", *RATELIMIT_HEADERS])
+    tracing = build_tracing(settings.otlp_traces_endpoint)
+    if tracing is not None:  # the server span of each request (nothing at all is installed when tracing is off)
+        app.add_middleware(TracingMiddleware, tracing=tracing)
     app.add_middleware(RequestContextMiddleware, metrics=metrics_, access_log=settings.access_log)
     return app

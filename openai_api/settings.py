@@ -235,6 +235,11 @@ class Settings(BaseModel):
         flag="--no-access-log", negate=True)] = True
     log_prompts: Annotated[bool, Option(
         "with --verbose, log request bodies (prompts) at debug level; never otherwise", group="logging")] = False
+    otlp_traces_endpoint: Annotated[str | None, Option(
+        "export OpenTelemetry traces (OTLP/HTTP protobuf) to this URL, e.g. http://collector:4318/v1/traces; "
+        "without it tracing is off unless OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT is "
+        "set (the other OTEL_* variables apply). Traced requests carry W3C traceparent into Triton",
+        group="logging", metavar="URL", shown_default="none")] = None
 
     # Routes that stay reachable without a key; everything else in the route table is guarded (/metrics
     # included: Prometheus sends the key with `authorization: {credentials: KEY}`). Not a setting.

@@ -31,9 +31,11 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import grpc
+from opentelemetry.trace import Tracer
 from tritonclient.grpc import InferResult, service_pb2
 
 from openai_api.errors import BackendTimeoutError, GatewayError
+from openai_api.tracing import current_tracer, end_with, mark_first_token, start_triton_span, traceparent_metadata
 from openai_api.triton.errors import map_triton_error
 from openai_api.triton.wire import InferRequest
 
@@ -191,21 +193,32 @@ class TritonRPC:
             return False
 
     async def infer(self, request: InferRequest, *, model: str, timeout_s: float | None) -> InferResult:
-        """One unary `ModelInfer`; failures are raised as GatewayErrors naming `model`."""
+        """One unary `ModelInfer`; failures are raised as GatewayErrors naming `model`. In a traced request
+        (`openai_api.tracing`) the call is a CLIENT span whose `traceparent` goes in the call's metadata."""
+        tracer = current_tracer()
+        span = None if tracer is None else start_triton_span(tracer, "ModelInfer", model)
+        error: BaseException | None = None
         try:
-            return InferResult(await self._infer(request.pb, timeout=timeout_s))
+            metadata = None if span is None else traceparent_metadata(span)
+            return InferResult(await self._infer(request.pb, timeout=timeout_s, metadata=metadata))
         except Exception as e:  # noqa: BLE001 - every transport failure maps to one taxonomy
-            raise map_triton_error(e, model) from None
+            error = map_triton_error(e, model)
+            raise error from None
+        finally:
+            if span is not None:
+                end_with(span, error)
 
-    def _borrow(self) -> tuple[Any, bool]:
+    def _borrow(self, metadata: tuple[tuple[str, str], ...] | None) -> tuple[Any, bool]:
+        if metadata is not None:  # Triton reads a stream's trace context once, when it opens: a fresh one
+            return self._stream(metadata=metadata), False
         while self._idle:
             call = self._idle.pop()
             if not call.done():  # a stream Triton ended (restart, GOAWAY) is skipped
                 return call, True
         return self._stream(), False
 
-    async def stream(self, request: InferRequest, *, model: str, timeout_s: float | None = None,
-                     idle_s: float | None = None) -> AsyncGenerator[InferResult, None]:
+    def stream(self, request: InferRequest, *, model: str, timeout_s: float | None = None,
+               idle_s: float | None = None) -> AsyncGenerator[InferResult, None]:
         """Send `request` on a stream of its own and yield Triton's responses up to and including the
         final one.
 
@@ -214,10 +227,40 @@ class TritonRPC:
         `idle_s`, probing Triton before the first response). Closing this iterator early cancels the
         stream, and so the request in Triton. A pooled stream that turns out dead before any response
         is replaced once, transparently.
+
+        In a traced request (`openai_api.tracing`) the RPC is a CLIENT span, sent on a new stream (never
+        pooled) whose gRPC metadata carries the span's `traceparent`; untraced requests take the pool as
+        before, and neither path does anything more per response.
         """
+        tracer = current_tracer()
+        if tracer is None:
+            return self._stream_call(request, model, timeout_s, idle_s, None)
+        return self._traced_stream(tracer, request, model, timeout_s, idle_s)
+
+    async def _traced_stream(self, tracer: Tracer, request: InferRequest, model: str, timeout_s: float | None,
+                             idle_s: float | None) -> AsyncGenerator[InferResult, None]:
+        span = start_triton_span(tracer, "ModelStreamInfer", model)
+        error: BaseException | None = None
+        responses = self._stream_call(request, model, timeout_s, idle_s, traceparent_metadata(span))
+        try:
+            first = True
+            async for result in responses:
+                if first:
+                    first = False
+                    mark_first_token(span)
+                yield result
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            await responses.aclose()
+            end_with(span, error if not isinstance(error, GeneratorExit) else None)
+
+    async def _stream_call(self, request: InferRequest, model: str, timeout_s: float | None, idle_s: float | None,
+                           metadata: tuple[tuple[str, str], ...] | None) -> AsyncGenerator[InferResult, None]:
         request.pb.parameters["triton_enable_empty_final_response"].bool_param = True
         loop = asyncio.get_running_loop()
-        call, pooled = self._borrow()
+        call, pooled = self._borrow(metadata)
         expired = False
         reusable = False
 
@@ -240,7 +283,7 @@ class TritonRPC:
                         if not pooled or expired:
                             raise
                         call.cancel()
-                        call, pooled = self._stream(), False
+                        call, pooled = self._stream(), False  # (a traced request's stream is never pooled)
                 while True:
                     guard.hold()
                     if resp.error_message:
@@ -269,7 +312,7 @@ class TritonRPC:
         finally:
             if timer is not None:
                 timer.cancel()
-            if reusable and not expired and len(self._idle) < self.max_idle:
+            if reusable and not expired and metadata is None and len(self._idle) < self.max_idle:
                 self._idle.append(call)
             else:
                 call.cancel()
