@@ -20,7 +20,10 @@ same gRPC and metrics ports on its own host, as pods do):
 The simulated engine (``SimEngine``, parameters in ``SimParams``), per replica:
 
 * requests wait for a slot (at most ``max_active`` in flight), then for the one **prefill lane** (prefills
-  run one after another, FIFO: prefill is compute-bound, so a batch of prefills takes the sum of their times);
+  run one after another, FIFO: prefill is compute-bound, so a batch of prefills takes the sum of their times).
+  The lane runs on a virtual clock (each prefill's start and end are fixed when it is queued, and the sleeps
+  aim at those times), so the process waking up late on a busy machine delays one answer but never the
+  queue behind it; a request cancelled while queued keeps its place on that clock;
 * prefill takes ``prefill_overhead_s + uncached_tokens * prefill_s_per_token`` where ``uncached_tokens`` are
   the prompt tokens after the longest run of leading ``block_tokens``-token blocks this replica holds
   (chained block hashes, as vLLM's and TensorRT-LLM's KV-cache reuse key them); the first token comes out at
@@ -109,7 +112,6 @@ class SimEngine:
     def __init__(self, params: SimParams, words: list[int]) -> None:
         self.p = params
         self.words = words or [1]
-        self.lane = asyncio.Lock()  # FIFO: waiters are woken in arrival order
         self.slots = asyncio.Semaphore(params.max_active)
         self.reset()
 
@@ -124,6 +126,7 @@ class SimEngine:
             ("requests", "prompt_tokens", "cached_tokens", "computed_tokens", "output_tokens", "evicted_blocks",
              "overcommit_blocks", "cancelled", "first_token_us", "prefill_planned_us"), 0)
         self.ttft_us: list[int] = []  # each request's own time to first token here, in arrival order
+        self.lane_free_at = 0.0  # when the last prefill queued on the lane ends (event-loop clock)
 
     def _touch(self, hashes: list[int], pin: bool) -> None:
         cache = self.cache
@@ -184,27 +187,33 @@ class SimEngine:
         self.waiting += 1
         try:
             async with self.slots:
-                async with self.lane:
-                    self.waiting -= 1
-                    self.context += 1
-                    self.active += 1
-                    admitted = True
-                    hit = self.cached_prefix_blocks(hashes)
-                    self._touch(hashes, pin=True)
-                    pinned = hashes
-                    # A full hit still computes the last prompt token (its logits give the first output).
-                    cached = min(hit * p.block_tokens, len(prompt) - 1)
-                    self.stats["cached_tokens"] += cached
-                    self.stats["computed_tokens"] += len(prompt) - cached
-                    planned = p.prefill_overhead_s + (len(prompt) - cached) * p.prefill_s_per_token
-                    self.stats["prefill_planned_us"] += int(planned * 1e6)
-                    try:
-                        await asyncio.sleep(planned)
-                    finally:
-                        self.context -= 1
-                # The replica's own time to first token (queue + prefill, and any lag of this process's event
-                # loop): what the gateway and the machine add is the client's TTFT minus this.
-                ttft_us = int((loop.time() - arrived) * 1e6)
+                hit = self.cached_prefix_blocks(hashes)
+                self._touch(hashes, pin=True)
+                pinned = hashes
+                # A full hit still computes the last prompt token (its logits give the first output).
+                cached = min(hit * p.block_tokens, len(prompt) - 1)
+                self.stats["cached_tokens"] += cached
+                self.stats["computed_tokens"] += len(prompt) - cached
+                planned = p.prefill_overhead_s + (len(prompt) - cached) * p.prefill_s_per_token
+                self.stats["prefill_planned_us"] += int(planned * 1e6)
+                # The prefill lane on a virtual clock: this prefill starts when the ones before it end (first
+                # come first served) and the sleeps aim at those absolute times, so a late wake-up of this
+                # process (a busy machine) delays this answer but never shifts the queue behind it.
+                begin = max(loop.time(), self.lane_free_at)
+                done = begin + planned
+                self.lane_free_at = done
+                await asyncio.sleep(max(0.0, begin - loop.time()))
+                self.waiting -= 1
+                self.context += 1
+                self.active += 1
+                admitted = True
+                try:
+                    await asyncio.sleep(max(0.0, done - loop.time()))
+                finally:
+                    self.context -= 1
+                # The simulated engine's own time to first token (queue + prefill on its clock); the client's
+                # TTFT minus this is what the gateway, the network stack and the machine's load add.
+                ttft_us = int((done - arrived) * 1e6)
                 self.stats["first_token_us"] += ttft_us
                 self.ttft_us.append(ttft_us)
                 out: list[int] = []
