@@ -35,6 +35,8 @@ started (the supervisor), as gunicorn's arbiter or vLLM's `--api-server-count` r
   --shutdown-grace); the supervisor waits for all of them, then returns 0. A second signal is passed on
   (each worker ends its drain at once); a third, or workers still running `KILL_AFTER_S` past the grace,
   get SIGKILL.
+* **SIGHUP** is passed to every worker: each reloads the model config (`openai_api.reload`; each also polls
+  the file) and the keys file. A worker started later loads the config file as it is then.
 
 What stays per worker (documented in the README): admission limits, the connection cap, CPU threads,
 replica health probes, and the Responses store (refused with workers > 1, see `settings`).

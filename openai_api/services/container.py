@@ -59,7 +59,7 @@ def rebuild_services(old: Services, config: GatewayConfig, settings: Settings, m
     """The services of a new config (a reload, `openai_api.reload`): a new registry over `old`'s process-lifetime
     parts, which it shares: the Triton client pool (its channels are reused), the CPU workers, image fetching
     and the Responses store. No event-loop work: it may run in a thread."""
-    registry = ModelRegistry(config, old.registry.pool, metrics, settings.stream_idle_timeout_s)
+    registry = ModelRegistry(config, old.registry.pool, metrics, settings.stream_idle_timeout_s, old.registry)
     return _assemble(registry, old.preprocess, old.chat.images, old.responses.store)
 
 

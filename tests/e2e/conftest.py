@@ -27,6 +27,9 @@ API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
 # A reasoning model: the synthetic LLM with its thinking section on (derived into a temporary repository).
 REASONING = "synthetic-reasoning"
+# A paced copy of the synthetic LLM (a 50 ms sleep per token, no CPU): streams that stay in flight for a known time
+# whatever the machine's load (tests/e2e/test_config_reload.py).
+PACED = "synthetic-llm-paced"
 # The replay models stream the golden corpus's recorded completions (tests/e2e/test_families.py).
 REPLAY_MODELS = ["replay-llm", "replay-llm-vllm"]
 # Vision: the vLLM interface with its image input (decodes every image, answers with facts from the pixels),
@@ -105,13 +108,14 @@ def triton(ref_stats_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     prepare_models()
     extra = tmp_path_factory.mktemp("derived-models")
     derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
+    derived_model(extra, "synthetic-llm", PACED, {"delay_ms": "50"})
     derived_model(extra, VISION, VISION_PLACEHOLDER, {"image_placeholder": "<image>"})
     pixels = derived_model(extra, VISION_TRTLLM, VISION_TRTLLM_PIXELS, {
         "enable_kv_cache_reuse": "false",
         "vision_vllm_model": str(REPO / "triton_models" / VISION / "1" / "model.py")}) / "config.pbtxt"
     pixels.write_text("".join(line for line in pixels.read_text(encoding="utf-8").splitlines(keepends=True)
                               if '"image_url_input"' not in line), encoding="utf-8")
-    with EmbeddedTriton(models=TRITON_MODELS, extra_args=[f"--model-repository={extra}"]) as server:
+    with EmbeddedTriton(models=[*TRITON_MODELS, PACED], extra_args=[f"--model-repository={extra}"]) as server:
         yield server
 
 

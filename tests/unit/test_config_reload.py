@@ -222,3 +222,20 @@ async def test_an_unchanged_file_is_no_reload_but_sighup_rebuilds_and_a_new_temp
     assert rt.tokenizer.decode(fake.requests[0].prompt_ids).startswith("RELOADED Hi")
     assert reloads(app, "ok") == 2
     await until(lambda: first.closed)
+
+
+async def test_a_process_started_from_an_older_load_of_the_file_serves_the_file_as_it_is_now(tmp_path: Path) -> None:
+    """A worker restarted after a reload gets the supervisor's start-up config; the file has changed since."""
+    path = write_config(tmp_path / "model_config.json", ["a"])
+    config = load_config(path)
+    write_config(path, ["a", "b"])
+    app = create_app(config, Settings(config_file=path, api_keys=["k"]))
+    reloader = app.state.gateway.reloader
+    assert isinstance(reloader, ConfigReloader)
+    await reloader.start()
+    try:
+        assert reloader.current.number == 2
+        assert sorted(app.state.gateway.services.registry.llms) == ["a", "b"]
+    finally:
+        await reloader.close()
+        await reloader.services.close()
