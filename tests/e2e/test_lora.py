@@ -179,6 +179,15 @@ def test_tensorrt_llm_format_adapter_and_other_routes(client: OpenAI, oracle: di
     assert resp.model == CODEWORD and resp.output_text.strip() == oracle[CODEWORD].strip()
 
 
+def test_an_adapter_on_the_messages_api(http: httpx.Client) -> None:
+    """Anthropic's Messages API names adapters as it names models (one request: the trained code word)."""
+    r = http.post("/v1/messages", json={"model": CODEWORD, "max_tokens": MAX, "temperature": 0,
+                                        "messages": [{"role": "user", "content": QUESTION}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == CODEWORD and CODE_WORD in body["content"][0]["text"], body
+
+
 def test_vllm_adapter_the_backend_does_not_serve_is_404(client: OpenAI) -> None:
     with pytest.raises(NotFoundError) as e:
         ask(client, V_UNKNOWN, False)
