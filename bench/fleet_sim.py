@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
 from bench.fleet_replica import SimParams
 from bench.fleet_trace import QUICK, TRACES, Conversation, TraceShape
@@ -169,6 +170,16 @@ def gateway_config(fleet: Fleet, routing_extra: dict[str, Any]) -> dict[str, Any
 
 
 # ------------------------------------------------------------------------------------------------ replay
+def gateway_cpu_s(gw: Gateway) -> float:
+    """CPU seconds (user + system) the gateway's processes have used so far."""
+    total = 0.0
+    for proc in gw.processes():
+        with contextlib.suppress(psutil.Error):
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def gateway_routing(gw: Gateway, model: str) -> dict[str, Any]:
     """What the gateway's /metrics says about ``model``'s routing: decisions by reason (cumulative) and whether
     it holds scraped Triton figures for its replicas (so least_load is known to read them)."""
@@ -411,8 +422,9 @@ def _met(v: bool | None) -> str:
 
 def table(res: dict[str, Any]) -> list[str]:
     rows = ["| trace | policy | TTFT p50 | TTFT p99 | replica TTFT p50 | replica TTFT p99 | TTFT mean: replica + rest "
-            "| output tok/s | req/s | cache hit | requests per replica | routing decisions | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| gateway CPU per request | output tok/s | req/s | cache hit | requests per replica | routing decisions "
+            "| errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for trace in TRACES:
         for p in res["meta"]["policies"]:
             r = res.get(trace, {}).get(p)
@@ -423,7 +435,8 @@ def table(res: dict[str, Any]) -> list[str]:
             split_s = f"{split['replica']} + {split['gateway_and_machine']} ms" if split else "-"
             rt = r.get("replica_ttft") or {}
             rows.append(f"| {trace} | {p} | {t['p50_ms']} ms | {t['p99_ms']} ms | {rt.get('p50_ms')} ms "
-                        f"| {rt.get('p99_ms')} ms | {split_s} | {r['output_tok_s']} | {r['req_s']} "
+                        f"| {rt.get('p99_ms')} ms | {split_s} | {r.get('gateway_cpu_ms_per_request')} ms "
+                        f"| {r['output_tok_s']} | {r['req_s']} "
                         f"| {r['replicas']['cache_hit_fraction']} "
                         f"| {r['replicas']['requests']} | {_decisions(r)} | {r['errors']} |")
     return rows
@@ -437,6 +450,7 @@ async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int, tra
         trace = build(shape)
         res[trace_name] = {}
         pooled: dict[str, tuple[list[Record], float, list[dict[str, Any]]]] = {}
+        cpu: dict[str, float] = {}
         for rnd in range(rounds):
             # Alternate the order between rounds so that drift in the machine's load does not favour one policy.
             order = fleet.policies if rnd % 2 == 0 else list(reversed(fleet.policies))
@@ -444,9 +458,13 @@ async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int, tra
                 try:
                     fleet.reset(p)
                     before = gateway_routing(gw, f"fleet-{p}")
+                    cpu0 = gateway_cpu_s(gw)
                     records, wall = await replay(gw.url, f"fleet-{p}", trace)
+                    cpu_s = gateway_cpu_s(gw) - cpu0
                     stats = fleet.stats(p)
                     summary = summarize(records, wall, stats)
+                    summary["gateway_cpu_ms_per_request"] = round(cpu_s * 1000 / max(1, len(records)), 2)
+                    cpu[p] = cpu.get(p, 0.0) + cpu_s
                     after = gateway_routing(gw, f"fleet-{p}")
                     summary["routing"] = {
                         "decisions": {k: int(v - before["decisions"].get(k, 0.0))
@@ -472,7 +490,9 @@ async def run_all(gw: Gateway, fleet: Fleet, shape: TraceShape, rounds: int, tra
             for r in rounds_:
                 for k, v in r["routing"]["decisions"].items():
                     decisions[k] = decisions.get(k, 0) + v
-            res[trace_name][p] = {**summarize(recs, walls, totals), "routing": {
+            res[trace_name][p] = {**summarize(recs, walls, totals),
+                                  "gateway_cpu_ms_per_request": round(cpu[p] * 1000 / max(1, len(recs)), 2),
+                                  "routing": {
                 "decisions": decisions, "replicas_scraped": rounds_[-1]["routing"]["replicas_scraped"]},
                 "rounds": rounds_}
     return res
