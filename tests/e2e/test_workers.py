@@ -226,3 +226,45 @@ def test_the_embedded_triton_is_started_once_and_shared_by_the_workers(tmp_path:
         for t in tritons:  # only if the test failed: never leave a tritonserver behind
             if t.is_running():
                 os.killpg(t.pid, signal.SIGKILL)
+
+
+def test_two_workers_share_the_prefix_map(triton: EmbeddedTriton, tmp_path: Path) -> None:
+    """prefix_affinity with --workers 2 (#22 item 3): every turn on a new connection, so turns of one
+    conversation reach both workers; every follow-up still finds its conversation's prefix (the map is
+    shared), which a per-worker map would miss whenever the turn reached the other worker. Two replica urls
+    name the one session Triton (127.0.0.1 and localhost)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "cli.log"
+    config = write_config(tmp_path, triton)
+    data = json.loads(config.read_text(encoding="utf-8"))
+    data["llm"][0]["url"] = [triton.grpc_url, triton.grpc_url.replace("127.0.0.1", "localhost")]
+    data["llm"][0]["routing"] = {"policy": "prefix_affinity", "block_tokens": 8}
+    config.write_text(json.dumps(data), encoding="utf-8")
+    proc = start_cli(["--port", str(port), "--config-file", str(config), "--workers", "2"], log)
+    try:
+        wait_healthy(proc, url, log, 120)
+        conversations, turns = 8, 3
+        # Each conversation's first tokens differ (its number comes first), so a first turn matches nothing.
+        histories = [[{"role": "system", "content": f"{c}{c}{c}: you are helper {c} of a routing test."}]
+                     for c in range(conversations)]
+        for turn in range(turns):
+            for c, messages in enumerate(histories):
+                messages.append({"role": "user", "content": f"Conversation {c}, turn {turn}: go on."})
+                r = httpx.post(f"{url}{CHAT}", headers={**AUTH, "X-Request-Id": f"conv{c}-turn{turn}"}, timeout=60,
+                               json={"model": MODEL, "messages": messages, "max_tokens": 6})
+                assert r.status_code == 200, r.text
+                messages.append({"role": "assistant", "content": r.json()["choices"][0]["message"]["content"]})
+        ids = {f"conv{c}-turn{t}" for c in range(conversations) for t in range(turns)}
+        until(lambda: ids <= served_by(log).keys(), log, "access-log lines")
+        pids = served_by(log)
+        moved = sum(pids[f"conv{c}-turn{t}"] != pids[f"conv{c}-turn{t - 1}"]
+                    for c in range(conversations) for t in range(1, turns))
+        assert moved >= 3, f"too few follow-ups reached the other worker to tell anything: {moved}"
+        text = httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text
+        decisions = {reason: metric(text, "openai_api_routing_decisions_total", model=MODEL, reason=reason)
+                     for reason in ("prefix", "no_match", "imbalance")}
+        assert decisions["no_match"] == conversations, decisions  # only each conversation's first turn
+        assert decisions["prefix"] + decisions["imbalance"] == conversations * (turns - 1), decisions
+    finally:
+        stop(proc)
