@@ -331,15 +331,27 @@ def board_table(s: dict[str, Any], meta: dict[str, Any]) -> list[str]:
     def us(key: str) -> str:
         return _val(s.get(key), " us")
 
+    def count(key: str) -> str:
+        v = s.get(key)
+        return "-" if v is None else f"{v:g}"
+
     def target(key: str, unit: str) -> str:
         return f"{_target(key, unit)} | {_verdict(key, s.get(key))}"
 
     version = meta.get("litellm_version") or "?"
     sf_bare = s.get("litellm_stall_free_bare")
+    rep = meta.get("board_repeat")
+    repeat = (
+        f" These figures are from the `board` case repeated on its own at {rep.get('started')} (commit "
+        f"{rep.get('git')}, load average {rep.get('loadavg_1m_at_start')} to {rep.get('loadavg_1m_at_end')}; "
+        f"{rep.get('history')}): {rep.get('why')}; the first attempt is `board_first_attempt` in latest.json."
+        if isinstance(rep, dict)
+        else ""
+    )
     return [
         f'On the board\'s terms (20 ms pacing, c=1 unless stated; "added" = the side minus its bare client on '
         f"the same upstream: our gateway vs the bare gRPC client on Triton's `synthetic-llm-paced`, LiteLLM "
-        f"{version} vs the paced stand-in it fronts called directly):",
+        f"{version} vs the paced stand-in it fronts called directly).{repeat}",
         "",
         f"| board metric | gateway, 1 worker | gateway, 2 workers | bare client (Triton gRPC) | LiteLLM {version} | "
         "target (gateway) | verdict |",
@@ -352,9 +364,8 @@ def board_table(s: dict[str, Any], meta: dict[str, Any]) -> list[str]:
         f"{pair('board', 'itl')} | - | 0 (reference) | {pair('litellm', 'itl')} | p99 "
         f"{target('board_added_itl_p99_ms', ' ms')} |",
         "| stall-free 20 ms streams, no gap > 2x pacing (`board_stall_free_w1`) | "
-        f"{_val(s.get('board_stall_free_w1'), '')} | {_val(s.get('board_stall_free_w2'), '')} | "
-        f"{_val(s.get('board_stall_free_bare'), '')} | "
-        f"{_val(s.get('litellm_stall_free'), '')}{f' (its stand-in: {sf_bare:g})' if sf_bare is not None else ''} | "
+        f"{count('board_stall_free_w1')} | {count('board_stall_free_w2')} | {count('board_stall_free_bare')} | "
+        f"{count('litellm_stall_free')}{f' (its stand-in: {sf_bare:g})' if sf_bare is not None else ''} | "
         f"w1 / bare {_val(s.get('board_stall_free_ratio_w1'), 'x')} {target('board_stall_free_ratio_w1', 'x')} |",
         f"| CPU per non-streamed request (`board_cpu_us_per_request`) | {us('board_cpu_us_per_request')} | - | - | "
         f"{us('litellm_cpu_us_per_request')} | report | - |",
