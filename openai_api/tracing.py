@@ -13,6 +13,8 @@ the sampler (default: parent-based, always on). The provider is this app's own, 
   `http.response.status_code`, `gen_ai.request.model`, `gen_ai.usage.prompt_tokens`,
   `gen_ai.usage.completion_tokens`, `gen_ai.latency.time_to_first_token` (s, streamed and not), and who called:
   `openai_api.key.name`, `openai_api.key.team` (the keys file's names, never the key itself);
+- `chat template` (rendering the messages and tokenizing the prompt: `gen_ai.request.model`, the prompt's
+  `gen_ai.usage.prompt_tokens`), child of the server span;
 - a CLIENT span per Triton inference RPC, `triton ModelStreamInfer` / `triton ModelInfer`, child of the server
   span (`gen_ai.request.model`, `triton.model_name`, `rpc.system` grpc). Its context goes to Triton as
   `traceparent` in the RPC's gRPC metadata, so Triton started with `--trace-config mode=opentelemetry`
@@ -26,10 +28,12 @@ variable read per request (`current_tracer()`); nothing runs per token in either
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from typing import Any
 
@@ -51,6 +55,18 @@ _TRACER: ContextVar[Tracer | None] = ContextVar("openai_api_tracer", default=Non
 
 def current_tracer() -> Tracer | None:
     return _TRACER.get()
+
+
+_OFF = contextlib.nullcontext()
+
+
+def child_span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
+    """A span for one step of a traced request (current while the step runs), else a shared no-op context: one
+    context variable read when tracing is off. For code that runs once per request, never per token."""
+    tracer = _TRACER.get()
+    if tracer is None:
+        return _OFF
+    return tracer.start_as_current_span(name, attributes=attributes)
 
 
 def tracing_wanted(endpoint: str | None, environ: Mapping[str, str] | None = None) -> bool:
@@ -177,5 +193,5 @@ class TracingMiddleware:
         end_with(span, error)
 
 
-__all__ = ["Tracing", "TracingMiddleware", "build_tracing", "current_tracer", "end_with", "mark_first_token",
-           "start_triton_span", "traceparent_metadata", "tracing_wanted"]
+__all__ = ["Tracing", "TracingMiddleware", "build_tracing", "child_span", "current_tracer", "end_with",
+           "mark_first_token", "start_triton_span", "traceparent_metadata", "tracing_wanted"]

@@ -31,6 +31,7 @@ from openai_api.services.registry import LLMRuntime
 from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.text.workers import CPUWorkers, JobTimeoutError
+from openai_api.tracing import child_span
 from openai_api.triton.llm import TEXT_PROTOCOLS
 
 T = TypeVar("T")
@@ -172,10 +173,15 @@ class Preprocessor:
                                       param="model", code="no_chat_template")
         takes_text = getattr(rt.backend, "protocol", "") in TEXT_PROTOCOLS
         args = (rt, messages, prefill, takes_text, self.limits, render_kwargs)
-        if rt.template.bounded and len(messages) <= INLINE_MESSAGES and _size(messages) <= INLINE_CHARS:
-            return _render_and_encode(*args)
         try:
-            return await self.workers.run(_render_and_encode, *args, budget_s=self.limits.max_seconds)
+            with child_span("chat template", **{"gen_ai.request.model": rt.name}) as span:  # traced requests only
+                if rt.template.bounded and len(messages) <= INLINE_MESSAGES and _size(messages) <= INLINE_CHARS:
+                    prompt = _render_and_encode(*args)
+                else:
+                    prompt = await self.workers.run(_render_and_encode, *args, budget_s=self.limits.max_seconds)
+                if span is not None:
+                    span.set_attribute("gen_ai.usage.prompt_tokens", len(prompt.ids))
+                return prompt
         except JobTimeoutError:
             raise InvalidRequestError(
                 f"The chat template could not render these messages within its limits: it took longer than "

@@ -1,8 +1,9 @@
 """Tracing into Triton end to end (issue #23): the gateway exports its spans over OTLP/HTTP to a real receiver
 (`tests.otlp`, an http.server decoding the protobuf with opentelemetry-proto), and a real tritonserver started
 with `--trace-config mode=opentelemetry` exports its own spans to the same receiver. One trace joins both: the
-gateway's server span continues the client's `traceparent`, the Triton-call span is its child, and Triton's
-`InferRequest` span is a child of the Triton-call span (the `traceparent` the gateway put in the gRPC metadata).
+gateway's server span continues the client's `traceparent`, the chat-template and Triton-call spans are its
+children, and Triton's `InferRequest` span is a child of the Triton-call span (the `traceparent` the gateway put
+in the gRPC metadata).
 
 This module starts its own tritonserver (the synthetic LLM only, ~5 s on an idle machine): Triton's trace mode
 cannot be switched to OpenTelemetry on a running server. It runs with `rate=0`, so Triton traces exactly the
@@ -107,9 +108,13 @@ def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServe
                        headers={"Authorization": f"Bearer {SECRET}",
                                 "traceparent": f"00-{trace_id}-{client_span}-01"})
         assert r.status_code == 200, r.text
-        spans = receiver.wait_for(in_trace(trace_id, "POST /v1/chat/completions", "triton ModelStreamInfer"))
+        spans = receiver.wait_for(in_trace(trace_id, "POST /v1/chat/completions", "chat template",
+                                           "triton ModelStreamInfer"))
         server = one(spans, trace_id, "POST /v1/chat/completions")
         call = one(spans, trace_id, "triton ModelStreamInfer")
+        template = one(spans, trace_id, "chat template")
+        assert template.parent_span_id == server.span_id
+        assert template.attributes["gen_ai.usage.prompt_tokens"] == server.attributes["gen_ai.usage.prompt_tokens"]
         # The links: client -> gateway server span -> Triton-call span (-> Triton's spans, below).
         assert server.parent_span_id == client_span and server.service == "openai-api-gateway"
         assert call.parent_span_id == server.span_id and call.service == "openai-api-gateway"
