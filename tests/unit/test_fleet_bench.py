@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bench.fleet_replica import SimEngine, SimParams, block_hashes
-from bench.fleet_sim import POLICIES
+from bench.fleet_sim import POLICIES, latest_results, readme_table
 from bench.fleet_trace import QUICK, TRACES
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +110,17 @@ def test_traces_extend_each_conversation_and_the_skewed_one_has_a_hot_prefix() -
     assert TRACES["multi_turn"](QUICK)[0].system == mt[0].system  # deterministic
 
 
+def test_bench_readme_fleet_table_is_rendered_from_the_newest_full_run() -> None:
+    path = latest_results()
+    assert path is not None, "no bench/results/fleet-<date>.json committed"
+    readme = (REPO / "bench" / "README.md").read_text()
+    start, end = "<!-- fleet-table:start -->", "<!-- fleet-table:end -->"
+    committed = readme.split(start, 1)[1].split(end, 1)[0].strip("\n")
+    assert committed == readme_table(json.loads(path.read_text())).strip("\n"), (
+        "bench/README.md's fleet table is not what the newest bench/results/fleet-*.json renders: paste the "
+        "output of `.venv/bin/python -m bench.fleet_sim --report` between the fleet-table markers")
+
+
 @pytest.mark.slow
 def test_quick_run_through_the_gateway_measures_every_trace_and_policy(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "bench.fleet_sim", "--quick", "--out", str(tmp_path)], cwd=REPO,
@@ -123,7 +134,8 @@ def test_quick_run_through_the_gateway_measures_every_trace_and_policy(tmp_path:
             r = res[trace][policy]
             assert r["errors"] == 0, (trace, policy, r["first_errors"])
             assert r["requests"] > 0 and r["ttft"]["n"] == r["requests"]
-            for key in ("p50_ms", "p99_ms"):
-                assert isinstance(r["ttft"][key], float), (trace, policy, key)
+            for which in ("ttft", "replica_ttft"):
+                for key in ("p50_ms", "p99_ms"):
+                    assert isinstance(r[which][key], float), (trace, policy, which, key)
             assert r["output_tok_s"] > 0 and sum(r["replicas"]["requests"]) == r["requests"]
     assert (tmp_path / files[0].name.replace(".json", ".md")).is_file()
