@@ -509,7 +509,7 @@ def test_render_budget_ends_a_runaway_loop(source: str) -> None:
     t0 = time.monotonic()
     with pytest.raises(TemplateError):
         ChatTemplate(source).render(USER, limits=SMALL)
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 30  # ended by the budget, not run out (10^10 steps): a hang bound, not speed
 
 
 def test_render_budget_leaves_ordinary_templates_alone() -> None:
@@ -544,7 +544,7 @@ async def test_cpu_workers_interrupt_a_loop_no_hook_can_see() -> None:
         t0 = time.monotonic()
         with pytest.raises(JobTimeoutError):
             await workers.run(tpl.render, many, budget_s=0.3)
-        assert time.monotonic() - t0 < 2
+        assert time.monotonic() - t0 < 30  # a hang bound (8e9 steps unbounded), not a speed target
         assert await workers.run(ChatTemplate("{{ messages[0].role }}").render, USER, budget_s=1) == "user"
     finally:
         workers.close()
