@@ -115,7 +115,10 @@ def triton(ref_stats_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "vision_vllm_model": str(REPO / "triton_models" / VISION / "1" / "model.py")}) / "config.pbtxt"
     pixels.write_text("".join(line for line in pixels.read_text(encoding="utf-8").splitlines(keepends=True)
                               if '"image_url_input"' not in line), encoding="utf-8")
-    with EmbeddedTriton(models=[*TRITON_MODELS, PACED], extra_args=[f"--model-repository={extra}"]) as server:
+    # startup_timeout: ~20 Python-backend models load in about a minute on an idle 2-core box, but far slower
+    # on a shared one; the limit only bounds a hung start, so it is generous.
+    with EmbeddedTriton(models=[*TRITON_MODELS, PACED], extra_args=[f"--model-repository={extra}"],
+                        startup_timeout=900) as server:
         yield server
 
 

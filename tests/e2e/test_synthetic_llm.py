@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,15 +25,9 @@ FIRST_TOKENS = [378, 2365, 6354, 16438]
 
 
 @pytest.fixture(scope="module")
-def synthetic(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedTriton, Any]]:
-    stats = tmp_path_factory.mktemp("synthetic-stats")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("OPENAI_API_REF_STATS_DIR", str(stats))  # the child inherits it
-    try:
-        with EmbeddedTriton(models=[MODEL]) as server:
-            yield server, stats / f"{MODEL}.json"
-    finally:
-        mp.undo()
+def synthetic(triton: EmbeddedTriton, ref_stats_dir: Path) -> tuple[EmbeddedTriton, Any]:
+    """The session's Triton (it serves the synthetic model) and the model's own counters file."""
+    return triton, ref_stats_dir / f"{MODEL}.json"
 
 
 def _inputs(prompt: list[int], output_len: int, *, streaming: bool = True) -> list[InferInput]:

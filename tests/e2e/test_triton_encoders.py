@@ -1,6 +1,6 @@
 """End-to-end checks of the encoder reference models against a real tritonserver.
 
-Starts Triton (``EmbeddedTriton``) with only ``all-minilm-l6-v2`` and ``minilm-rerank`` and talks to
+Uses the session's Triton (tests/e2e/conftest.py, which serves ``all-minilm-l6-v2`` and ``minilm-rerank``) and talks to
 it with ``tritonclient`` over HTTP and gRPC, feeding ids from the model's own ``tokenizer.json``.
 """
 
@@ -63,12 +63,6 @@ ARTICLES = {
 EXPECTED_COSINE = {"1": 0.679, "12": 0.420, "3": 0.593, "7": 0.374}
 
 pytestmark = requires_models(EMBED, root=MODELS_DIR)
-
-
-@pytest.fixture(scope="module")
-def triton() -> Iterator[EmbeddedTriton]:
-    with EmbeddedTriton(models=[EMBED, RERANK], models_dir=MODELS_DIR) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

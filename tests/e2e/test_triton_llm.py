@@ -1,6 +1,6 @@
 """End-to-end checks of the SmolLM2 reference LLM (TensorRT-LLM tensor interface) on a real tritonserver.
 
-Starts ``EmbeddedTriton(models=["smollm2-135m-instruct"])`` once for the module and talks to it with
+Uses the session's ``EmbeddedTriton`` (tests/e2e/conftest.py; it serves the model) and talks to it with
 ``tritonclient.grpc.aio`` the way any client would, and the gateway's own RPCs do: one request per
 ``ModelStreamInfer`` stream, half-closed after it, and the end of the stream means the request is done.
 """
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,24 +51,9 @@ class Result:
 
 
 @pytest.fixture(scope="module")
-def stats_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("ref-stats")
-
-
-@pytest.fixture(scope="module")
-def triton(stats_dir: Path) -> Iterator[EmbeddedTriton]:
-    # The stats dir reaches the model through the environment tritonserver inherits.
-    old = os.environ.get("OPENAI_API_REF_STATS_DIR")
-    os.environ["OPENAI_API_REF_STATS_DIR"] = str(stats_dir)
-    try:
-        server = EmbeddedTriton(models=[MODEL], models_dir=MODELS_DIR).start()
-    finally:
-        if old is None:
-            os.environ.pop("OPENAI_API_REF_STATS_DIR", None)
-        else:
-            os.environ["OPENAI_API_REF_STATS_DIR"] = old
-    yield server
-    server.stop()
+def stats_dir(ref_stats_dir: Path) -> Path:
+    """The session Triton's reference-model counters (tests compare before/after, never absolutes)."""
+    return ref_stats_dir
 
 
 @pytest.fixture(scope="module")
