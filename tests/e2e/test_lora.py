@@ -220,10 +220,10 @@ def test_cache_miss_path_resends_weights_only_on_a_miss(client: OpenAI, http: ht
     assert after["errors"] - before["errors"] == misses  # each miss was the model's error, never the client's
     # The same adapter in a row: after its first request (a miss at most), the id alone is enough.
     before = read_ref_stats(ref_stats_dir, TRT)
-    for _ in range(10):
+    for _ in range(5):
         assert CODE_WORD in ask(client, CODEWORD, False, max_tokens=4)
     after = read_ref_stats(ref_stats_dir, TRT)
-    assert after["lora_loads"] - before["lora_loads"] <= 1 and after["lora_hits"] - before["lora_hits"] >= 9
+    assert after["lora_loads"] - before["lora_loads"] <= 1 and after["lora_hits"] - before["lora_hits"] >= 4
 
 
 def test_fifty_concurrent_requests_over_base_and_three_adapters(client: OpenAI) -> None:
@@ -231,7 +231,7 @@ def test_fifty_concurrent_requests_over_base_and_three_adapters(client: OpenAI) 
 
     def one(i: int) -> tuple[str, str]:
         model = models[i % 4]
-        return model, ask(client, model, i % 2 == 1, max_tokens=6)
+        return model, ask(client, model, i % 2 == 1, max_tokens=4)  # enough for each model's trained answer
 
     with ThreadPoolExecutor(50) as pool:
         results = list(pool.map(one, range(50)))
