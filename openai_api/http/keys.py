@@ -29,6 +29,7 @@ from openai_api.observability import current_stats
 from openai_api.quota.caller import bind_caller, unbind_caller
 from openai_api.quota.service import QuotaService, ratelimit_headers, refusal
 from openai_api.quota.store import Decision
+from openai_api.tracing import child_span
 
 logger = logging.getLogger("openai_api.keys")
 CALLER_KEY = "caller"  # scope["state"] key: the request's Caller
@@ -75,7 +76,10 @@ class KeysMiddleware:
         limits = quota.limits(caller)
         if counted:
             try:
-                begun = await quota.begin(caller)
+                with child_span("quota", **{"openai_api.key.name": caller.name}) as span:  # traced requests only
+                    begun = await quota.begin(caller)
+                    if span is not None:
+                        span.set_attribute("openai_api.quota.admitted", begun.ok)
             except GatewayError as e:  # the shared store is unreachable and the fail mode is closed
                 quota.m_requests.labels(quota.label(caller.name), str(e.status)).inc()
                 await send_error(send, e)

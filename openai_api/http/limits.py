@@ -44,6 +44,7 @@ from openai_api.schemas.openai import (
 )
 from openai_api.services.bounds import check_body_depth
 from openai_api.settings import Settings
+from openai_api.tracing import child_span
 
 prompt_logger = logging.getLogger("openai_api.prompts")
 TICKET_KEY = "admission_ticket"
@@ -176,7 +177,8 @@ class Admission:
         if stats is not None and not stats.model and (self.ticket is None or model in self.ticket.limiter.models):
             stats.model = model
         if self.ticket is not None:
-            self.ticket.admit(model, sequences, param, share)
+            with child_span("admission", **{"gen_ai.request.model": model, "openai_api.sequences": sequences}):
+                self.ticket.admit(model, sequences, param, share)  # traced requests only: a refusal ends it in error
 
     def chat(self, body: ChatCompletionRequest) -> None:
         _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")

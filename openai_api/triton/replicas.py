@@ -31,6 +31,7 @@ import httpx
 from openai_api.config import DNS_SCHEME, DiscoveryConfig, RoutingConfig
 from openai_api.errors import BackendUnavailableError
 from openai_api.observability import Metrics
+from openai_api.tracing import child_span
 from openai_api.triton import discovery, loadscrape
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderBackend
@@ -99,6 +100,7 @@ class ReplicaSet(Generic[T]):
     factory: Callable[[str], T] | None = None
     ready: Callable[[str], Awaitable[bool]] | None = None
     metrics: Metrics | None = None
+    last_reason: str = ""  # the last `order`'s reason (the routing-decision metric's label, a traced span's)
     policy: RoutingPolicy = field(init=False)
     _refresh_lock: asyncio.Lock | None = field(default=None, init=False)
 
@@ -130,6 +132,7 @@ class ReplicaSet(Generic[T]):
         return ordered + down
 
     def _decided(self, reason: str) -> None:
+        self.last_reason = reason  # read at once by the caller of `order` (no await in between)
         if self.metrics is not None:
             self.metrics.routing_decisions.labels(self.model, self.routing.policy, reason).inc()
 
@@ -280,7 +283,13 @@ class ReplicatedLLMBackend(_Replicated[LLMBackend]):
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         last: BackendUnavailableError | None = None
-        for r in self.set.order(request):
+        with child_span("routing", **{"gen_ai.request.model": self.model,
+                                      "openai_api.routing.policy": self.set.routing.policy}) as span:
+            order = self.set.order(request)
+            if span is not None:  # traced requests only
+                span.set_attributes({"openai_api.routing.reason": self.set.last_reason,
+                                     "openai_api.routing.replica": order[0].url if order else ""})
+        for r in order:
             self.set.routed(r, request)
             r.outstanding += 1
             r.requests += 1

@@ -56,9 +56,11 @@ def gateway(traced_triton: EmbeddedTriton, receiver: OTLPReceiver, tmp_path_fact
             ) -> Iterator[GatewayServer]:
     folder = tmp_path_factory.mktemp("tracing")
     config = folder / "model_config.json"
+    # Two urls of the one Triton (127.0.0.1 and localhost): a replica set, so the request is routed (and traced).
+    urls = [traced_triton.grpc_url, traced_triton.grpc_url.replace("127.0.0.1", "localhost")]
     config.write_text(json.dumps({
         "model_infos": [{"name": LLM, "end_id": -1, "max_len": 32768}],
-        "llm": [{"name": LLM, "url": traced_triton.grpc_url, "path": str(MODELS / "smollm2-135m-instruct"),
+        "llm": [{"name": LLM, "url": urls, "path": str(MODELS / "smollm2-135m-instruct"),
                  "triton_model": LLM, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}]}),
         encoding="utf-8")
     keys = folder / "keys.json"
@@ -109,12 +111,22 @@ def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServe
                                 "traceparent": f"00-{trace_id}-{client_span}-01"})
         assert r.status_code == 200, r.text
         spans = receiver.wait_for(in_trace(trace_id, "POST /v1/chat/completions", "chat template",
-                                           "triton ModelStreamInfer"))
+                                           "triton ModelStreamInfer", "quota", "admission", "routing"))
         server = one(spans, trace_id, "POST /v1/chat/completions")
         call = one(spans, trace_id, "triton ModelStreamInfer")
         template = one(spans, trace_id, "chat template")
         assert template.parent_span_id == server.span_id
         assert template.attributes["gen_ai.usage.prompt_tokens"] == server.attributes["gen_ai.usage.prompt_tokens"]
+        # The steps before the Triton call, each a child of the server span: the key's quota check, the in-flight
+        # admission, the choice of replica (the policy, its reason, the replica the call went to).
+        quota, admission, routing = (one(spans, trace_id, n) for n in ("quota", "admission", "routing"))
+        assert {quota.parent_span_id, admission.parent_span_id, routing.parent_span_id} == {server.span_id}
+        assert quota.attributes["openai_api.quota.admitted"] is True
+        assert quota.attributes["openai_api.key.name"] == KEY_NAME
+        assert admission.attributes["gen_ai.request.model"] == LLM
+        assert routing.attributes["openai_api.routing.policy"] == "least_outstanding"
+        assert routing.attributes["openai_api.routing.replica"].split(":")[0] in ("127.0.0.1", "localhost")
+        assert routing.attributes["openai_api.routing.reason"]
         # The links: client -> gateway server span -> Triton-call span (-> Triton's spans, below).
         assert server.parent_span_id == client_span and server.service == "openai-api-gateway"
         assert call.parent_span_id == server.span_id and call.service == "openai-api-gateway"
