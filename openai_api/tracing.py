@@ -14,7 +14,10 @@ the sampler (default: parent-based, always on). The provider is this app's own, 
   `gen_ai.usage.completion_tokens`, `gen_ai.latency.time_to_first_token` (s, streamed and not), and who called:
   `openai_api.key.name`, `openai_api.key.team` (the keys file's names, never the key itself);
 - `chat template` (rendering the messages and tokenizing the prompt: `gen_ai.request.model`, the prompt's
-  `gen_ai.usage.prompt_tokens`), child of the server span;
+  `gen_ai.usage.prompt_tokens`), child of the server span, with `tokenize` (the tokenization alone) as its child;
+- `quota` (the key's limits checked, a Redis round trip with `--redis-url`), `admission` (the in-flight limits)
+  and `routing` (a replica set's choice: `openai_api.routing.policy`, `.reason`, `.replica`), children of the
+  server span;
 - a CLIENT span per Triton inference RPC, `triton ModelStreamInfer` / `triton ModelInfer`, child of the server
   span (`gen_ai.request.model`, `triton.model_name`, `rpc.system` grpc). Its context goes to Triton as
   `traceparent` in the RPC's gRPC metadata, so Triton started with `--trace-config mode=opentelemetry`
@@ -67,6 +70,14 @@ def child_span(name: str, **attributes: Any) -> AbstractContextManager[Any]:
     if tracer is None:
         return _OFF
     return tracer.start_as_current_span(name, attributes=attributes)
+
+
+def traced_step(name: str, start_ns: int, end_ns: int, **attributes: Any) -> None:
+    """A span for a step that already ran (elsewhere, e.g. on a CPU worker thread) from `start_ns` to `end_ns`
+    (`time.time_ns`), a child of the current span; nothing when tracing is off or the times are unset."""
+    tracer = _TRACER.get()
+    if tracer is not None and start_ns:
+        tracer.start_span(name, attributes=attributes, start_time=start_ns).end(end_time=end_ns)
 
 
 def tracing_wanted(endpoint: str | None, environ: Mapping[str, str] | None = None) -> bool:
@@ -194,4 +205,4 @@ class TracingMiddleware:
 
 
 __all__ = ["Tracing", "TracingMiddleware", "build_tracing", "child_span", "current_tracer", "end_with",
-           "mark_first_token", "start_triton_span", "traceparent_metadata", "tracing_wanted"]
+           "mark_first_token", "start_triton_span", "traced_step", "traceparent_metadata", "tracing_wanted"]

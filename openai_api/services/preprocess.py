@@ -21,6 +21,7 @@ text and the rest as usual, so only the template's own markup yields control tok
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from openai_api.services.registry import LLMRuntime
 from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.text.workers import CPUWorkers, JobTimeoutError
-from openai_api.tracing import child_span
+from openai_api.tracing import child_span, traced_step
 from openai_api.triton.llm import TEXT_PROTOCOLS
 
 T = TypeVar("T")
@@ -52,6 +53,9 @@ _MARKED = re.compile(re.escape(OPEN) + "(.*?)" + re.escape(CLOSE), re.DOTALL)
 class Prompt:
     text: str
     ids: list[int]
+    # When its tokenization started and ended (time.time_ns, in whichever thread it ran): a traced request's
+    # `tokenize` span. Two clock reads per request, so they are always taken.
+    encoded_ns: tuple[int, int] = (0, 0)
 
 
 def _size(value: Any) -> int:
@@ -147,13 +151,15 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
         if not plain:
             raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
                                       param="messages", code="empty_prompt")
+        t0 = time.time_ns()
         if rt.tokenizer.bound(plain, rt.context_length)[1]:
             raise _context_error(rt, "messages")
-        return Prompt(plain, _encode_marked(rt.tokenizer, text))
+        return Prompt(plain, _encode_marked(rt.tokenizer, text), (t0, time.time_ns()))
     if not text:
         raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
                                   param="messages", code="empty_prompt")
-    return Prompt(text, encode_prompt(rt, text, "messages"))
+    t0 = time.time_ns()
+    return Prompt(text, encode_prompt(rt, text, "messages"), (t0, time.time_ns()))
 
 
 class Preprocessor:
@@ -181,6 +187,7 @@ class Preprocessor:
                     prompt = await self.workers.run(_render_and_encode, *args, budget_s=self.limits.max_seconds)
                 if span is not None:
                     span.set_attribute("gen_ai.usage.prompt_tokens", len(prompt.ids))
+                    traced_step("tokenize", *prompt.encoded_ns, **{"gen_ai.usage.prompt_tokens": len(prompt.ids)})
                 return prompt
         except JobTimeoutError:
             raise InvalidRequestError(

@@ -111,7 +111,7 @@ def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServe
                                 "traceparent": f"00-{trace_id}-{client_span}-01"})
         assert r.status_code == 200, r.text
         spans = receiver.wait_for(in_trace(trace_id, "POST /v1/chat/completions", "chat template",
-                                           "triton ModelStreamInfer", "quota", "admission", "routing"))
+                                           "triton ModelStreamInfer", "quota", "admission", "routing", "tokenize"))
         server = one(spans, trace_id, "POST /v1/chat/completions")
         call = one(spans, trace_id, "triton ModelStreamInfer")
         template = one(spans, trace_id, "chat template")
@@ -119,6 +119,9 @@ def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServe
         assert template.attributes["gen_ai.usage.prompt_tokens"] == server.attributes["gen_ai.usage.prompt_tokens"]
         # The steps before the Triton call, each a child of the server span: the key's quota check, the in-flight
         # admission, the choice of replica (the policy, its reason, the replica the call went to).
+        tokenize = one(spans, trace_id, "tokenize")
+        assert tokenize.parent_span_id == template.span_id
+        assert tokenize.attributes["gen_ai.usage.prompt_tokens"] == server.attributes["gen_ai.usage.prompt_tokens"]
         quota, admission, routing = (one(spans, trace_id, n) for n in ("quota", "admission", "routing"))
         assert {quota.parent_span_id, admission.parent_span_id, routing.parent_span_id} == {server.span_id}
         assert quota.attributes["openai_api.quota.admitted"] is True
