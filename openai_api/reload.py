@@ -48,8 +48,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from openai_api.config import ConfigError, GatewayConfig, load_config
 from openai_api.errors import GatewayError
 from openai_api.http.deps import SERVICES_KEY
+from openai_api.lora import RUNTIME_STATE
 from openai_api.observability import Metrics
 from openai_api.services.container import Services, rebuild_services
+from openai_api.services.lora import LoraService
 from openai_api.settings import Settings
 from openai_api.triton.replicas import ReplicaProber
 
@@ -162,6 +164,7 @@ class ConfigReloader:
             given = Path(settings.config_file).absolute()
             self.path = given if given.resolve() == config.source else config.source
         self._stat = _stat(self.path) if self.path is not None else None
+        self._adapter_stats: dict[Path, tuple[int, int, int]] = {}  # each persist_adapters record file, as last seen
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._signal = False
@@ -201,6 +204,25 @@ class ConfigReloader:
             now = _stat(self.path)
             if now is not None and now != self._stat:
                 await self.reload("file changed")
+            await self._sync_adapters()
+
+    async def _sync_adapters(self) -> None:
+        """Runtime LoRA loads and unloads that another worker recorded (`persist_adapters`), applied in this
+        process when a base model's record file changes (`LoraService.sync`; idempotent, so this process's own
+        changes cost one read of the file)."""
+        gen = self.current
+        for m in gen.config.llm:
+            if not m.persist_adapters or m.adapters_dir is None:
+                continue
+            path = Path(str(m.adapters_dir)) / RUNTIME_STATE
+            now = _stat(path)
+            if now is None or self._adapter_stats.get(path) == now:
+                continue
+            self._adapter_stats[path] = now
+            try:
+                await LoraService(gen.services.registry).sync(m)
+            except Exception:  # a poll must go on: the next change of the file tries again
+                logger.warning("runtime LoRA adapters of %s not synced from %s", m.name, path, exc_info=True)
 
     async def reload(self, why: str = "asked", *, force: bool = False) -> bool:
         """Load the watched file again and swap to it; False (the old config stays) when it is refused or

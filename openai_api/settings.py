@@ -187,8 +187,9 @@ class Settings(BaseModel):
     allow_runtime_lora: Annotated[bool, Option(
         "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes): adapters from a model's "
         "adapters_dir are loaded and unloaded while the gateway runs; with a keys file only admin keys may. "
-        "Per worker process, and in memory (the adapters_dir scan brings them back at a restart; a model's "
-        "`persist_adapters` records them for one)",
+        "Per worker process, and in memory (the adapters_dir scan brings them back at a restart); a model's "
+        "`persist_adapters` records them for a restart and for the other workers, which follow the record within "
+        "about a second",
         group="server")] = False
 
     # --- images in chat (services.images, images.fetch) -------------------------------------------------------

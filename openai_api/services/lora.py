@@ -8,8 +8,9 @@ served as a model like a configured one. Unloading stops new requests on it; str
 their own reference and finish. Without `persist_adapters` either lasts until the gateway stops (an adapter
 loaded from a folder of `adapters_dir` named like the adapter comes back at a restart through the start-up
 scan); with it, each is recorded in `adapters_dir` (`openai_api.lora.RUNTIME_STATE`) before it is answered, and
-replayed at the next start-up. Each gateway worker process serves its own set: a load reaches the worker that
-answered it (with `persist_adapters`, every worker at the next restart).
+replayed at the next start-up. Each gateway worker process serves its own set: without `persist_adapters` a load
+reaches the worker that answered it; with it, every other worker applies the record within a second of the
+change (`sync`, called by `openai_api.reload`'s file poll), so the workers serve the same adapters.
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ from pathlib import Path
 
 from openai_api.config import LLMModel
 from openai_api.errors import InternalError, InvalidRequestError, ModelNotFoundError
-from openai_api.lora import RUNTIME_STATE, AdapterError, BaseShape, LoraAdapter, read_adapter, record_runtime
+from openai_api.lora import (
+    RUNTIME_STATE,
+    AdapterError,
+    BaseShape,
+    LoraAdapter,
+    read_adapter,
+    read_runtime_state,
+    record_runtime,
+)
 from openai_api.services.registry import ModelRegistry
 
 logger = logging.getLogger(__name__)
@@ -120,3 +129,49 @@ class LoraService:
                              name, RUNTIME_STATE, e)
         logger.info("LoRA adapter %s unloaded", name)
         return removed.adapter
+
+    async def sync(self, base: LLMModel) -> tuple[list[str], list[str]]:
+        """Apply `base`'s runtime record (`persist_adapters`: what another worker loaded and unloaded) to this
+        process: an unloaded adapter of `base` stops being served, a loaded one this process lacks is read,
+        checked and served (a folder that no longer reads is skipped with a warning). Nothing is recorded: the
+        record is the source. Idempotent. Returns (added, removed) names."""
+        if base.adapters_dir is None or base.name not in self.registry.llms:
+            return [], []
+        folder = Path(str(base.adapters_dir)).resolve()
+        loaded, unloaded = await asyncio.to_thread(read_runtime_state, folder)
+        removed = []
+        for name in sorted(unloaded):
+            rt = self.registry.llms.get(name)
+            if rt is not None and rt.adapter is not None and rt.adapter.base == base.name:
+                self.registry.remove_adapter(name)
+                removed.append(name)
+        added = []
+        shape: BaseShape | None = None
+        for name, rel in sorted(loaded.items()):
+            source = (folder / rel).resolve()
+            rt = self.registry.llms.get(name)
+            if rt is not None and rt.adapter is not None and rt.adapter.base == base.name and \
+                    rt.adapter.source is not None and rt.adapter.source.resolve() != source:
+                self.registry.remove_adapter(name)  # loaded again from another folder: replaced below
+            elif self._taken(name) is not None or source == folder or not source.is_relative_to(folder):
+                continue
+            if shape is None:
+                shape = await asyncio.to_thread(BaseShape.from_folder, base.path)
+
+            def read(name: str = name, source: Path = source, shape: BaseShape | None = shape) -> LoraAdapter:
+                adapter = read_adapter(source, name, base.name, shape)
+                adapter.check(shape, base.max_lora_rank)
+                return adapter
+
+            try:
+                adapter = await asyncio.to_thread(read)
+            except AdapterError as e:
+                logger.warning("LoRA adapter %s recorded in %s not served here: %s", name, RUNTIME_STATE, e)
+                continue
+            if self._taken(name) is None:
+                self.registry.add_adapter(adapter)
+                added.append(name)
+        if added or removed:
+            logger.info("LoRA adapters of %s synced from %s: %s added, %s removed", base.name, RUNTIME_STATE,
+                        added or "none", removed or "none")
+        return added, removed

@@ -134,3 +134,41 @@ async def test_runtime_loads_and_unloads_survive_a_restart_with_persist_adapters
     assert "gone" not in await served()
     with pytest.raises(ConfigError, match=r"persist_adapters.*needs adapters_dir"):
         load_config(config_with(tmp_path, {"adapters_dir": None, "persist_adapters": True}))
+
+
+async def test_every_worker_follows_another_workers_runtime_loads_with_persist_adapters(tmp_path: Path) -> None:
+    """Two gateway apps from one config (two `--workers` processes): with persist_adapters, a load and an unload
+    answered by one are served and dropped by the other at its next poll of the record (`_sync_adapters`)."""
+    from openai_api.config import load_config
+    from tests.unit.test_lora import config_with
+
+    root = tmp_path / "adapters"
+    root.mkdir()
+    shutil.copytree(ADAPTER, root / "upper")
+    path = config_with(tmp_path, {"adapters_dir": str(root), "persist_adapters": True})
+    settings = Settings(config_file=path, api_keys=["k1"], allow_runtime_lora=True)
+    a, b = (create_app(load_config(path), settings) for _ in range(2))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://a") as ca, \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=b), base_url="http://b") as cb:
+
+        async def models(c: httpx.AsyncClient) -> list[str]:
+            return [m["id"] for m in (await c.get("/v1/models", headers=auth("k1"))).json()["data"]]
+
+        assert (await ca.post("/v1/load_lora_adapter", json=BODY, headers=auth("k1"))).status_code == 200
+        assert "upper-at-runtime" not in await models(cb)  # b has not polled yet
+        await b.state.gateway.reloader._sync_adapters()
+        assert "upper-at-runtime" in await models(cb)
+        card = (await cb.get("/v1/models/upper-at-runtime", headers=auth("k1"))).json()
+        assert card["parent"] == load_config(path).llm[0].name  # served as an adapter of its base
+        await b.state.gateway.reloader._sync_adapters()  # nothing changed: nothing happens
+        assert (await models(cb)).count("upper-at-runtime") == 1
+        r = await ca.post("/v1/unload_lora_adapter", json={"lora_name": "upper-at-runtime"}, headers=auth("k1"))
+        assert r.status_code == 200
+        await b.state.gateway.reloader._sync_adapters()
+        assert "upper-at-runtime" not in await models(cb)
+        # b's own unload of the scanned adapter reaches a (the record works both ways).
+        assert (await cb.post("/v1/unload_lora_adapter", json={"lora_name": "upper"}, headers=auth("k1"))).is_success
+        await a.state.gateway.reloader._sync_adapters()
+        assert "upper" not in await models(ca)
+    for app in (a, b):
+        await app.state.gateway.services.registry.pool.close()
