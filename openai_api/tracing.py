@@ -16,8 +16,9 @@ the sampler (default: parent-based, always on). The provider is this app's own, 
 - `chat template` (rendering the messages and tokenizing the prompt: `gen_ai.request.model`, the prompt's
   `gen_ai.usage.prompt_tokens`), child of the server span, with `tokenize` (the tokenization alone) as its child;
 - `quota` (the key's limits checked, a Redis round trip with `--redis-url`), `admission` (the in-flight limits)
-  and `routing` (a replica set's choice: `openai_api.routing.policy`, `.reason`, `.replica`), children of the
-  server span;
+  and `routing` (a replica set's choice: `openai_api.routing.policy`, `.reason`, `.replica`), and `output
+  parsing` (per parsed choice, its first output to its last: the parsers and what they found), children of
+  the server span;
 - a CLIENT span per Triton inference RPC, `triton ModelStreamInfer` / `triton ModelInfer`, child of the server
   span (`gen_ai.request.model`, `triton.model_name`, `rpc.system` grpc). Its context goes to Triton as
   `traceparent` in the RPC's gRPC metadata, so Triton started with `--trace-config mode=opentelemetry`

@@ -15,11 +15,13 @@ skip this per-token work.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Literal
 
 from openai_api.services.tools import ToolPlan
 from openai_api.text.parsers import ParsedToolCall, Parser, make_parser
+from openai_api.tracing import traced_step
 
 
 @dataclass(slots=True)
@@ -64,6 +66,8 @@ class ChoiceOutput:
         self._held: list[str] = []  # a required call's JSON until it is complete
         self._named_id = ""
         self._cut = False
+        self._tool_parser, self._reasoning_parser = tool_parser, reasoning
+        self._first_ns = 0  # the first push (a traced request's `output parsing` span runs from it to the last)
         if self.parser is not None and family is not None and plan.prefill:
             self.parser.push(plan.prefill)
 
@@ -81,9 +85,13 @@ class ChoiceOutput:
         when they are (part of) thinking (the token that ends the thinking counts too: it is the end tag)."""
         out: list[Delta] = []
         self._cut = cut
+        if not self._first_ns:
+            self._first_ns = time.time_ns()
         parser = self.parser
         if parser is None:
             self._route(text, last, out)
+            if last and self.plan.forced is not None:  # a forced call's JSON was parsed; plain text was not
+                self._end_span()
             return out
         was_thinking = parser.thinking
         pieces = parser.push(text) if text else []
@@ -110,7 +118,18 @@ class ChoiceOutput:
                 self._add_calls([p.call], out)
         if self.plan.forced is not None:
             self._route("".join(content), last, out)
+        if last:
+            self._end_span()
         return out
+
+    def _end_span(self) -> None:
+        """A traced request's `output parsing` span, once per choice whose output is parsed (a tool or reasoning
+        parser, or a forced call), at its end: from its first piece of output to its last, with the parsers and
+        what they found (nothing when tracing is off)."""
+        traced_step("output parsing", self._first_ns, time.time_ns(), **{
+            "openai_api.parser.tool": self._tool_parser or "", "openai_api.parser.reasoning":
+                self._reasoning_parser or "", "openai_api.parser.tool_calls": self.calls,
+            "gen_ai.usage.reasoning_tokens": self.reasoning_tokens})
 
     def _route(self, text: str, last: bool, out: list[Delta]) -> None:
         """Text that is not thinking: a forced call's guided JSON, or plain content."""

@@ -97,7 +97,10 @@ def one(spans: list[Span], trace_id: str, name: str) -> Span:
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "unary"])
 def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServer, receiver: OTLPReceiver,
                                                            stream: bool) -> None:
-    body = {"model": LLM, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": stream}
+    # A tool on offer: the answer goes through the model's tool parser (traced as `output parsing`).
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}
+    body = {"model": LLM, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": stream,
+            "tools": [tool]}
     if stream:
         body["stream_options"] = {"include_usage": True}
     # Triton (the pytriton build here) now and then exports none of a traced request's spans although the
@@ -111,7 +114,8 @@ def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServe
                                 "traceparent": f"00-{trace_id}-{client_span}-01"})
         assert r.status_code == 200, r.text
         spans = receiver.wait_for(in_trace(trace_id, "POST /v1/chat/completions", "chat template",
-                                           "triton ModelStreamInfer", "quota", "admission", "routing", "tokenize"))
+                                           "triton ModelStreamInfer", "quota", "admission", "routing", "tokenize",
+                                           "output parsing"))
         server = one(spans, trace_id, "POST /v1/chat/completions")
         call = one(spans, trace_id, "triton ModelStreamInfer")
         template = one(spans, trace_id, "chat template")
@@ -130,6 +134,9 @@ def test_one_trace_joins_the_client_the_gateway_and_triton(gateway: GatewayServe
         assert routing.attributes["openai_api.routing.policy"] == "least_outstanding"
         assert routing.attributes["openai_api.routing.replica"].split(":")[0] in ("127.0.0.1", "localhost")
         assert routing.attributes["openai_api.routing.reason"]
+        parsing = one(spans, trace_id, "output parsing")  # the choice's output, first piece to last
+        assert parsing.parent_span_id == server.span_id and parsing.attributes["openai_api.parser.tool_calls"] == 0
+        assert parsing.attributes["openai_api.parser.tool"]  # the model's tool parser (auto-detected), named
         # The links: client -> gateway server span -> Triton-call span (-> Triton's spans, below).
         assert server.parent_span_id == client_span and server.service == "openai-api-gateway"
         assert call.parent_span_id == server.span_id and call.service == "openai-api-gateway"
