@@ -179,8 +179,8 @@ async def test_replicas_appear_and_disappear_under_50_streams(
     fast, slow = (t.grpc_url for t in replicas)
     headers = {"Authorization": f"Bearer {API_KEY}"}
 
-    async def stream(client: httpx.AsyncClient, i: int) -> tuple[int, str | None, int]:
-        body = {"model": model, "max_tokens": 16, "stream": True,
+    async def stream(client: httpx.AsyncClient, i: int, tokens: int = 16) -> tuple[int, str | None, int]:
+        body = {"model": model, "max_tokens": tokens, "stream": True,
                 "messages": [{"role": "user", "content": f"stream {i}"}]}
         finish, chunks = None, 0
         async with client.stream("POST", "/v1/chat/completions", json=body) as r:
@@ -202,16 +202,19 @@ async def test_replicas_appear_and_disappear_under_50_streams(
 
     async with httpx.AsyncClient(base_url=gateway.url, headers=headers, timeout=60) as client:
         await until(client, {slow})
-        first = [asyncio.create_task(stream(client, i)) for i in range(25)]  # ~1 s each on the slow one
+        # ~3 s each on the slow one: still running when the scale-down below is seen, on a loaded box too
+        first = [asyncio.create_task(stream(client, i, 48)) for i in range(25)]
         await asyncio.sleep(0.3)
         resolver.names[DNS_NAME] = [slow, fast]  # scale up
         await until(client, {slow, fast})
         second = [asyncio.create_task(stream(client, 25 + i)) for i in range(25)]
         resolver.names[DNS_NAME] = [fast]  # scale down while streams still run on the slow one
-        await until(client, {fast})
-        assert not all(t.done() for t in first)  # the retired replica still had streams in flight
-        results = await asyncio.gather(*first, *second)
-        resolver.names[DNS_NAME] = [slow]  # leave the survivor of the next test as the replica
+        try:
+            await until(client, {fast})
+            assert not all(t.done() for t in first)  # the retired replica still had streams in flight
+            results = await asyncio.gather(*first, *second)
+        finally:  # leave the survivor of the next test as the replica, whatever happened here
+            resolver.names[DNS_NAME] = [slow]
         await until(client, {slow})
     assert [r for r in results if r[:2] != (200, "length")] == [], results
     assert all(chunks >= 2 for _, _, chunks in results)
