@@ -19,9 +19,10 @@ the sampler (default: parent-based, always on). The provider is this app's own, 
   and `routing` (a replica set's choice: `openai_api.routing.policy`, `.reason`, `.replica`), and `output
   parsing` (per parsed choice, its first output to its last: the parsers and what they found), children of
   the server span;
-- a CLIENT span per Triton inference RPC, `triton ModelStreamInfer` / `triton ModelInfer`, child of the server
-  span (`gen_ai.request.model`, `triton.model_name`, `rpc.system` grpc). Its context goes to Triton as
-  `traceparent` in the RPC's gRPC metadata, so Triton started with `--trace-config mode=opentelemetry`
+- a CLIENT span per Triton inference RPC (generation and the encoders' calls), `triton ModelStreamInfer` /
+  `triton ModelInfer`, child of the server span (`gen_ai.request.model`, `triton.model_name`, `rpc.system`
+  grpc). Its context goes to Triton as `traceparent` in the RPC's gRPC metadata (an encoder's HTTP call: a
+  header), so Triton started with `--trace-config mode=opentelemetry`
   exports its spans (`InferRequest`, the model, `compute`) as children of it, in the same trace. Triton reads
   a stream's trace context once, from the metadata that opened the stream: a traced request therefore gets a
   stream of its own instead of a pooled one (the one cost tracing adds to the Triton call).

@@ -18,6 +18,7 @@ import tritonclient.http as http_mod
 from numpy.typing import NDArray
 
 from openai_api.errors import BackendUnavailableError, GatewayError
+from openai_api.tracing import current_tracer, end_with, start_triton_span, traceparent_metadata
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.errors import map_triton_error
 
@@ -112,21 +113,32 @@ class EncoderAdapter:
             else:
                 inp.set_data_from_numpy(arr)
             inputs.append(inp)
+        # A traced request (`openai_api.tracing`): the call is a CLIENT span whose traceparent goes with it (gRPC
+        # metadata / an HTTP header), so Triton's own spans join the request's trace.
+        tracer = current_tracer()
+        span = None if tracer is None else start_triton_span(tracer, "ModelInfer", self.triton_model)
+        traced = {} if span is None else dict(traceparent_metadata(span))
+        error: BaseException | None = None
         try:
             if self.transport == "grpc":
                 outputs = [grpc_mod.InferRequestedOutput(self.output_name)]
                 result = await self.pool.grpc(self.url).infer(
                     self.triton_model, inputs, model_version=self.version, outputs=outputs,
-                    client_timeout=self.timeout_s)
+                    client_timeout=self.timeout_s, headers=traced or None)
             else:
                 outputs = [http_mod.InferRequestedOutput(self.output_name, binary_data=True)]
                 result = await asyncio.wait_for(self.pool.http(self.url).infer(
                     self.triton_model, inputs, model_version=self.version, outputs=outputs,
-                    headers=dict(_HTTP_HEADERS)), self.timeout_s)
-        except GatewayError:
+                    headers={**_HTTP_HEADERS, **traced}), self.timeout_s)
+        except GatewayError as e:
+            error = e
             raise
         except Exception as e:  # noqa: BLE001
-            raise map_triton_error(e, self.model) from None
+            error = map_triton_error(e, self.model)
+            raise error from None
+        finally:
+            if span is not None:
+                end_with(span, error)
         out: NDArray[Any] | None = result.as_numpy(self.output_name)
         if out is None:
             raise BackendUnavailableError(f"Triton returned no {self.output_name!r} for model {self.model!r}.")

@@ -154,3 +154,65 @@ def test_tracing_is_on_only_with_an_endpoint(endpoint: str | None, env: dict[str
 def test_off_means_no_tracer_in_the_request_context() -> None:
     assert tracing.current_tracer() is None
     assert not trace.get_current_span().is_recording()
+
+
+class FakeEncoderClient:
+    """tritonclient's `infer` as the encoder adapter calls it (gRPC or HTTP): records the headers it was given."""
+
+    def __init__(self) -> None:
+        self.headers: list[Any] = []
+
+    async def infer(self, model: str, inputs: Any, **kw: Any) -> Any:
+        self.headers.append(kw.get("headers"))
+
+        class Result:
+            @staticmethod
+            def as_numpy(name: str) -> Any:
+                import numpy as np
+
+                return np.zeros((1, 4), dtype=np.float32)
+        return Result()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_an_encoder_call_is_a_client_span_whose_traceparent_reaches_triton(
+        exporter: InMemorySpanExporter, transport: str) -> None:
+    import numpy as np
+
+    from openai_api.triton.encoder import EncoderAdapter
+
+    client = FakeEncoderClient()
+
+    class Pool:
+        def grpc(self, url: str) -> FakeEncoderClient:
+            return client
+
+        http = grpc
+
+    adapter = EncoderAdapter(Pool(), transport=transport, url="t:1", model="emb", triton_model="emb-triton",  # type: ignore[arg-type]
+                             version="", input_config={"input_ids": "input_ids"}, input_dtype="INT64",
+                             output_name="out", timeout_s=5.0)
+    adapter._inputs = {"input_ids": "INT64"}  # as read from Triton's model config
+    tracer = exporter.tracer  # type: ignore[attr-defined]
+    features = {"input_ids": np.ones((1, 3), dtype=np.int64)}
+
+    async def main() -> None:
+        await adapter.infer(features)  # untraced: no trace header
+        with tracer.start_as_current_span("POST /v1/embeddings", kind=SpanKind.SERVER):
+            tracing._TRACER.set(tracer)
+            await adapter.infer(features)
+            tracing._TRACER.set(None)
+
+    asyncio.run(main())
+    spans = {s.name: s for s in exporter.get_finished_spans()}
+    call, server = spans["triton ModelInfer"], spans["POST /v1/embeddings"]
+    assert call.kind == SpanKind.CLIENT and call.parent is not None and call.parent.span_id == server.context.span_id
+    assert call.attributes is not None and call.attributes["triton.model_name"] == "emb-triton"
+    c = call.context
+    want = f"00-{c.trace_id:032x}-{c.span_id:016x}-{int(c.trace_flags):02x}"
+    untraced, traced = client.headers
+    assert traced["traceparent"] == want
+    if transport == "grpc":
+        assert untraced is None
+    else:  # HTTP keeps its own header (no compressed answers) beside the trace's
+        assert untraced == {"Accept-Encoding": "identity"} and traced["Accept-Encoding"] == "identity"
