@@ -34,6 +34,7 @@ pytestmark = requires_models("smollm2-135m-instruct")
 LLM = "synthetic-llm"
 SECRET = "sk-traced-" + secrets.token_hex(8)
 KEY_NAME, TEAM = "search-prod", "search"
+EMB = "all-minilm-l6-v2"
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def traced_triton(receiver: OTLPReceiver) -> Iterator[EmbeddedTriton]:
     args = [f"--trace-config={v}" for v in (
         "mode=opentelemetry", "rate=0", "level=TIMESTAMPS", "count=-1", f"opentelemetry,url={receiver.url}",
         "opentelemetry,bsp_schedule_delay=100", "opentelemetry,resource=service.name=triton")]
-    with EmbeddedTriton(models=[LLM], extra_args=args) as server:
+    with EmbeddedTriton(models=[LLM, EMB], extra_args=args) as server:
         yield server
 
 
@@ -61,7 +62,10 @@ def gateway(traced_triton: EmbeddedTriton, receiver: OTLPReceiver, tmp_path_fact
     config.write_text(json.dumps({
         "model_infos": [{"name": LLM, "end_id": -1, "max_len": 32768}],
         "llm": [{"name": LLM, "url": urls, "path": str(MODELS / "smollm2-135m-instruct"),
-                 "triton_model": LLM, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}]}),
+                 "triton_model": LLM, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}],
+        # Over HTTP: the encoder's trace context travels as a header there (gRPC metadata for the LLM above).
+        "embedding": [{"name": EMB, "url": traced_triton.http_url, "transport": "http", "path": str(MODELS / EMB),
+                       "max_tokens": 256}]}),
         encoding="utf-8")
     keys = folder / "keys.json"
     keys.write_text(json.dumps({"keys": [{"name": KEY_NAME, "team": TEAM, "requests_per_minute": 1000,
@@ -170,3 +174,28 @@ def test_a_request_without_traceparent_starts_its_own_trace_and_a_refusal_is_tra
     assert refused.parent_span_id == "" and refused.name == "POST /v1/chat/completions"
     assert "openai_api.key.name" not in refused.attributes
     assert not [s for s in spans if s.trace_id == refused.trace_id and s.service == "triton"]
+
+
+def test_an_embeddings_call_joins_the_trace_into_triton(gateway: GatewayServer, receiver: OTLPReceiver) -> None:
+    """The encoder's Triton call (HTTP here) is a child of the request's span and carries its traceparent as a
+    header: Triton's own InferRequest span is its child, in the caller's trace."""
+    joined = False
+    for _ in range(4):  # Triton now and then exports nothing for a traced request (see the test above)
+        trace_id, client_span = secrets.token_hex(16), secrets.token_hex(8)
+        r = httpx.post(f"{gateway.url}/v1/embeddings", json={"model": EMB, "input": "follow me into Triton"},
+                       timeout=60, headers={"Authorization": f"Bearer {SECRET}",
+                                            "traceparent": f"00-{trace_id}-{client_span}-01"})
+        assert r.status_code == 200, r.text
+        spans = receiver.wait_for(in_trace(trace_id, "POST /v1/embeddings", "triton ModelInfer"))
+        server, call = one(spans, trace_id, "POST /v1/embeddings"), one(spans, trace_id, "triton ModelInfer")
+        assert server.parent_span_id == client_span and call.parent_span_id == server.span_id
+        assert call.attributes["triton.model_name"] == EMB
+        try:
+            spans = receiver.wait_for(in_trace(trace_id, "InferRequest"), timeout=5)
+        except AssertionError:
+            continue
+        request = one(spans, trace_id, "InferRequest")
+        assert request.parent_span_id == call.span_id and request.service == "triton"
+        joined = True
+        break
+    assert joined, "Triton exported no span of 4 traced embeddings requests"
