@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
@@ -31,8 +31,14 @@ from openai_api.services.responses import ResponsesService
 from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
 
-if TYPE_CHECKING:
-    from openai_api.reload import ConfigReloader
+
+class Reloader(Protocol):
+    """What the app's state keeps of its config reloader (`openai_api.reload.ConfigReloader`, which imports this
+    module: a protocol here instead of that import keeps the http layer below the app)."""
+
+    @property
+    def services(self) -> Services: ...
+
 
 # scope["state"] key of the pinned services (set by `openai_api.reload.PinGeneration`).
 SERVICES_KEY = "services"
@@ -49,7 +55,7 @@ class AppState:
     limiter: InFlightLimiter
     quota: QuotaService
     # Swaps `services` on SIGHUP or a config file change (openai_api/reload.py); None: never reloaded.
-    reloader: ConfigReloader | None = None
+    reloader: Reloader | None = None
 
 
 @dataclass(slots=True)
