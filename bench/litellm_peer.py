@@ -13,13 +13,11 @@ bench's gateway has no API keys), no database, no callbacks, the model cost map 
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
 from pathlib import Path
 
-from bench.stack import REPO, free_port, wait_http
+from bench.stack import REPO, free_port, launch, stop_process, wait_http
 from bench.stack import ensure_venv as ensure_venv_of
 
 VENV = REPO / "bench" / ".venv-litellm"
@@ -101,23 +99,10 @@ class LiteLLMProxy:
             "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true",
         }
         env.pop("PYTHONPATH", None)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
+        self.proc = launch(cmd, self.log_path, env)
         wait_http(f"{self.url}/health/liveliness", timeout, self.proc, self.log_path)
         return self
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_process(self.proc)
         self.proc = None

@@ -148,6 +148,31 @@ def has_flag(flag: str) -> bool:
     return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", cli_help()) is not None
 
 
+def launch(cmd: list[str], log_path: Path, env: dict[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
+    """`cmd` in a session of its own (so `stop_process` can end its whole group), output appended to `log_path`."""
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, group_signal: signal.Signals | None = signal.SIGTERM) -> None:
+    """Stop a `launch`ed process: `group_signal` to its process group (None: SIGINT to the process alone, which
+    uvicorn drains on), then SIGKILL to the group if it is still there after 15 s."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        if group_signal is None:
+            proc.send_signal(signal.SIGINT)
+        else:
+            os.killpg(proc.pid, group_signal)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=5)
+
+
 class Gateway:
     """``openai_api_cli.py`` in its own process, pointed at the bench Triton; ``extra_args`` are appended
     to its command line (``--workers 2``)."""
@@ -206,31 +231,12 @@ class Gateway:
             *self.extra_args,
         ]
         env = {**os.environ, "LOG_LEVEL": "WARNING"}
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                cmd,
-                cwd=REPO,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.proc = launch(cmd, self.log_path, env, cwd=REPO)
         wait_http(f"{self.url}/health", 60, self.proc, self.log_path)
         return self
 
     def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
+        stop_process(self.proc, group_signal=None)
         self.proc = None
 
     def log_tail(self, chars: int = 3000) -> str:
