@@ -39,6 +39,13 @@ def _bad(message: str, param: str, code: str = "invalid_lora_adapter") -> Invali
     return InvalidRequestError(message, param=param, code=code)
 
 
+def _read_checked(base: LLMModel, folder: Path, name: str, shape: BaseShape | None) -> LoraAdapter:
+    """The adapter in `folder` served as `name` on `base`, read and checked against it (`AdapterError` if not)."""
+    adapter = read_adapter(folder, name, base.name, shape)
+    adapter.check(shape, base.max_lora_rank)
+    return adapter
+
+
 class LoraService:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
@@ -88,13 +95,8 @@ class LoraService:
         base, folder = self._base(path, base_model)
         shape = BaseShape.from_folder(base.path)
 
-        def read() -> LoraAdapter:
-            adapter = read_adapter(folder, name, base.name, shape)
-            adapter.check(shape, base.max_lora_rank)
-            return adapter
-
         try:  # off the event loop: the weights are read and hashed
-            adapter = await asyncio.to_thread(read)
+            adapter = await asyncio.to_thread(_read_checked, base, folder, name, shape)
         except AdapterError as e:
             raise _bad(f"The adapter cannot be loaded: {e}.", "lora_path") from None
         if (taken := self._taken(name)) is not None:  # loaded meanwhile by a concurrent request
@@ -157,14 +159,8 @@ class LoraService:
                 continue
             if shape is None:
                 shape = await asyncio.to_thread(BaseShape.from_folder, base.path)
-
-            def read(name: str = name, source: Path = source, shape: BaseShape | None = shape) -> LoraAdapter:
-                adapter = read_adapter(source, name, base.name, shape)
-                adapter.check(shape, base.max_lora_rank)
-                return adapter
-
             try:
-                adapter = await asyncio.to_thread(read)
+                adapter = await asyncio.to_thread(_read_checked, base, source, name, shape)
             except AdapterError as e:
                 logger.warning("LoRA adapter %s recorded in %s not served here: %s", name, RUNTIME_STATE, e)
                 continue
