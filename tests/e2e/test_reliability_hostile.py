@@ -5,6 +5,7 @@ stays bounded, and the event loop keeps answering `/health` meanwhile."""
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,8 +18,9 @@ import psutil
 import pytest
 
 from openai_api.embedded.launcher import EmbeddedTriton
-from openai_api.settings import Settings
-from tests.e2e.conftest import API_KEY, LLM, GatewayServer, gateway_config
+from tests.e2e.conftest import API_KEY, LLM
+from tests.e2e.test_reliability_shutdown import start_cli, stop, wait_healthy, write_config
+from tests.helpers import free_port
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 EMBEDDING = "all-minilm-l6-v2"
@@ -34,36 +36,57 @@ def hostile_templates(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+class CliGateway:
+    """The gateway as users run it: its own process (`openai_api_cli.py`), so what is measured is the
+    gateway's event loop and memory alone, not the test process's (whose client threads, and whose heap of
+    every earlier e2e module - torch included - a garbage collection walks, share one GIL with an
+    in-process server)."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], port: int) -> None:
+        self.proc = proc
+        self.url = f"http://127.0.0.1:{port}"
+        self.process = psutil.Process(proc.pid)
+
+
 @pytest.fixture(scope="module")
-def gw(triton: EmbeddedTriton, hostile_templates: Path) -> Iterator[GatewayServer]:
-    config = gateway_config(triton)
-    base = next(m for m in config.llm if m.name == LLM)
+def gw(triton: EmbeddedTriton, hostile_templates: Path,
+       tmp_path_factory: pytest.TempPathFactory) -> Iterator[CliGateway]:
+    folder = tmp_path_factory.mktemp("hostile-gateway")
+    path = write_config(folder, triton, ("llm", "embedding", "rerank"))
+    data = json.loads(path.read_text(encoding="utf-8"))
+    base = next(m for m in data["llm"] if m["name"] == LLM)
     for name in ("runaway", "bloat"):
-        config.llm.append(base.model_copy(update={"name": f"{LLM}-{name}",
-                                                  "chat_template": hostile_templates / f"{name}.jinja"}))
-    server = GatewayServer(config, [API_KEY], Settings(config_file=Path("."), api_keys=[API_KEY],
-                                                       template_timeout_s=1.0)).start()
-    yield server
-    server.stop()
+        data["llm"].append({**base, "name": f"{LLM}-{name}", "triton_model": LLM,
+                            "chat_template": str(hostile_templates / f"{name}.jinja")})
+    path.write_text(json.dumps(data), encoding="utf-8")
+    port = free_port()
+    log = folder / "cli.log"
+    proc = start_cli(["--port", str(port), "--config-file", str(path), "--template-timeout", "1"], log, key=API_KEY)
+    try:
+        wait_healthy(proc, f"http://127.0.0.1:{port}", log, timeout=120)
+        yield CliGateway(proc, port)
+    finally:
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
-def client(gw: GatewayServer) -> Iterator[httpx.Client]:
+def client(gw: CliGateway) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=gw.url, headers=AUTH, timeout=120) as c:
         yield c
 
 
 class Watch:
-    """While a block runs: the slowest `/health` answer, and the process's peak RSS growth."""
+    """While a block runs: the slowest `/health` answer, and the gateway process's peak RSS growth."""
 
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, gw: CliGateway) -> None:
+        self.url = gw.url
+        self.process = gw.process
         self.worst = 0.0
         self.peak_growth = 0
         self._stop = threading.Event()
 
     def __enter__(self) -> Watch:
-        proc = psutil.Process()
+        proc = self.process
         base = proc.memory_info().rss
 
         def poll() -> None:
@@ -100,11 +123,11 @@ def assert_400(r: httpx.Response, code: str | None = None, param: str | None = N
     return dict(err)
 
 
-def test_huge_chat_messages_are_refused_without_freezing_or_bloating(gw: GatewayServer, client: httpx.Client) -> None:
+def test_huge_chat_messages_are_refused_without_freezing_or_bloating(gw: CliGateway, client: httpx.Client) -> None:
     text = ("All work and no play makes Jack a dull boy. " * (TWELVE_MB // 44 + 1))[:TWELVE_MB]
     body = json.dumps({"model": LLM, "messages": [{"role": "user", "content": text}]})
     headers = {"Content-Type": "application/json"}
-    with Watch(gw.url) as w:
+    with Watch(gw) as w:
         for r in concurrently(3, lambda: client.post("/v1/chat/completions", content=body, headers=headers)):
             assert_400(r, "context_length_exceeded", "messages")
         many = [{"role": "user", "content": "x " * 1024}] * 2048
@@ -116,11 +139,11 @@ def test_huge_chat_messages_are_refused_without_freezing_or_bloating(gw: Gateway
     assert w.peak_growth < 600 * 2**20, f"RSS grew {w.peak_growth / 2**20:.0f} MiB"
 
 
-def test_huge_embedding_inputs_are_refused_with_bounded_memory(gw: GatewayServer, client: httpx.Client) -> None:
+def test_huge_embedding_inputs_are_refused_with_bounded_memory(gw: CliGateway, client: httpx.Client) -> None:
     text = ("word " * (TWELVE_MB // 5 + 1))[:TWELVE_MB]
     body = json.dumps({"model": EMBEDDING, "input": text})
     headers = {"Content-Type": "application/json"}
-    with Watch(gw.url) as w:
+    with Watch(gw) as w:
         for r in concurrently(3, lambda: client.post("/v1/embeddings", content=body, headers=headers)):
             assert_400(r, "context_length_exceeded", "input")
         r = client.post("/v1/rerank", content=json.dumps({"model": "minilm-rerank", "query": "word",
@@ -141,10 +164,10 @@ def test_reserved_chat_template_kwargs_are_a_400(client: httpx.Client) -> None:
 
 
 @pytest.mark.parametrize("variant", ["runaway", "bloat"])
-def test_a_runaway_template_fails_its_request_and_nothing_else(gw: GatewayServer, client: httpx.Client,
+def test_a_runaway_template_fails_its_request_and_nothing_else(gw: CliGateway, client: httpx.Client,
                                                                variant: str) -> None:
     body = {"model": f"{LLM}-{variant}", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}
-    with Watch(gw.url) as w:
+    with Watch(gw) as w:
         t0 = time.monotonic()
         err = assert_400(client.post("/v1/chat/completions", json=body), "template_limit_exceeded", "messages")
         assert time.monotonic() - t0 < 5
@@ -173,7 +196,7 @@ def _deep_json(value: Any) -> str:
         sys.setrecursionlimit(limit)
 
 
-def test_deep_and_huge_schemas_are_a_200_or_a_clear_400_and_health_stays_prompt(gw: GatewayServer,
+def test_deep_and_huge_schemas_are_a_200_or_a_clear_400_and_health_stays_prompt(gw: CliGateway,
                                                                                 client: httpx.Client) -> None:
     # Issue #20: a schema nested 200 objects deep was a 500 (RecursionError in the schema check). Through
     # the real gateway and the TensorRT-LLM reference model (xgrammar), in response_format and in a forced
@@ -193,7 +216,7 @@ def test_deep_and_huge_schemas_are_a_200_or_a_clear_400_and_health_stays_prompt(
     }
     headers = {"Content-Type": "application/json"}
     base = {"model": LLM, "messages": [{"role": "user", "content": "Answer."}], "max_tokens": 4, "temperature": 0}
-    with Watch(gw.url) as w:
+    with Watch(gw) as w:
         for name, (schema, code) in schemas.items():
             fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
             tool = {"type": "function", "function": {"name": "f", "parameters": schema}}

@@ -42,9 +42,9 @@ def write_config(folder: Path, triton: EmbeddedTriton | None, kinds: tuple[str, 
     return path
 
 
-def start_cli(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start_cli(args: list[str], log: Path, key: str = KEY) -> subprocess.Popen[bytes]:
     with open(log, "wb") as out:
-        return subprocess.Popen([sys.executable, "openai_api_cli.py", "--host", "127.0.0.1", "--api-key", KEY, *args],
+        return subprocess.Popen([sys.executable, "openai_api_cli.py", "--host", "127.0.0.1", "--api-key", key, *args],
                                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
 
 
