@@ -4,11 +4,16 @@ backend turned into safe text.
 Per token it does O(1) work: incremental detokenization, then the stop-string matcher over the
 new text plus a bounded held-back tail. A stop match closes the backend's iterator, which cancels
 the Triton request so the model stops spending compute on text nobody will see.
+
+A request with a thinking budget (`GenerationRequest.thinking_budget`) is generated in two phases
+(`budgeted_chunks`, budget forcing as Qwen3's report and vLLM's `thinking_token_budget` describe it): the
+reader of the chunks sees one sequence, so every API (chat, the Messages API) reads it as it reads any.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -17,6 +22,7 @@ from openai_api.errors import ContextLengthExceededError, InvalidRequestError
 from openai_api.schemas.openai import _Sampling
 from openai_api.services.registry import LLMRuntime
 from openai_api.text.detokenizer import IncrementalDetokenizer
+from openai_api.text.parsers import REASONING, OutputParser
 from openai_api.text.stops import StopStringMatcher
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
 from openai_api.triton.routing import session_key
@@ -113,12 +119,98 @@ class SequenceText:
         return ev
 
 
+def backend_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+    """The backend's chunks for `greq`: its own generator, or with a thinking budget `budgeted_chunks`
+    (decided once per request: nothing is added per token without a budget)."""
+    if greq.thinking_budget is None:
+        return rt.backend.generate(greq)
+    return budgeted_chunks(rt, greq)
+
+
+async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+    """Budget forcing: the chunks of a generation whose thinking section is at most `greq.thinking_budget`
+    tokens, its end included (as `ChoiceOutput.reasoning_tokens` counts it), then the answer.
+
+    Phase 1 generates `budget - len(close)` tokens, `close` being the family's end-of-thinking text
+    (`ReasoningFormat.close`, e.g. "\n</think>\n\n"). If it ends by itself (an end token, a stop word) that
+    is the whole generation. If it ends by length while the model's reasoning parser, fed the prompt and
+    phase 1's text, is still inside the thinking section, the gateway writes `close` as if the model had
+    (one chunk of its token ids, or its text on text protocols) and phase 2 generates the rest of
+    `max_tokens` from the prompt, phase 1's output and `close`; ended by length with the section already
+    closed, phase 2 continues from the prompt and phase 1's output alone. The prompt is carried as the
+    protocol carries it: token ids (phase 1's own ids, then `close` tokenized) or text (phase 1's text,
+    then `close`). `close`'s tokens count as output (`max_tokens` bounds phase 1, them and phase 2
+    together), so usage counts every token of the answer the model saw as its own. Closing this generator
+    closes the running phase's backend stream, which cancels its Triton request.
+
+    Nothing is forced (one generation, as sent) when the family has no `close` (harmony's channels, a
+    model without a reasoning parser), when a guide shapes the output, or when the budget cannot bind
+    (`max_tokens` fits in it) or cannot hold `close` itself; the Messages API then still caps what it sends.
+    """
+    budget = greq.thinking_budget or 0
+    fmt = REASONING.get(rt.reasoning_parser or "")
+    close = fmt.close if fmt is not None else None
+    close_ids = rt.tokenizer.encode(close) if close else []
+    first = budget - len(close_ids)
+    if fmt is None or not close or greq.guide is not None or first < 1 or first >= greq.max_tokens:
+        chunks = rt.backend.generate(greq)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # the reader left (a stop string, a disconnect): cancel the Triton request
+        return
+    phase1 = dataclasses.replace(greq, max_tokens=first, thinking_budget=None,
+                                 min_tokens=min(greq.min_tokens, first) if greq.min_tokens else None)
+    ids: list[int] = []
+    texts: list[str] = []
+    produced = 0
+    chunks = rt.backend.generate(phase1)
+    try:
+        async for chunk in chunks:
+            if chunk.text is not None:  # a text protocol: counted as `SequenceText` counts it
+                texts.append(chunk.text)
+                produced += chunk.num_tokens if chunk.num_tokens is not None else len(
+                    rt.tokenizer.encode(chunk.text))
+            else:
+                ids += chunk.token_ids
+                produced += len(chunk.token_ids)
+            yield chunk
+    finally:
+        await chunks.aclose()
+    if produced < first:
+        return  # ended by itself: the whole answer
+    output = "".join(texts) if texts else rt.tokenizer.decode(ids, skip_special_tokens=False)
+    parser = OutputParser(None, fmt, prompt=greq.prompt_text)
+    parser.push(output)
+    inject, inject_ids = (close, close_ids) if parser.thinking else ("", [])
+    room = greq.max_tokens - produced - len(inject_ids)
+    if room < 1:
+        return
+    if texts:
+        prompt_ids = greq.prompt_ids + rt.tokenizer.encode(output + inject)  # counts and routes; the text is sent
+    else:
+        prompt_ids = greq.prompt_ids + ids + inject_ids
+    left = (greq.min_tokens or 0) - produced - len(inject_ids)
+    phase2 = dataclasses.replace(greq, prompt_ids=prompt_ids, prompt_text=greq.prompt_text + output + inject,
+                                 max_tokens=room, thinking_budget=None, min_tokens=left if left > 0 else None)
+    if inject:
+        yield (GenerationChunk(token_ids=[], text=inject, num_tokens=len(inject_ids)) if texts
+               else GenerationChunk(token_ids=list(inject_ids)))
+    chunks = rt.backend.generate(phase2)
+    try:
+        async for chunk in chunks:
+            yield chunk
+    finally:
+        await chunks.aclose()
+
+
 async def sequence_events(rt: LLMRuntime, greq: GenerationRequest,
                           stops: list[str]) -> AsyncGenerator[TextEvent, None]:
     """A sequence's `TextEvent`s, the last one carrying its finish reason; closing early (or a stop
     string) closes the backend's iterator, which cancels the Triton request."""
     seq = SequenceText(rt, greq, stops)
-    chunks = rt.backend.generate(greq)
+    chunks = backend_chunks(rt, greq)
     try:
         async for chunk in chunks:
             ev = seq.push(chunk)

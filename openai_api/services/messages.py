@@ -21,10 +21,19 @@ are Anthropic's:
   older clients do). `thinking` `{type: enabled, budget_tokens}`, `adaptive` or `between_tools` (no budget)
   and `disabled` set the template's `enable_thinking` (Qwen3-style templates read it); `display: omitted`
   sends thinking blocks with their signature and no text.
-* **Thinking budget**: the gateway counts the thinking's generated tokens and sends at most
-  `budget_tokens` of them; past the budget the rest of the thinking is not sent, and the answer that
-  follows it is. The backend cannot be told to end its thinking mid-stream, so the model keeps generating
-  its thinking (counted in `output_tokens`, bounded by `max_tokens`): the cap is the gateway's.
+* **Thinking budget**: enforced by generating in two phases (`services.generation.budgeted_chunks`, the
+  shared generation core; chat's `thinking_token_budget` is the same knob). Phase 1 generates
+  `budget_tokens` minus the tokens of the family's end-of-thinking text (`ReasoningFormat.close`, e.g.
+  Qwen3's and DeepSeek-R1's "\n</think>\n\n"). Ended by length with the thinking still open (the model's
+  reasoning parser says so), the gateway appends that text and phase 2 generates the answer, up to what is
+  left of `max_tokens`, from the prompt, phase 1's output and the end text; ended by length with the
+  thinking closed, phase 2 just continues; ended by itself, there is no phase 2. So the thinking, its end
+  tag included, is at most `budget_tokens` tokens and an answer follows it. The client sees one answer
+  (thinking block, then text / tool_use blocks), streamed or plain; `output_tokens` counts both phases'
+  generated tokens and the injected end text's tokens (`max_tokens` bounds all of them); `stop_reason` is
+  the last phase's. A family whose section cannot be closed from outside (harmony's channels), or a
+  budget too small to hold the end text, is capped as a fallback: past the budget the thinking is
+  generated (and counted) but not sent.
 * **Out**: a `message` (`msg_<request id>`) with `thinking` blocks (a `signature`: an opaque digest of
   the thinking, nothing a client can verify), `text` blocks and `tool_use` blocks (`toolu_...` ids from
   the parser's `call_...` ids; a family that writes its own ids, Kimi K2's, keeps them), in the order
@@ -508,6 +517,8 @@ class MessagesService:
                      request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         budget, _ = thinking_budget(req)
         prepared = await self.chat.prepare(chat_req, request_id)
+        if budget is not None:
+            prepared.greqs[0].thinking_budget = budget  # forced by the generation core (see the module docstring)
         answer = MessageAnswer(req, prepared, request_id, budget)
         if req.stream:
             encoder = MessagesStreamEncoder(answer)
@@ -542,7 +553,8 @@ class MessageAnswer:
         self.capped = False
 
     def cap_stream(self, deltas: list[Delta]) -> list[Delta]:
-        """Streamed: reasoning deltas stop once the thinking's generated tokens pass the budget."""
+        """Streamed: reasoning deltas stop once the thinking's generated tokens pass the budget (the fallback
+        where the generation core could not force the budget; forced, the thinking never passes it)."""
         if self.budget is None:
             return deltas
         if not self.capped and self.output.reasoning_tokens > self.budget:

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import orjson
 
 from openai_api.errors import GatewayError, error_response_bytes
-from openai_api.services.generation import SequenceText, TextEvent, sequence_events
+from openai_api.services.generation import SequenceText, TextEvent, backend_chunks, sequence_events
 from openai_api.services.registry import LLMRuntime
 from openai_api.triton.llm import GenerationRequest
 
@@ -62,7 +62,7 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
         if len(greqs) == 1:
             # The hot path, inline: backend chunks -> text -> bytes, no generator layer of its own.
             seq = SequenceText(rt, greqs[0], stops)
-            chunks = rt.backend.generate(greqs[0])
+            chunks = backend_chunks(rt, greqs[0])  # the backend's own generator unless a thinking budget is set
             try:
                 async for chunk in chunks:
                     ev = seq.push(chunk)

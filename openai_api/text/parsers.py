@@ -535,12 +535,16 @@ HARMONY_MODELS = "gpt-oss-20b, gpt-oss-120b"
 class ReasoningFormat:
     """A thinking section: `start` ... `end`. `opened_by_prompt`: the template opens it, so output starts
     inside (DeepSeek-R1); otherwise the section is optional and only output that starts with `start` has
-    one - unless the rendered prompt itself ends inside an open section (`prompt_opens`)."""
+    one - unless the rendered prompt itself ends inside an open section (`prompt_opens`). `close`: the text
+    the gateway writes after the model's output to end an open section when a thinking budget is spent
+    (`services.generation.budgeted_chunks`), as the family itself ends it; None: the section cannot be
+    closed from outside, so a budget only caps what is sent."""
 
     name: str
     start: str
     end: str
     opened_by_prompt: bool = False
+    close: str | None = None
 
     @property
     def markers(self) -> tuple[str, ...]:
@@ -564,9 +568,11 @@ class ReasoningFormat:
 
 
 REASONING: dict[str, ReasoningFormat] = {r.name: r for r in (
-    ReasoningFormat("deepseek_r1", "<think>", "</think>", opened_by_prompt=True),
-    ReasoningFormat("qwen3", "<think>", "</think>"),
-    ReasoningFormat("mistral", "[THINK]", "[/THINK]"),
+    # Qwen3 and DeepSeek-R1 end their thinking with a newline, the tag and a blank line (their templates and
+    # Qwen3's own budget forcing write the same); Magistral's `[/THINK]` is followed directly by the answer.
+    ReasoningFormat("deepseek_r1", "<think>", "</think>", opened_by_prompt=True, close="\n</think>\n\n"),
+    ReasoningFormat("qwen3", "<think>", "</think>", close="\n</think>\n\n"),
+    ReasoningFormat("mistral", "[THINK]", "[/THINK]", close="[/THINK]"),
 )}  # harmony's thinking is its `analysis` channel: `HarmonyParser` reads it
 
 

@@ -89,6 +89,10 @@ class GenerationRequest:
     lora: LoraAdapter | None = None
     # The session this request belongs to, for routing's session affinity (`routing.session_key`); None: none.
     session: str | None = None
+    # The gateway's thinking budget in tokens (Anthropic's `thinking.budget_tokens`, vLLM's
+    # `thinking_token_budget`): never sent to Triton; `services.generation.backend_chunks` reads it and
+    # generates in two phases (budget forcing). None: one generation, as sent.
+    thinking_budget: int | None = None
 
 
 @dataclass(slots=True)
