@@ -3,7 +3,10 @@ real Triton (issue #25).
 
 SmolLM2 (135M) answers the plain, system, stop-sequence and tool cases (a forced `tool` choice is guided,
 so its input always parses); `synthetic-reasoning` (the synthetic LLM with its `<think>` section, served with
-`reasoning_parser: deepseek_r1`) answers the thinking cases. Every streamed response of these tests is
+`reasoning_parser: deepseek_r1`) answers the thinking cases, and SmolLM2 under a template that opens its
+`<think>` section the thinking budget (forced by the gateway: SmolLM2 never ends the section itself, so the
+answer after it proves the end text and a second generation, both counted by the reference model's own
+counters, on the token-ids and on the vLLM text interface). Every streamed response of these tests is
 captured as raw bytes under the SDK (`Tee`) and validated event by event against Anthropic's schemas and
 event grammar (`tests/anthropic_events.py`); the SDK's own stream accumulator must build the same message as
 the plain call.
@@ -11,21 +14,26 @@ the plain call.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
 import pytest
+from tokenizers import Tokenizer
 
 from openai_api.config import LLMModel, ModelInfo
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.anthropic_events import check_stream, parse_sse, validate
-from tests.e2e.conftest import API_KEY, LLM, REASONING, GatewayServer, gateway_config
+from tests.e2e.conftest import API_KEY, LLM, REASONING, GatewayServer, gateway_config, read_ref_stats
 from tests.helpers import MODELS, REPO
 
 ALIAS = "claude-sonnet-4-5"
+# SmolLM2 served as a thinking model, by the Triton model serving it (token ids; the vLLM interface, text).
+THINKS, THINKS_TEXT = "smollm2-thinks", "smollm2-thinks-vllm"
+THINKERS = {THINKS: LLM, THINKS_TEXT: "smollm2-vllm"}
 THINKING = "The user wants an answer; let me think it through step by step.\n"
 WEATHER: Any = {"name": "get_weather", "description": "The current weather in a city.",
                 "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
@@ -71,14 +79,25 @@ class Tee(httpx.HTTPTransport):
 
 
 @pytest.fixture(scope="module")
-def gateway(triton: EmbeddedTriton) -> Iterator[GatewayServer]:
-    """The session Triton behind a gateway that also serves the reasoning model, and SmolLM2 as `ALIAS`."""
+def gateway(triton: EmbeddedTriton, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayServer]:
+    """The session Triton behind a gateway that also serves the reasoning model, SmolLM2 as `ALIAS`, and
+    SmolLM2 as a thinking model (`THINKS`: ids; `THINKS_TEXT`: the vLLM interface, text) under a template
+    whose generation prompt opens "<think>\n", read with the qwen3 reasoning parser."""
     config = gateway_config(triton)
     next(m for m in config.llm if m.name == LLM).aliases = [ALIAS]
     config.model_infos.append(ModelInfo(name=REASONING, end_id=-1, max_len=4096))
     config.llm.append(LLMModel(name=REASONING, url=triton.grpc_url, path=MODELS / LLM,
                                chat_template=REPO / "chat_templates" / "smollm2.jinja",
                                reasoning_parser="deepseek_r1"))
+    template = tmp_path_factory.mktemp("thinks") / "smollm2-thinks.jinja"
+    own = (REPO / "chat_templates" / "smollm2.jinja").read_text(encoding="utf-8")
+    template.write_text(own.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"),
+                        encoding="utf-8")
+    assert "<think>" in template.read_text(encoding="utf-8")
+    for name, triton_model in THINKERS.items():
+        config.model_infos.append(ModelInfo(name=name, end_id=-1, max_len=8192))
+        config.llm.append(LLMModel(name=name, url=triton.grpc_url, path=MODELS / LLM, chat_template=template,
+                                   triton_model=triton_model, reasoning_parser="qwen3"))
     server = GatewayServer(config, [API_KEY], Settings(config_file=Path("."), api_keys=[API_KEY])).start()
     yield server
     server.stop()
@@ -177,14 +196,17 @@ def test_any_tool_choice_always_calls(client: anthropic.Anthropic) -> None:
 
 
 def test_thinking_blocks_on_a_reasoning_model(client: anthropic.Anthropic) -> None:
+    # No budget here: a budget is forced by a second generation from the prompt and the thinking so far, which
+    # this prompt-blind stand-in cannot follow (it starts over); SmolLM2 shows it below.
     kw: Any = {"model": REASONING, "max_tokens": 40, "messages": [{"role": "user", "content": "Hi"}],
-               "thinking": {"type": "enabled", "budget_tokens": 30}}
+               "thinking": {"type": "adaptive"}}
     plain, final = plain_and_streamed(client, **kw)
     thinking = plain.content[0]
     assert thinking.type == "thinking" and thinking.thinking == THINKING and thinking.signature
     assert plain.content[1].type == "text" and "<think>" not in plain.content[1].text
     assert same(plain, final)
-    # A budget smaller than the thinking: the thinking sent is cut to it, the answer still follows.
+    # A budget too small to hold the end of thinking itself: not forced; the thinking sent is cut to it (the
+    # fallback), the answer still follows.
     small, small_final = plain_and_streamed(client, **{**kw, "thinking": {"type": "enabled", "budget_tokens": 5}})
     for m in (small, small_final):
         cut = m.content[0]
@@ -195,6 +217,43 @@ def test_thinking_blocks_on_a_reasoning_model(client: anthropic.Anthropic) -> No
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": plain.content},
         {"role": "user", "content": "And again?"}])
     assert again.content
+
+
+def _completed(folder: Path, model: str, at_least: int) -> int:
+    """The reference model's `completed` counter once it reached `at_least` (it is written as a request ends,
+    which can be just after its last response reached the gateway); as it is after 10 s otherwise."""
+    deadline = time.monotonic() + 10
+    while (n := int(read_ref_stats(folder, model)["completed"])) < at_least and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return n
+
+
+@pytest.mark.parametrize("model", [THINKS, THINKS_TEXT])
+def test_a_thinking_budget_ends_the_thinking_and_the_answer_follows(client: anthropic.Anthropic, model: str,
+                                                                    ref_stats_dir: Path) -> None:
+    """SmolLM2 never closes a `<think>` section by itself: with a budget, the gateway ends it (the thinking
+    tokenizes, with the model's own tokenizer read here, to at most the budget) and a second generation on
+    the model's side writes the answer; streamed and plain alike."""
+    budget = 24
+    tokenizer = Tokenizer.from_file(str(MODELS / LLM / "tokenizer.json"))
+    kw: Any = {"model": model, "max_tokens": 64, "extra_body": GREEDY,
+               "messages": [{"role": "user", "content": "Write a long story about a dragon."}],
+               "thinking": {"type": "enabled", "budget_tokens": budget}}
+    before = _completed(ref_stats_dir, THINKERS[model], 0)
+    plain = client.messages.create(**kw)
+    middle = _completed(ref_stats_dir, THINKERS[model], before + 2)
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert middle - before == 2 and _completed(ref_stats_dir, THINKERS[model], middle + 2) - middle == 2
+    for m in (plain, final):
+        assert [b.type for b in m.content] == ["thinking", "text"], m.content
+        thinking, text = m.content
+        assert thinking.type == "thinking" and text.type == "text"
+        assert thinking.thinking.strip() and "</think>" not in thinking.thinking and thinking.signature
+        assert len(tokenizer.encode(thinking.thinking, add_special_tokens=False).ids) <= budget
+        assert text.text.strip() and "think>" not in text.text
+        assert m.usage.output_tokens <= 64
+    assert same(plain, final)
 
 
 def test_count_tokens_equals_the_answers_input_tokens(client: anthropic.Anthropic) -> None:
