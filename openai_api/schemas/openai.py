@@ -120,6 +120,9 @@ class ChatCompletionRequest(_Sampling):
     chat_template_kwargs: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # vLLM's name for a thinking budget: the thinking section's tokens, its end included, forced by the gateway
+    # (`services.generation.budgeted_chunks`); Anthropic's `thinking.budget_tokens` arrives here too.
+    thinking_token_budget: int | None = Field(default=None, ge=1, le=_INT32_MAX)
 
 
 class CompletionRequest(_Sampling):

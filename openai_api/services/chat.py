@@ -269,6 +269,7 @@ class ChatService:
             g.top_logprobs = (req.top_logprobs or 0) if req.logprobs else 0
             g.guide = guide
             g.images = images
+            g.thinking_budget = req.thinking_token_budget
         return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, prompt_tokens, prompt.text)
 
     async def count_reasoning(self, rt: LLMRuntime, out: ChoiceOutput, whole: str) -> int:

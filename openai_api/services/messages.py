@@ -80,7 +80,7 @@ _UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "server_tool_use", 
                        "container_upload", "mcp_tool_use", "mcp_tool_result")
 # Chat request fields by the Messages field they came from, for error messages.
 _PARAM_NAMES = {"stop": "stop_sequences", "user": "metadata.user_id", "tool_choice": "tool_choice",
-                "chat_template_kwargs": "thinking"}
+                "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens"}
 
 
 def _bad(message: str, param: str, code: str | None = None) -> InvalidRequestError:
@@ -480,7 +480,7 @@ class MessagesService:
     def chat_request(self, req: CountTokensRequest) -> ChatCompletionRequest:
         """The chat request a Messages (or count_tokens) request is (see the module docstring)."""
         tool_choice, parallel = chat_tool_choice(req.tool_choice)
-        _, enable_thinking = thinking_budget(req)
+        budget, enable_thinking = thinking_budget(req)
         images: list[str] = []
         messages = chat_messages(req, images)
         model = self.model(req.model)
@@ -499,6 +499,7 @@ class MessagesService:
             if user is not None and not isinstance(user, str):
                 raise _bad("metadata.user_id: must be a string.", "metadata.user_id")
             body["user"] = user
+            body["thinking_token_budget"] = budget  # forced by the generation core (see the module docstring)
         try:
             return ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
         except ValidationError as e:
@@ -517,8 +518,6 @@ class MessagesService:
                      request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         budget, _ = thinking_budget(req)
         prepared = await self.chat.prepare(chat_req, request_id)
-        if budget is not None:
-            prepared.greqs[0].thinking_budget = budget  # forced by the generation core (see the module docstring)
         answer = MessageAnswer(req, prepared, request_id, budget)
         if req.stream:
             encoder = MessagesStreamEncoder(answer)

@@ -190,3 +190,23 @@ async def test_closing_the_stream_in_phase_two_cancels_phase_twos_request(app: F
             break
     await gen.aclose()
     assert seen == 11 + 1 + 1 and fake.closed == [1]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_chat_completions_take_the_budget_as_vllms_thinking_token_budget(app: FastAPI, tok: Tokenizer,
+                                                                              stream: bool) -> None:
+    thinking, answer = ids(tok, THINKING), ids(tok, ANSWER)
+    fake = install(app, [thinking, answer], tok, "tensorrt_llm", "deepseek_r1")
+    r = await post(app, {"max_tokens": 64, "messages": [{"role": "user", "content": "2+2?"}], "stream": stream,
+                         "thinking_token_budget": 16}, "/v1/chat/completions")
+    assert r.status_code == 200, r.text
+    if stream:
+        deltas = [json.loads(line[6:])["choices"][0]["delta"] for line in r.text.splitlines()
+                  if line.startswith("data: {") and json.loads(line[6:])["choices"]]
+        reasoning = "".join(d.get("reasoning_content") or "" for d in deltas)
+        content = "".join(d.get("content") or "" for d in deltas)
+    else:
+        message = r.json()["choices"][0]["message"]
+        reasoning, content = message["reasoning_content"], message["content"]
+    assert reasoning == tok.decode(thinking[: 16 - len(ids(tok, CLOSE))]) + "\n" and content == ANSWER
+    assert [q.max_tokens for q in fake.requests] == [11, 48]
