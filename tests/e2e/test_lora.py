@@ -208,7 +208,7 @@ def test_cache_miss_path_resends_weights_only_on_a_miss(client: OpenAI, http: ht
     at most each adapter's first request from this gateway), counted by the model itself."""
     before = read_ref_stats(ref_stats_dir, TRT)
     sent_before = lora_events(http, CODEWORD, "weights_sent") + lora_events(http, UPPER, "weights_sent")
-    for i in range(100):
+    for i in range(40):
         name = CODEWORD if i % 2 == 0 else UPPER
         text = ask(client, name, False, max_tokens=1)
         assert text, (i, name)
@@ -216,7 +216,7 @@ def test_cache_miss_path_resends_weights_only_on_a_miss(client: OpenAI, http: ht
     misses = after["lora_misses"] - before["lora_misses"]
     loads = after["lora_loads"] - before["lora_loads"]
     sent = lora_events(http, CODEWORD, "weights_sent") + lora_events(http, UPPER, "weights_sent") - sent_before
-    assert misses >= 98 and loads - misses <= 2 and sent == loads, (misses, loads, sent)
+    assert misses >= 38 and loads - misses <= 2 and sent == loads, (misses, loads, sent)
     assert after["errors"] - before["errors"] == misses  # each miss was the model's error, never the client's
     # The same adapter in a row: after its first request (a miss at most), the id alone is enough.
     before = read_ref_stats(ref_stats_dir, TRT)

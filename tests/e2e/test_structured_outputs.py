@@ -36,6 +36,9 @@ TIME = {"type": "function", "function": {"name": "get_time", "description": "Tim
     "type": "object", "properties": {"tz": {"type": "string", "maxLength": 12},
                                      "hours_ahead": {"type": "integer", "minimum": 0, "maximum": 12}},
     "required": ["tz", "hours_ahead"]}}}
+# Forced calls are tried this many times per protocol (every second one streamed, so 3 plain and 3 streamed):
+# a guide that holds does so on every try; left alone the model answers these prompts in prose (module docstring).
+TRIES = 6
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, TIME)}
 PROFILE: dict[str, Any] = {
     "type": "object",
@@ -105,16 +108,16 @@ def _assert_valid_calls(result: dict[str, Any], allowed: set[str]) -> None:
 
 
 def _both_variants(aclient: Callable[[], openai.AsyncOpenAI], **kw: Any) -> dict[str, list[dict[str, Any]]]:
-    """The ten prompts on both guided variants at once (each variant is its own Triton model instance, so
-    they decode in parallel), every second one streamed; results per variant, in prompt order."""
+    """The first `TRIES` prompts on both guided variants at once (each variant is its own Triton model
+    instance, so they decode in parallel), every second one streamed; results per variant, in prompt order."""
 
     async def run() -> list[dict[str, Any]]:
         async with aclient() as c:
             return list(await asyncio.gather(*(_call(c, m, p, stream=bool(i % 2), **kw)
-                                               for m in VARIANTS for i, p in enumerate(PROMPTS))))
+                                               for m in VARIANTS for i, p in enumerate(PROMPTS[:TRIES]))))
 
     results = asyncio.run(run())
-    return {m: results[k * len(PROMPTS):(k + 1) * len(PROMPTS)] for k, m in enumerate(VARIANTS)}
+    return {m: results[k * TRIES:(k + 1) * TRIES] for k, m in enumerate(VARIANTS)}
 
 
 def test_a_named_tool_choice_always_returns_that_call_with_valid_arguments(
@@ -125,7 +128,7 @@ def test_a_named_tool_choice_always_returns_that_call_with_valid_arguments(
         for r in results:
             _assert_valid_calls(r, {"get_time"})
             assert len(r["calls"]) == 1, (model, r)
-        assert len(results) == 10  # 10/10 on each protocol, streamed and plain
+        assert len(results) == TRIES  # every try on each protocol, streamed and plain
 
 
 def test_required_always_returns_calls_to_offered_functions(aclient: Callable[[], openai.AsyncOpenAI]) -> None:
