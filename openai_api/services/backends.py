@@ -75,8 +75,9 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         stats = current_stats()
         meter = current_meter()
         counted_prompt = True
+        prompt = 0 if request.prompt_counted else len(request.prompt_ids)  # a budget's phase 2: counted by phase 1
         if meter is not None:  # a key with limits: its tokens (prompt + max_tokens) reserved, or the 429 raised
-            counted_prompt = await meter.reserve(request.prompt_ids, len(request.prompt_ids), request.max_tokens)
+            counted_prompt = await meter.reserve(request.prompt_ids, prompt, request.max_tokens)
         clock = time.perf_counter
         last = stats.start if stats is not None else clock()
         first = True
@@ -99,8 +100,7 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
             raise
         finally:
             await chunks.aclose()
-            prompt = len(request.prompt_ids)
-            self._prompt.inc(prompt)
+            self._prompt.inc(len(request.prompt_ids))  # what Triton read (a budget's phase 2 reads the prompt again)
             if produced:
                 self._completion.inc(produced)
             if stats is not None:

@@ -140,8 +140,10 @@ async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGener
     closed, phase 2 continues from the prompt and phase 1's output alone. The prompt is carried as the
     protocol carries it: token ids (phase 1's own ids, then `close` tokenized) or text (phase 1's text,
     then `close`). `close`'s tokens count as output (`max_tokens` bounds phase 1, them and phase 2
-    together), so usage counts every token of the answer the model saw as its own. Closing this generator
-    closes the running phase's backend stream, which cancels its Triton request.
+    together), so usage counts every token of the answer the model saw as its own; phase 2 is marked
+    `prompt_counted`, so key quotas and metrics count the client's prompt once and each phase's generated
+    tokens (not `close`). Closing this generator closes the running phase's backend stream, which cancels
+    its Triton request.
 
     Nothing is forced (one generation, as sent) when the family has no `close` (harmony's channels, a
     model without a reasoning parser), when a guide shapes the output, or when the budget cannot bind
@@ -193,7 +195,8 @@ async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGener
         prompt_ids = greq.prompt_ids + ids + inject_ids
     left = (greq.min_tokens or 0) - produced - len(inject_ids)
     phase2 = dataclasses.replace(greq, prompt_ids=prompt_ids, prompt_text=greq.prompt_text + output + inject,
-                                 max_tokens=room, thinking_budget=None, min_tokens=left if left > 0 else None)
+                                 max_tokens=room, thinking_budget=None, min_tokens=left if left > 0 else None,
+                                 prompt_counted=True)
     if inject:
         yield (GenerationChunk(token_ids=[], text=inject, num_tokens=len(inject_ids)) if texts
                else GenerationChunk(token_ids=list(inject_ids)))

@@ -93,6 +93,9 @@ class GenerationRequest:
     # `thinking_token_budget`): never sent to Triton; `services.generation.backend_chunks` reads it and
     # generates in two phases (budget forcing). None: one generation, as sent.
     thinking_budget: int | None = None
+    # Its prompt was counted already: a budget's second phase, whose prompt is the first phase's prompt and
+    # output. Usage, key quotas and metrics count only its generated tokens (the client's prompt counts once).
+    prompt_counted: bool = False
 
 
 @dataclass(slots=True)

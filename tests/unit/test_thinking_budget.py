@@ -19,6 +19,8 @@ from tokenizers import Tokenizer
 
 from openai_api.app import create_app
 from openai_api.config import BUNDLED_CONFIG, load_config
+from openai_api.quota.caller import Caller, TokenMeter, bind_caller, unbind_caller
+from openai_api.services.backends import InstrumentedLLMBackend
 from openai_api.services.generation import backend_chunks
 from openai_api.settings import Settings
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
@@ -210,3 +212,27 @@ async def test_chat_completions_take_the_budget_as_vllms_thinking_token_budget(a
         reasoning, content = message["reasoning_content"], message["content"]
     assert reasoning == tok.decode(thinking[: 16 - len(ids(tok, CLOSE))]) + "\n" and content == ANSWER
     assert [q.max_tokens for q in fake.requests] == [11, 48]
+
+
+async def test_a_keys_quota_counts_the_prompt_once_and_each_phases_generated_tokens(app: FastAPI,
+                                                                                    tok: Tokenizer) -> None:
+    thinking, answer, prompt = ids(tok, THINKING), ids(tok, ANSWER), ids(tok, "2+2?")
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = install(app, [thinking, answer], tok, "tensorrt_llm", "deepseek_r1")
+    rt.backend = InstrumentedLLMBackend(fake, app.state.gateway.metrics, MODEL)  # type: ignore[arg-type]
+    reserved: list[int] = []
+
+    async def reserve(tokens: int) -> object:
+        reserved.append(tokens)
+        return None
+
+    meter = TokenMeter(reserve)
+    bound = bind_caller(Caller("k", meter=meter))
+    try:
+        got = [c async for c in backend_chunks(rt, GenerationRequest(prompt_ids=prompt, max_tokens=64,
+                                                                     thinking_budget=16))]
+    finally:
+        unbind_caller(bound)
+    assert len(got) == 11 + 1 + len(answer) and [r.prompt_counted for r in fake.requests] == [False, True]
+    assert reserved == [len(prompt) + 11, 64 - 16]  # phase 2: its room only, the prompt was reserved by phase 1
+    assert (meter.prompt_tokens, meter.completion_tokens) == (len(prompt), 11 + len(answer))
