@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -78,12 +80,91 @@ class GatewayServer:
 STATS_ENV = "OPENAI_API_REF_STATS_DIR"
 
 
+class _SessionTriton:
+    """The session's one tritonserver, started on a thread of its own as soon as collection shows a test that
+    wants it (`pytest_collection_finish`), so its start - a minute or more for ~20 Python-backend models on
+    2 cores - overlaps the unit tier, which runs first (pyproject's `testpaths`), instead of adding to the
+    e2e tier. The launcher forks Triton from a long-lived spawner thread (`_Spawner`), so this thread may end.
+    The `triton` fixture waits for the start and re-raises whatever it failed with."""
+
+    def __init__(self) -> None:
+        self.folder: Path | None = None
+        self.thread: threading.Thread | None = None
+        self.server: EmbeddedTriton | None = None
+        self.error: BaseException | None = None
+
+    @property
+    def stats_dir(self) -> Path:
+        """Where the reference LLM writes its counters, set in the environment before any Triton starts."""
+        if self.folder is None:
+            self.folder = Path(tempfile.mkdtemp(prefix="e2e-session-"))
+            (self.folder / "ref-stats").mkdir()
+            os.environ[STATS_ENV] = str(self.folder / "ref-stats")
+        return self.folder / "ref-stats"
+
+    def begin(self) -> None:
+        if self.thread is None:
+            stats = self.stats_dir
+            assert self.folder is not None and stats.is_dir()
+            self.thread = threading.Thread(target=self._start, args=(self.folder / "derived-models",),
+                                           name="session-triton", daemon=True)
+            self.thread.start()
+
+    def _start(self, extra: Path) -> None:
+        try:
+            prepare_models()
+            extra.mkdir()
+            derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
+            derived_model(extra, "synthetic-llm", PACED, {"delay_ms": "50"})
+            derived_model(extra, VISION, VISION_PLACEHOLDER, {"image_placeholder": "<image>"})
+            pixels = derived_model(extra, VISION_TRTLLM, VISION_TRTLLM_PIXELS, {
+                "enable_kv_cache_reuse": "false",
+                "vision_vllm_model": str(REPO / "triton_models" / VISION / "1" / "model.py")}) / "config.pbtxt"
+            pixels.write_text("".join(line for line in pixels.read_text(encoding="utf-8").splitlines(keepends=True)
+                                      if '"image_url_input"' not in line), encoding="utf-8")
+            # startup_timeout: ~20 Python-backend models load in about a minute on an idle 2-core box, but far
+            # slower on a shared one; the limit only bounds a hung start, so it is generous.
+            self.server = EmbeddedTriton(models=[*TRITON_MODELS, PACED], extra_args=[f"--model-repository={extra}"],
+                                         startup_timeout=900).start()
+        except BaseException as e:  # noqa: BLE001 - re-raised by the fixture, in the test that wants it
+            self.error = e
+
+    def wait(self) -> EmbeddedTriton:
+        self.begin()
+        assert self.thread is not None
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        assert self.server is not None
+        return self.server
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+_SESSION_TRITON = _SessionTriton()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    here = Path(__file__).parent
+    if any(here in item.path.parents and "triton" in getattr(item, "fixturenames", ()) for item in session.items):
+        _SESSION_TRITON.begin()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    _SESSION_TRITON.close()
+
+
 @pytest.fixture(scope="session")
-def ref_stats_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ref_stats_dir() -> Path:
     """Where the reference LLM writes its counters (set before any Triton of the session starts)."""
-    folder = tmp_path_factory.mktemp("ref-stats")
-    os.environ[STATS_ENV] = str(folder)
-    return folder
+    return _SESSION_TRITON.stats_dir
 
 
 def read_ref_stats(folder: Path, model: str = LLM) -> dict[str, Any]:
@@ -104,22 +185,9 @@ def ref_stats(ref_stats_dir: Path) -> Callable[[], dict[str, Any]]:
 
 
 @pytest.fixture(scope="session")
-def triton(ref_stats_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedTriton]:
-    prepare_models()
-    extra = tmp_path_factory.mktemp("derived-models")
-    derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
-    derived_model(extra, "synthetic-llm", PACED, {"delay_ms": "50"})
-    derived_model(extra, VISION, VISION_PLACEHOLDER, {"image_placeholder": "<image>"})
-    pixels = derived_model(extra, VISION_TRTLLM, VISION_TRTLLM_PIXELS, {
-        "enable_kv_cache_reuse": "false",
-        "vision_vllm_model": str(REPO / "triton_models" / VISION / "1" / "model.py")}) / "config.pbtxt"
-    pixels.write_text("".join(line for line in pixels.read_text(encoding="utf-8").splitlines(keepends=True)
-                              if '"image_url_input"' not in line), encoding="utf-8")
-    # startup_timeout: ~20 Python-backend models load in about a minute on an idle 2-core box, but far slower
-    # on a shared one; the limit only bounds a hung start, so it is generous.
-    with EmbeddedTriton(models=[*TRITON_MODELS, PACED], extra_args=[f"--model-repository={extra}"],
-                        startup_timeout=900) as server:
-        yield server
+def triton(ref_stats_dir: Path) -> EmbeddedTriton:
+    """The session Triton (see `_SessionTriton`); stopped when the session ends."""
+    return _SESSION_TRITON.wait()
 
 
 def gateway_config(triton: EmbeddedTriton) -> GatewayConfig:
