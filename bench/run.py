@@ -688,7 +688,9 @@ class Bench:
                     extra_args=["--workers", str(w)],
                     name=f"gateway-workers{w}",
                 )
-                await asyncio.to_thread(gateways[w].start)
+                # Under --pin these gateways go on CPU 0 as the run's own does (without the prefix they inherit
+                # this process's CPU 1 and share it with Triton and the load generator).
+                await asyncio.to_thread(gateways[w].start, self.gateway_prefix)
                 await asyncio.sleep(1.0)
                 gw = gateways[w]
                 out[f"workers{w}"] = {"runs": [], "processes": len(gw.processes())}
