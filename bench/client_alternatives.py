@@ -534,7 +534,8 @@ def render_md(doc: dict[str, Any]) -> str:
         f"# Triton client alternatives, {doc['meta']['date']} (load average {doc['meta']['loadavg_start']} at the "
         f"start, {doc['meta']['loadavg_end']} at the end)",
         "",
-        f"Load: {doc['meta']['tokens']}-token streams on `{doc['meta']['model']}` (20 ms between tokens), "
+        f"Load: {doc['meta']['tokens']}-token streams on `{doc['meta']['model']}` "
+        f"({'20 ms between tokens' if str(doc['meta']['model']).endswith('paced') else 'unpaced'}), "
         f"{doc['meta']['reps']} repetition(s), {doc['meta']['measure_s']} s windows; every client in a process "
         "of its own, one Triton. CPU per token: the client process's CPU (all its threads) over the window / "
         "tokens received in it; Triton's likewise; for the gateway row, the gateway's CPU (its load generator's "
@@ -579,6 +580,7 @@ async def parent_main(a: argparse.Namespace) -> int:
     from bench.stack import (
         REPO,
         SMOLLM_TOKENIZER,
+        SYNTHETIC,
         SYNTHETIC_PACED,
         Gateway,
         gateway_config,
@@ -587,6 +589,7 @@ async def parent_main(a: argparse.Namespace) -> int:
     from openai_api.text.templates import ChatTemplate
     from openai_api.text.tokenizer import TextTokenizer
 
+    upstream = SYNTHETIC_PACED if a.upstream == "paced" else SYNTHETIC
     stats_dir = Path(tempfile.mkdtemp(prefix="bench-ca-stats-"))
     os.environ["OPENAI_API_REF_STATS_DIR"] = str(stats_dir)  # the synthetic model's counters (cancel probe)
     clients = [c for c in a.clients.split(",") if c]
@@ -643,7 +646,7 @@ async def parent_main(a: argparse.Namespace) -> int:
             "--gateway-url",
             gateway.url if gateway else "",
             "--model",
-            SYNTHETIC_PACED,
+            upstream,
             "--prompt-ids",
             ",".join(map(str, prompt_ids)),
             "--end-id",
@@ -704,7 +707,7 @@ async def parent_main(a: argparse.Namespace) -> int:
             "wall_s": round(time.time() - t_start, 1),
             "loadavg_start": la0,
             "loadavg_end": [round(x, 2) for x in os.getloadavg()],
-            "model": "synthetic-llm-paced",
+            "model": upstream,
             "tokens": a.tokens,
             "reps": a.reps,
             "warmup_s": a.warmup,
@@ -752,6 +755,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--reps", type=int, default=None, help="default 3 (1 with --quick)")
     p.add_argument("--tokens", type=int, default=64)
+    p.add_argument(
+        "--upstream",
+        choices=("paced", "unpaced"),
+        default="paced",
+        help="synthetic-llm-paced (20 ms per token, default) or synthetic-llm (as fast as Triton sends)",
+    )
     p.add_argument("--warmup", type=float, default=None, help="seconds before each window (default 1.5; quick 1)")
     p.add_argument("--measure", type=float, default=None, help="window seconds (default 5; quick 2)")
     p.add_argument("--out", default="", help="path without suffix (default bench/results/client-alternatives-<date>)")
