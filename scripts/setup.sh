@@ -33,9 +33,10 @@ install_torch() {
   fi
 }
 
-if [ ! -x "$VENV/bin/python" ]; then
+# A venv whose creation was interrupted has a python but no pip: made again.
+if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "setup: creating $VENV with $($PYTHON --version)"
-  "$PYTHON" -m venv "$VENV"
+  "$PYTHON" -m venv --clear "$VENV"
 fi
 PY="$VENV/bin/python"
 
