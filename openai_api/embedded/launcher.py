@@ -113,14 +113,27 @@ def _load_prctl() -> Any:
         return None
 
 
-# Resolved in the parent so the child only makes one plain libc call between fork and exec.
+# Whether this libc has prctl (Linux): then Triton gets PR_SET_PDEATHSIG, through `_PDEATHSIG_EXEC`.
 _PRCTL = _load_prctl()
 
+# Run as `python -I -S -c _PDEATHSIG_EXEC <parent pid> <command...>`: asks for SIGTERM when the thread that
+# started it dies, leaves at once if that parent is already gone, then execs the command (the same pid, looked
+# up on PATH when not a path; the death signal survives exec). Setting it in a `preexec_fn` instead runs
+# Python between fork and exec in a copy of a process full of threads (gRPC, torch, tokenizers): a child
+# crashed there with a segfault in a long test session. Here it runs in a fresh interpreter.
+_PDEATHSIG_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    f"ctypes.CDLL('libc.so.6', use_errno=True).prctl({_PR_SET_PDEATHSIG}, int(signal.SIGTERM))\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n")
 
-def _set_pdeathsig() -> None:
-    # Runs in the child between fork and exec: Triton gets SIGTERM when the spawning thread dies.
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, int(signal.SIGTERM))
+
+def _with_pdeathsig(cmd: list[str]) -> list[str]:
+    """`cmd`, started so that it gets SIGTERM when the spawning thread dies (where prctl exists)."""
+    if _PRCTL is None or not sys.executable:
+        return cmd
+    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
 
 
 class _Spawner:
@@ -481,15 +494,13 @@ class EmbeddedTriton:
 
             def factory() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    cmd,
+                    _with_pdeathsig(cmd),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                     cwd=workdir,
-                    # Only a pre-resolved libc prctl runs after fork, so threads holding locks don't matter.
-                    preexec_fn=_set_pdeathsig,
                 )
 
             try:

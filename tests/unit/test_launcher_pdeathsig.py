@@ -1,0 +1,43 @@
+"""The launcher's death signal (`_with_pdeathsig`): set in a fresh interpreter that then execs the command,
+never by Python code between fork and exec (a `preexec_fn` crashed a child with a segfault in a long test
+session). The kernel is the oracle: the child's exit status."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+
+import pytest
+
+from openai_api.embedded import launcher
+from openai_api.embedded.launcher import _with_pdeathsig
+
+pytestmark = pytest.mark.skipif(launcher._PRCTL is None, reason="no prctl here (not Linux)")
+
+
+def test_the_child_gets_sigterm_when_the_thread_that_started_it_ends() -> None:
+    procs: list[subprocess.Popen[bytes]] = []
+    started = threading.Event()
+
+    def start() -> None:
+        procs.append(subprocess.Popen(_with_pdeathsig(["sleep", "60"])))
+        # Past the wrapper's prctl: the command itself runs (its name is what the kernel shows).
+        for _ in range(500):
+            with open(f"/proc/{procs[0].pid}/comm", encoding="utf-8") as f:
+                if f.read().strip() == "sleep":
+                    break
+            threading.Event().wait(0.01)
+        started.set()
+
+    t = threading.Thread(target=start)
+    t.start()
+    t.join()
+    assert started.is_set()
+    assert procs[0].wait(30) == -signal.SIGTERM
+
+
+def test_the_command_runs_as_itself_with_its_arguments_and_environment() -> None:
+    out = subprocess.run(_with_pdeathsig(["sh", "-c", 'echo "$0 $1 $GREETING"', "a b", "c"]),
+                         env={"GREETING": "hello", "PATH": "/usr/bin:/bin"}, capture_output=True, check=True)
+    assert out.stdout.decode() == "a b c hello\n"
