@@ -218,17 +218,14 @@ class Side:
 
 async def run_child(side: Side, scenario: str, opts: dict[str, Any], cwd: str) -> dict[str, Any]:
     """One child run of ``scenario``; its result plus ``cpu_s`` (the probe's differences over the run)."""
+    from bench.limit import reap, spawn_child, wait_ready  # the parent's side of the children's handshake
+
     cmd = [sys.executable, "-m", "bench.board", *side.flags, "--scenario", scenario]
     cmd += [f"--{k.replace('_', '-')}={v}" for k, v in opts.items()]
-    ch = await asyncio.create_subprocess_exec(
-        *cmd, cwd=cwd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+    ch = await spawn_child(cmd, cwd)
     try:
-        assert ch.stdout is not None and ch.stdin is not None
-        line = await asyncio.wait_for(ch.stdout.readline(), 120)
-        if line.strip() != b"ready":
-            err = (await ch.stderr.read()).decode(errors="replace") if ch.stderr else ""
-            raise RuntimeError(f"bench.board child did not start: {line!r} {err[-1500:]}")
+        assert ch.stdin is not None
+        await wait_ready(ch, "bench.board child", 120)
         before = side.probe()
         ch.stdin.write(b"go\n")
         await ch.stdin.drain()
@@ -238,9 +235,7 @@ async def run_child(side: Side, scenario: str, opts: dict[str, Any], cwd: str) -
         if ch.returncode != 0:
             raise RuntimeError(f"bench.board child exited {ch.returncode}: {stderr.decode(errors='replace')[-1500:]}")
     finally:
-        if ch.returncode is None:
-            ch.kill()
-            await ch.wait()
+        await reap(ch)
     out: dict[str, Any] = json.loads(stdout.decode().strip().splitlines()[-1])
     out["cpu_s"] = {k: round(after[k] - before[k], 4) for k in after}
     out["cpu_us_per_unit"] = {k: cpu_us_per_unit(before, after, k, out["units"]) for k in after}

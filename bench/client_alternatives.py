@@ -445,19 +445,14 @@ def child_main(a: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------------------------- parent
 async def run_one(client: str, c: int, base: list[str], a: argparse.Namespace, probe: Any) -> dict[str, Any]:
     """One child run; its window's CPU next to Triton's (and the gateway's) over the same window."""
-    from bench.limit import _sleep_until
+    from bench.limit import _sleep_until, reap, spawn_child, wait_ready
     from bench.stack import REPO
 
     cmd = [*base, "--client", client, "--concurrency", str(c), f"--warmup={a.warmup}", f"--measure={a.measure}"]
-    ch = await asyncio.create_subprocess_exec(
-        *cmd, cwd=REPO, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
+    ch = await spawn_child(cmd, REPO)
     try:
-        assert ch.stdout is not None and ch.stdin is not None
-        line = await asyncio.wait_for(ch.stdout.readline(), 120)
-        if line.strip() != b"ready":
-            err = (await ch.stderr.read()).decode(errors="replace") if ch.stderr else ""
-            raise RuntimeError(f"{client} did not start: {line!r} {err[-1500:]}")
+        assert ch.stdin is not None
+        await wait_ready(ch, client, 120)
         start = time.time() + 0.3
         ch.stdin.write(f"{start!r}\n".encode())
         await ch.stdin.drain()
@@ -470,9 +465,7 @@ async def run_one(client: str, c: int, base: list[str], a: argparse.Namespace, p
         if ch.returncode != 0:
             raise RuntimeError(f"{client} exited {ch.returncode}: {stderr.decode(errors='replace')[-1500:]}")
     finally:
-        if ch.returncode is None:
-            ch.kill()
-            await ch.wait()
+        await reap(ch)
     r = json.loads(stdout.decode().strip().splitlines()[-1])
     out = {
         "client": client,

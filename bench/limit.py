@@ -220,21 +220,9 @@ class Limit:
         try:
             for share in shares:
                 cmd = [*self.base, "--client", client, "--mode", mode, "--concurrency", str(share), *flags]
-                children.append(
-                    await asyncio.create_subprocess_exec(
-                        *cmd,
-                        cwd=REPO,
-                        stdin=asyncio.subprocess.PIPE,
-                        stdout=asyncio.subprocess.PIPE,
-                        stderr=asyncio.subprocess.PIPE,
-                    )
-                )
+                children.append(await spawn_child(cmd, REPO))
             for ch in children:
-                assert ch.stdout is not None
-                line = await asyncio.wait_for(ch.stdout.readline(), 180)
-                if line.strip() != b"ready":
-                    err = (await ch.stderr.read()).decode(errors="replace") if ch.stderr else ""
-                    raise RuntimeError(f"bench.limit did not start: {line!r} {err[-1500:]}")
+                await wait_ready(ch, "bench.limit", 180)
             start = time.time() + 0.3
             for ch in children:
                 assert ch.stdin is not None
@@ -257,9 +245,7 @@ class Limit:
                 outs.append(json.loads(stdout.decode().strip().splitlines()[-1]))
         finally:
             for ch in children:
-                if ch.returncode is None:
-                    ch.kill()
-                    await ch.wait()
+                await reap(ch)
         merged = _merge(outs)
         merged["procs"] = procs
         merged["client_label"] = LABELS[client]
@@ -302,6 +288,31 @@ async def _sleep_until(wall: float) -> None:
     delay = wall - time.time()
     if delay > 0:
         await asyncio.sleep(delay)
+
+
+# The parent's side of a bench child's handshake (this module's, `bench.board`'s, `bench.client_alternatives`'):
+# the child prints `ready` once set up, then reads its go (a start time, or a line) on stdin.
+async def spawn_child(cmd: list[str], cwd: Any) -> asyncio.subprocess.Process:
+    """`cmd` with its stdin, stdout and stderr piped to this process."""
+    return await asyncio.create_subprocess_exec(
+        *cmd, cwd=cwd, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+
+
+async def wait_ready(ch: asyncio.subprocess.Process, what: str, timeout: float) -> None:
+    """Return once the child printed `ready`; else a RuntimeError naming `what`, with its stderr's tail."""
+    assert ch.stdout is not None
+    line = await asyncio.wait_for(ch.stdout.readline(), timeout)
+    if line.strip() != b"ready":
+        err = (await ch.stderr.read()).decode(errors="replace") if ch.stderr else ""
+        raise RuntimeError(f"{what} did not start: {line!r} {err[-1500:]}")
+
+
+async def reap(ch: asyncio.subprocess.Process) -> None:
+    """Kill a child that is still running (its run failed or was cancelled) and wait for it."""
+    if ch.returncode is None:
+        ch.kill()
+        await ch.wait()
 
 
 async def _relay(llm: Any, a: argparse.Namespace, start: float) -> dict[str, Any]:
