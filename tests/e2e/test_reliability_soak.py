@@ -12,6 +12,9 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from tests.helpers import REPO
 
 SCRIPT = REPO / "scripts" / "soak.py"
+# Measured after the refused requests' reference cycle was broken (openai_api/text/workers.py): growth -2..+2 MiB,
+# peak +12 over 4 runs; before, 17 to 46 MiB here and 81 in CI, every MiB of it cyclic garbage holding 2 MB inputs.
+GROWTH_MIB = 32
 
 
 def load_soak() -> ModuleType:
@@ -27,15 +30,15 @@ def test_soak_small_run_has_no_errors_and_bounded_memory(triton: EmbeddedTriton)
     gateway = soak.Gateway(triton.grpc_url, triton.http_url, "soak-key", ("--header-timeout", "2"))
     try:
         gateway.wait_ready()
-        report = soak.soak(gateway.url, gateway.proc.pid, "soak-key", count=110, concurrency=32, max_growth_mib=64,
-                           storm_every=3600, storm_size=100, storm_close_within=6)
+        report = soak.soak(gateway.url, gateway.proc.pid, "soak-key", count=110, concurrency=32,
+                           max_growth_mib=GROWTH_MIB, storm_every=3600, storm_size=100, storm_close_within=6)
     finally:
         code = gateway.stop()
     assert report["errors"] == 0, report
     assert report["soak"]["by_kind"] == {k: 10 for k in (*soak.KINDS, *soak.HOSTILE)}
     assert set(report["soak"]["by_status"]) <= {"200", "400", "429"}, report["soak"]["by_status"]
     assert report["soak"]["silent_connections"] == {"opened": 100, "not_closed": 0}
-    assert report["rss"]["growth_mib"] < 64, report["rss"]
+    assert report["rss"]["growth_mib"] < GROWTH_MIB, report["rss"]
     assert report["rss"]["fds_end"] <= report["rss"]["fds_start"] + 16, report["rss"]
     assert report["passed"], report
     assert code == 0
