@@ -58,8 +58,9 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
                               models=model_names(svc), metrics=metrics_)
     # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
-    quota = QuotaService(settings.keys_file, settings.api_keys, metrics_,
-                         build_store(settings.redis_url, settings.redis_fail_mode) if settings.keys_file else None)
+    store = build_store(settings.redis_url, settings.redis_fail_mode, settings.redis_timeout_s) \
+        if settings.keys_file else None
+    quota = QuotaService(settings.keys_file, settings.api_keys, metrics_, store)
     state = AppState(settings=settings, services=svc, metrics=metrics_, lifecycle=lifecycle, limiter=limiter,
                      quota=quota)
 

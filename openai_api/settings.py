@@ -169,8 +169,11 @@ class Settings(BaseModel):
         "gateway replica using it; without it they live in this process, or in the supervisor with --workers",
         group="keys", metavar="URL", shown_default="none")] = None
     redis_fail_mode: Annotated[Literal["open", "closed"], Option(
-        "when Redis does not answer (within 250 ms): open = serve and count in this process (logged), closed = "
-        "503 for keys with limits", group="keys")] = "open"
+        "when Redis does not answer (refused, or --redis-timeout passed): open = serve and count in this process "
+        "(logged), closed = 503 for keys with limits", group="keys")] = "open"
+    redis_timeout_s: Annotated[float, Option(
+        "each Redis call's budget; a call past it fails alone, three in a row (or a refused connection) mark Redis "
+        "down for a second", group="keys", flag="--redis-timeout", metavar="MS", unit=0.001)] = Field(default=1.0, gt=0)
 
     # --- streaming -------------------------------------------------------------------------------------------
     stream_flush_interval_s: Annotated[float, Option(

@@ -9,13 +9,13 @@ from openai_api.quota.shared import SOCKET_ENV, SharedStore
 from openai_api.quota.store import MemoryStore, Store
 
 
-def build_store(redis_url: str | None, fail_mode: str) -> Store:
+def build_store(redis_url: str | None, fail_mode: str, redis_timeout_s: float = 1.0) -> Store:
     """The store this process uses: Redis when given, else the supervisor's (a worker of `--workers N`:
     its socket is in the environment), else this process's memory."""
     if redis_url:
         # imported here: the redis client costs start-up time in every gateway that does not use it
         from openai_api.quota.redis_store import RedisStore
 
-        return RedisStore(redis_url, fail_mode)
+        return RedisStore(redis_url, fail_mode, timeout_s=redis_timeout_s)
     path = os.environ.get(SOCKET_ENV)
     return SharedStore(path) if path else MemoryStore()

@@ -11,8 +11,12 @@ expired, so a gateway that died gives its slots back within 15 s), `day:N` and `
 kept two days / 62 days: budgets survive gateway restarts). A single Redis, or a primary with replicas;
 not Redis Cluster (the scripts name keys they compute).
 
-**Redis gone.** Every call has a 250 ms budget and no retries; a failed call marks Redis down for a
-second (calls in that second do not wait on it), then the next call tries again. Meanwhile
+**Redis gone.** Every call has a budget (`--redis-timeout`, 1 s) and no retries. A call that cannot
+connect, or whose connection breaks, marks Redis down for a second at once (calls in that second do not
+wait on it), then the next call tries again. A call that only ran past its budget fails alone (its request
+is served locally or refused as below), and Redis is marked down after `SLOW_CALLS_DOWN` such calls in a row:
+a budget counts the event loop's own delays too, so one late answer on a saturated host (or during
+Redis's own AOF fsync) says little, while a hung Redis fails every call. Meanwhile
 `--redis-fail-mode open` serves and counts in this process (one log line per outage; the counts made
 locally are not copied to Redis afterwards) and `closed` answers 503 to keys with limits. Slots and
 settlements that could not reach Redis are kept and sent once it answers again.
@@ -31,13 +35,15 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from openai_api.quota.store import Decision, Limits, MemoryStore, QuotaStoreUnavailableError
 
 logger = logging.getLogger("openai_api.keys")
 
-TIMEOUT_S = 0.25
+TIMEOUT_S = 1.0
 DOWN_FOR_S = 1.0
+SLOW_CALLS_DOWN = 3
 HEARTBEAT_S = 5.0
 INSTANCE_TTL_S = 15
 ROOT = "oag:"
@@ -245,6 +251,7 @@ class RedisStore:
     def __init__(self, url: str, fail_mode: str = "open", *, timeout_s: float = TIMEOUT_S) -> None:
         self.redis = Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                     retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self._slow_calls = 0  # calls in a row that ran past their budget
         self.fail_mode = fail_mode
         self.timeout_s = timeout_s
         self.instance = uuid.uuid4().hex
@@ -266,8 +273,12 @@ class RedisStore:
         if time.monotonic() < self._down_until:
             raise RedisDown
         try:
-            result = await asyncio.wait_for(script(args=args), self.timeout_s * 2)
+            result = await asyncio.wait_for(script(args=args), self.timeout_s)
         except (RedisError, OSError, TimeoutError) as e:
+            if isinstance(e, TimeoutError | RedisTimeoutError):
+                self._slow_calls += 1
+                if self._slow_calls < SLOW_CALLS_DOWN:
+                    raise RedisDown from None  # this call alone (see the module docstring)
             self._down_until = time.monotonic() + DOWN_FOR_S
             if not self._outage:
                 self._outage = True
@@ -275,6 +286,7 @@ class RedisStore:
                 logger.error("Redis unreachable (%s): %s until it answers (--redis-fail-mode %s)",
                              type(e).__name__, mode, self.fail_mode)
             raise RedisDown from None
+        self._slow_calls = 0
         if self._outage:
             self._outage = False
             logger.warning("Redis answers again: the keys' counters are shared again")
@@ -333,7 +345,7 @@ class RedisStore:
         while True:
             try:
                 await asyncio.wait_for(self.redis.set(f"{ROOT}i:{self.instance}", 1, ex=INSTANCE_TTL_S),
-                                       self.timeout_s * 2)
+                                       self.timeout_s)
                 while self._unsent:
                     _, args = self._unsent[0]
                     await self._call(self._finish, args)
@@ -351,6 +363,6 @@ class RedisStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            await asyncio.wait_for(self.redis.delete(f"{ROOT}i:{self.instance}"), self.timeout_s * 2)
+            await asyncio.wait_for(self.redis.delete(f"{ROOT}i:{self.instance}"), self.timeout_s)
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             await self.redis.aclose()
