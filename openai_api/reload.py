@@ -20,7 +20,8 @@ middleware right inside the guard: the FastAPI routes and the fast path both rea
 through `http.deps.services`), and the generation counts them. A replaced generation is closed (its replica
 prober stopped, Triton clients of addresses no live generation names closed) when its last request is
 done, so a stream started before a reload finishes on the model, template, parser and replicas it started
-with, even when its model was removed.
+with, even when its model was removed. Likewise, every `RELEASE_POLL_S`, the clients of replicas that
+discovery retired are closed once their last request has ended and no live generation uses the address.
 
 Process-lifetime things are not part of a generation and survive every swap: the Triton client pool (the
 new registry reuses its channels), the CPU workers, image fetching, the Responses store, the metrics, the
@@ -57,6 +58,8 @@ from openai_api.triton.replicas import ReplicaProber
 
 logger = logging.getLogger("openai_api.reload")
 RELOAD_POLL_S = 1.0
+# How often the Triton clients of replicas that discovery retired, and whose last request ended, are released.
+RELEASE_POLL_S = 5.0
 # Each model's Triton config check (start-up and reload): long enough for a busy Triton, short enough to go on.
 CHECK_TIMEOUT_S = 10.0
 
@@ -139,7 +142,12 @@ class Generation:
         await self.prober.stop()
 
     def urls(self) -> set[str]:
-        return {u for m in self.config.all_models() for u in m.urls}
+        """The Triton addresses this generation may use: its config's, and every address its replica sets hold
+        (discovered ones, and retired ones with requests in flight)."""
+        found = {u for m in self.config.all_models() for u in m.urls}
+        for s in self.services.registry.replicas.values():
+            found |= s.addresses()
+        return found
 
 
 class ConfigReloader:
@@ -177,6 +185,7 @@ class ConfigReloader:
         """Start the generation's background work, the file poll and the SIGHUP handler. A config loaded at
         start-up from a file that has changed since (a worker restarted after a reload) is reloaded now."""
         self.current.start()
+        self._spawn(self._release_every(), "triton-client-release")
         if self.path is None:
             return
         if self.current.config.digest is not None and file_digest(self.path) != self.current.config.digest:
@@ -278,6 +287,26 @@ class ConfigReloader:
                     "in flight finish on generation %d", new.number, len(after), len(after - before),
                     len(before - after), changed, f", {carried} runtime adapters kept" if carried else "",
                     old.active, old.number)
+
+    async def _release_every(self) -> None:
+        while True:
+            await asyncio.sleep(RELEASE_POLL_S)
+            await self.release_retired()
+
+    async def release_retired(self) -> None:
+        """Close the Triton clients (gRPC channels, HTTP sessions) of replicas that discovery retired once their
+        last request has ended and no live generation uses their address: in a fleet whose pods come and go,
+        each retired pod's address would otherwise keep its clients for the life of the process."""
+        gens = (self.current, *self.retired)
+        drained: set[str] = set()
+        for g in gens:
+            for s in g.services.registry.replicas.values():
+                drained |= s.drained()
+        if drained:
+            live = set().union(*(g.urls() for g in gens))
+            if gone := drained - live:
+                logger.info("Triton clients of retired replicas closed: %s", ", ".join(sorted(gone)))
+                await self.current.services.registry.pool.close_urls(gone)
 
     def _drained(self, gen: Generation) -> None:
         if gen is self.current or gen.closed:

@@ -63,6 +63,10 @@ class TritonClientPool:
             self._http[url] = client
         return client
 
+    def urls(self) -> set[str]:
+        """The addresses that have a client open."""
+        return {*self._grpc, *self._http, *self._rpc}
+
     async def close_urls(self, urls: set[str]) -> None:
         """Close the clients of `urls` (a config reload removed them); asked for again, they are made anew."""
         clients: list[Any] = [c for u in urls for c in (self._grpc.pop(u, None), self._http.pop(u, None),

@@ -103,6 +103,8 @@ class ReplicaSet(Generic[T]):
     last_reason: str = ""  # the last `order`'s reason (the routing-decision metric's label, a traced span's)
     policy: RoutingPolicy = field(init=False)
     _refresh_lock: asyncio.Lock | None = field(default=None, init=False)
+    # Replicas discovery retired, until `drained` reports them (requests may still run there).
+    _retired: list[Replica[T]] = field(default_factory=list, init=False)
 
     def __post_init__(self) -> None:
         shared = table_for(self.model, self.routing.max_blocks) if self.routing.policy == "prefix_affinity" else None
@@ -191,12 +193,26 @@ class ReplicaSet(Generic[T]):
             self.replicas = [r for r in self.replicas if r.url in wanted] + added
             for r in added:
                 logger.info("model %s: replica %s added (%s)", self.model, r.url, r.source)
+            self._retired += gone
             for r in gone:
                 self.policy.forget(r.url)
                 if self.metrics is not None:
                     self.metrics.forget_replica(self.model, r.url)
                 logger.info("model %s: replica %s retired (%d in flight finish there)", self.model, r.url,
                             r.outstanding)
+
+    def addresses(self) -> set[str]:
+        """Every replica address this set may still send to or hear from: its replicas', and those of the
+        retired replicas `drained` has not reported yet."""
+        return {r.url for r in self.replicas} | {r.url for r in self._retired}
+
+    def drained(self) -> set[str]:
+        """The addresses of retired replicas whose last request has ended, each reported once (their Triton
+        clients may be closed when nothing else uses the address: `ConfigReloader`)."""
+        done = {r.url for r in self._retired if r.outstanding == 0}
+        if done:
+            self._retired = [r for r in self._retired if r.outstanding > 0]
+        return done
 
     async def _ready(self, url: str) -> bool:
         assert self.ready is not None

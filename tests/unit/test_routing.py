@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pydantic
@@ -363,6 +364,55 @@ async def test_discovery_adds_ready_replicas_and_retires_vanished_ones_without_f
     assert [c.token_ids async for c in stream] == [[2]]  # the stream on the retired replica finished
     survivor = next(r for r in b.set.replicas)
     assert survivor.outstanding == 0
+
+
+async def test_a_retired_replicas_triton_clients_close_after_its_last_request_unless_another_model_uses_it(
+        dns: FakeDNS) -> None:
+    """Pods come and go in a fleet: the gRPC channels of a vanished pod's address are closed once its streams
+    ended, but not while another model (on the same Triton) still has a replica there."""
+    from openai_api.config import GatewayConfig
+    from openai_api.reload import ConfigReloader
+    from openai_api.settings import Settings
+    from openai_api.triton.client import TritonClientPool
+
+    pool = TritonClientPool()
+    dns.names["triton"] = ["10.0.0.1:8001", "10.0.0.2:8001"]
+    dns.names["other"] = ["10.0.0.2:8001"]
+    made: dict[str, FakeBackend] = {}
+
+    def factory(url: str) -> Any:
+        pool.rpc(url)  # as the real adapters do: a channel per address, from the process's pool
+        made[url] = made.get(url) or FakeBackend(url)
+        return made[url]
+
+    def replicated(name: str, source: str) -> ReplicatedLLMBackend:
+        return ReplicatedLLMBackend(name, "grpc", [], sources=[source], factory=factory, metrics=Metrics())
+
+    a, b = replicated("a", "dns:///triton:8001"), replicated("b", "dns:///other:8001")
+    await a.set.refresh()
+    await b.set.refresh()
+    services: Any = SimpleNamespace(registry=SimpleNamespace(pool=pool, replicas={"a": a.set, "b": b.set}))
+    reloader = ConfigReloader(GatewayConfig(), services, Settings(), Metrics())
+    assert pool.urls() == {"10.0.0.1:8001", "10.0.0.2:8001"}
+    stream = a.generate(GenerationRequest(prompt_ids=[1], max_tokens=2))
+    assert (await anext(stream)).token_ids == [1]
+    busy = next(u for u, fb in made.items() if fb.calls)
+    dns.names["triton"] = []  # both of a's replicas vanish; the busy one has a stream in flight
+    await a.set.refresh()
+    await reloader.release_retired()
+    if busy == "10.0.0.1:8001":  # still streaming; 10.0.0.2 is idle but b's replica too: nothing closes yet
+        assert pool.urls() == {"10.0.0.1:8001", "10.0.0.2:8001"}
+    else:  # 10.0.0.1 is idle and only a's: closed; 10.0.0.2 is still streaming (and b's)
+        assert pool.urls() == {"10.0.0.2:8001"}
+    made[busy].gate.set()
+    assert [c.token_ids async for c in stream] == [[2]]
+    await reloader.release_retired()
+    assert pool.urls() == {"10.0.0.2:8001"}  # b's replica keeps its channel
+    dns.names["other"] = []
+    await b.set.refresh()
+    await reloader.release_retired()
+    assert pool.urls() == set()
+    await pool.close()
 
 
 async def test_discovery_waits_for_readiness_and_survives_resolver_failures(dns: FakeDNS) -> None:
