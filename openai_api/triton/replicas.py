@@ -29,7 +29,7 @@ from typing import Any, Generic, TypeVar
 import httpx
 
 from openai_api.config import DNS_SCHEME, DiscoveryConfig, RoutingConfig
-from openai_api.errors import BackendUnavailableError
+from openai_api.errors import AdapterCacheFullError, BackendUnavailableError
 from openai_api.observability import Metrics
 from openai_api.tracing import child_span
 from openai_api.triton import discovery, loadscrape
@@ -298,7 +298,10 @@ class ReplicatedLLMBackend(_Replicated[LLMBackend]):
             raise errors[0]
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
-        last: BackendUnavailableError | None = None
+        """The first replica in the policy's order that answers. Before the first chunk, an unavailable replica
+        (marked down) or one whose LoRA adapter cache is full (not its fault: left as it is) hands the request
+        to the next; after it, the error is the client's, since part of the answer is already out."""
+        last: BackendUnavailableError | AdapterCacheFullError | None = None
         with child_span("routing", **{"gen_ai.request.model": self.model,
                                       "openai_api.routing.policy": self.set.routing.policy}) as span:
             order = self.set.order(request)
@@ -325,6 +328,12 @@ class ReplicatedLLMBackend(_Replicated[LLMBackend]):
                     raise  # the client already has part of this answer: never resend it elsewhere
                 last = e
                 logger.info("model %s: replica %s unavailable, trying another", self.model, r.url)
+            except AdapterCacheFullError as e:
+                if sent:
+                    raise
+                last = e
+                logger.info("model %s: replica %s has no room for adapter %s, trying another", self.model, r.url,
+                            request.lora.name if request.lora is not None else "?")
             finally:
                 r.outstanding -= 1
         raise last or self._none_left()

@@ -415,6 +415,34 @@ async def test_a_retired_replicas_triton_clients_close_after_its_last_request_un
     await pool.close()
 
 
+class FullCacheBackend(FakeBackend):
+    """A replica whose LoRA adapter cache has no room (TensorRT-LLM's words, mapped as every adapter maps them)."""
+
+    async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        from openai_api.triton.errors import map_triton_error
+        from openai_api.triton.rpc import ResponseError
+
+        self.calls += 1
+        raise map_triton_error(ResponseError("PEFT Cache is full. Could not store taskId=3"), "m")
+        yield GenerationChunk([0])
+
+
+async def test_a_full_adapter_cache_sends_the_request_to_the_next_replica_and_marks_nothing_down() -> None:
+    from openai_api.errors import AdapterCacheFullError
+
+    full, fine = FullCacheBackend("10.0.0.1:8001"), FakeBackend("10.0.0.2:8001")
+    fine.gate.set()
+    b = ReplicatedLLMBackend("m", "grpc", [(full.url, full), (fine.url, fine)], metrics=Metrics())
+    chunks = [c.token_ids async for c in b.generate(GenerationRequest(prompt_ids=[1], max_tokens=2))]
+    assert chunks == [[1], [2]] and full.calls == 1 and fine.calls == 1
+    assert all(r.healthy and r.outstanding == 0 for r in b.set.replicas)
+    only_full = ReplicatedLLMBackend("m", "grpc", [(full.url, full), ("10.0.0.3:8001", FullCacheBackend("x"))],
+                                     metrics=Metrics())
+    with pytest.raises(AdapterCacheFullError):  # every replica full: the client's retryable 503
+        [c async for c in only_full.generate(GenerationRequest(prompt_ids=[1], max_tokens=2))]
+    assert all(r.healthy for r in only_full.set.replicas)
+
+
 async def test_discovery_waits_for_readiness_and_survives_resolver_failures(dns: FakeDNS) -> None:
     dns.names["triton"] = ["10.0.0.1:8001"]
     ready = {"10.0.0.1:8001"}
