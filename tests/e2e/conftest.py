@@ -4,6 +4,8 @@ processes (scripts/test.sh, pytest-xdist): each has its own session tritonserver
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -125,23 +127,26 @@ class _SessionTriton:
             pixels.write_text("".join(line for line in pixels.read_text(encoding="utf-8").splitlines(keepends=True)
                                       if '"image_url_input"' not in line), encoding="utf-8")
             for attempt in (1, 2):
-                # startup_timeout: ~20 Python-backend models load in about a minute on an idle 2-core box, but
-                # far slower on a shared one; the limit only bounds a hung start, so it is generous.
-                server = EmbeddedTriton(models=[*TRITON_MODELS, PACED], extra_args=[f"--model-repository={extra}"],
-                                        startup_timeout=900)
                 try:
-                    self.server = server.start()
+                    with _one_start_at_a_time():
+                        # startup_timeout: ~20 Python-backend models load in one to three minutes on a 2-core box;
+                        # the limit only bounds a start that hangs (below).
+                        self.server = EmbeddedTriton(models=[*TRITON_MODELS, PACED],
+                                                     extra_args=[f"--model-repository={extra}"],
+                                                     startup_timeout=480).start()
                     return
                 except TritonLaunchError as e:
-                    # Triton's Python backend now and then aborts while ~20 models load on a saturated box
-                    # ("terminate called after throwing an instance of 'boost::interprocess::lock_exception'",
-                    # seen once here with two test processes starting their Tritons; upstream:
-                    # triton-inference-server/server#8882). A crash at start-up is tried once more; a model that
-                    # fails to load, or a second crash, fails the tests that need this Triton.
-                    if attempt == 2 or "killed by SIG" not in str(e):
+                    # Triton's Python backend waits for each stub's initialization in 1 s windows in which the
+                    # stub's health thread must answer; a CPU-starved stub misses one, the launch fails, and
+                    # Triton then waits forever for that stub to exit, or aborts with
+                    # boost::interprocess::lock_exception (python_backend stub_launcher.cc,
+                    # ReceiveMessageFromStub; seen here with gdb: a load thread in wait4() on a live, idle
+                    # stub). Starts are therefore one at a time across the test processes, and one that hangs
+                    # or crashes anyway is tried once more; a model that fails to load is not.
+                    if attempt == 2 or ("killed by SIG" not in str(e) and "not ready after" not in str(e)):
                         raise
-                    logging.getLogger(__name__).warning("the session tritonserver crashed while starting; "
-                                                        "starting it again: %s", str(e)[-2000:])
+                    logging.getLogger(__name__).warning("the session tritonserver did not start; starting it "
+                                                        "again: %s", str(e)[-2000:])
         except BaseException as e:  # noqa: BLE001 - re-raised by the fixture, in the test that wants it
             self.error = e
 
@@ -162,6 +167,23 @@ class _SessionTriton:
             self.server = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _one_start_at_a_time() -> Iterator[None]:
+    """Held while a session tritonserver starts: the test command's pytest processes (pytest-xdist workers of
+    one run share PYTEST_XDIST_TESTRUNUID) start theirs one after the other, so that ~20 models do not load
+    twice over at once on 2 cores (see `_SessionTriton._start`). A no-op in a single pytest process."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if not run:
+        yield
+        return
+    with open(Path(tempfile.gettempdir()) / f"e2e-triton-start-{run}.lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 _SESSION_TRITON = _SessionTriton()
