@@ -39,7 +39,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from openai_api.errors import InvalidRequestError
@@ -285,7 +285,7 @@ class ImageService:
             cached = self._cache.get(key)
             if cached is not None:
                 self._taken("cache", 0)
-                return cached
+                return replace(cached, param=src.param)
             task = self._inflight.get(key)
             if task is None:
                 task = asyncio.ensure_future(self._data(url) if source == "data" else self._fetch(url))
@@ -294,7 +294,8 @@ class ImageService:
             # shielded: a request that goes away does not cancel a fetch another request waits on
             image, size = await asyncio.shield(task)
             self._taken(source, size)
-            return image
+            # the cached and shared image is the same for every request; the field naming it is this one's
+            return replace(image, param=src.param)
         except ImageRefused as e:
             self._count(e.reason)
             raise refusal(src.param, e.reason, e.message) from None

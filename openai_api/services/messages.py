@@ -66,6 +66,7 @@ from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.chat import ChatService, PreparedChat
 from openai_api.services.generation import TextEvent, sequence_events
+from openai_api.services.images import chat_image_sources
 from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
 from openai_api.services.streaming import sse_stream
@@ -208,6 +209,21 @@ def _assistant(blocks: list[dict[str, Any]], where: str, issued: set[str], model
     if thinking:
         msg["reasoning_content"] = "".join(thinking)
     return msg
+
+
+def _named_block(err: InvalidRequestError, req: CountTokensRequest,
+                 chat_req: ChatCompletionRequest) -> InvalidRequestError:
+    """A refusal of one of chat's image parts (the fetcher's, or an adapter's image cap) named as the client's
+    own image block: the k-th image part of the chat request is the k-th image block of the Messages request
+    (system and tool_result blocks shift chat's indices, never the order). Anthropic's error carries no
+    `param`, so the block's path leads the message as in this module's other 400s. Other errors unchanged."""
+    chat_params = [s.param for s in chat_image_sources(chat_req.messages)]
+    if err.param not in chat_params:
+        return err
+    blocks: list[str] = []
+    chat_messages(req, blocks)
+    path = blocks[chat_params.index(err.param)]
+    return InvalidRequestError(f"{path}: {err.message}", param=path, code=err.code)
 
 
 def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
@@ -511,13 +527,19 @@ class MessagesService:
     async def count_tokens(self, req: CountTokensRequest, chat_req: ChatCompletionRequest) -> dict[str, Any]:
         """`{input_tokens}`: the prompt through the model's template and tokenizer, as `/v1/messages` sends it."""
         rt = self.chat.registry.llm(chat_req.model)
-        prompt = await self.chat.prompt(rt, chat_req, plan_tools(rt, chat_req))
+        try:
+            prompt = await self.chat.prompt(rt, chat_req, plan_tools(rt, chat_req))
+        except InvalidRequestError as e:
+            raise _named_block(e, req, chat_req) from None
         return {"input_tokens": len(prompt.ids)}
 
     async def create(self, req: MessagesRequest, chat_req: ChatCompletionRequest,
                      request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         budget, _ = thinking_budget(req)
-        prepared = await self.chat.prepare(chat_req, request_id)
+        try:
+            prepared = await self.chat.prepare(chat_req, request_id)
+        except InvalidRequestError as e:
+            raise _named_block(e, req, chat_req) from None
         answer = MessageAnswer(req, prepared, request_id, budget)
         if req.stream:
             encoder = MessagesStreamEncoder(answer)

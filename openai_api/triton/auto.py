@@ -135,7 +135,7 @@ class AutoLLMBackend:
         if request.top_logprobs and not adapter.supports("top_logprobs"):
             raise adapter.refuse("top_logprobs", ": its protocol returns only the sampled token's log-probability")
         if request.images and not adapter.supports("images"):
-            raise adapter.refuse("messages", ": it takes no images (no image input in its Triton config)")
+            raise adapter.refuse(request.images[0].param, ": it takes no images (no image input in its Triton config)")
         chunks = adapter.generate(request)
         try:
             async for chunk in chunks:

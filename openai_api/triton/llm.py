@@ -34,7 +34,9 @@ class ImageInput:
     """One image of a request, fetched and verified by the gateway (`services.images`): `data` the image's
     own bytes (its format as found by decoding, `mime`), `b64` the same bytes base64-encoded (what the vLLM
     backend's `image` input takes: one element per image, no `data:` prefix), `width` x `height` pixels,
-    and `digest` (SHA-256 of `data`, hex) for caches and prompt-table ids."""
+    and `digest` (SHA-256 of `data`, hex) for caches and prompt-table ids. `param` is the request field
+    that carried it (`messages[i].content[j]`), so an adapter's refusal names the part as the services'
+    own refusals do."""
 
     data: bytes
     b64: bytes
@@ -42,6 +44,7 @@ class ImageInput:
     width: int
     height: int
     digest: str
+    param: str = "messages"
 
 
 @dataclass(slots=True)

@@ -421,8 +421,8 @@ class TensorRTLLMTextAdapter(TextAdapter):
                    else f"says max_num_images {self.max_images}")
             raise InvalidRequestError(
                 f"The model {self.model!r} takes at most {self.max_images} image(s) per request (its Triton model "
-                f"{self.triton_model!r} {how}); this request has {len(images)}.", param="messages",
-                code="too_many_images")
+                f"{self.triton_model!r} {how}); this request has {len(images)}.",
+                param=images[self.max_images].param, code="too_many_images")
         if self.image_input == _IMAGE_URL:
             urls = await asyncio.to_thread(lambda: [jpeg_data_url(im.data, im.mime, im.b64) for im in images])
             out: list[tuple[str, Any]] = [(_IMAGE_URL, urls)]

@@ -229,7 +229,7 @@ class VLLMAdapter(SpecAdapter):
         r.add(spec, "text_input", req.prompt_text)
         if req.images:
             if not self.supports("images"):
-                raise self.refuse("images", ": its Triton config declares no BYTES `image` input")
+                raise self.refuse(req.images[0].param, ": its Triton config declares no BYTES `image` input")
             r.add(spec, "image", [im.b64 for im in req.images])
         if "stream" in names:
             r.add(spec, "stream", streaming)

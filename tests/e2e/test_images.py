@@ -388,6 +388,7 @@ def test_trtllm_ensemble_taking_pixels_gets_one_image(client: openai.OpenAI, htt
             image(data_url(RED)), image(data_url(BLUE))]}]}
         r = http.post("/v1/chat/completions", json=body)
         assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_images", r.text
+        assert r.json()["error"]["param"] == "messages[0].content[1]", r.text
 
 
 def test_trtllm_ensemble_refusals_are_the_gateways(http: httpx.Client, images: str) -> None:

@@ -34,8 +34,9 @@ def with_image_input(config: dict[str, object], dtype: str = "STRING") -> dict[s
     return cfg  # type: ignore[no-any-return]
 
 
-def image(data: bytes) -> ImageInput:
-    return ImageInput(data=data, b64=base64.b64encode(data), mime="image/png", width=1, height=1, digest="d")
+def image(data: bytes, param: str = "messages[0].content[0]") -> ImageInput:
+    return ImageInput(data=data, b64=base64.b64encode(data), mime="image/png", width=1, height=1, digest="d",
+                      param=param)
 
 
 async def test_vllm_sends_each_image_as_one_raw_base64_element_in_order() -> None:
@@ -68,6 +69,7 @@ async def test_images_reaching_a_backend_first_resolved_at_request_time_are_refu
     client = FakeClient(TRTLLM_CONFIG)
     backend = AutoLLMBackend(FakePool(client), "u", "m", "tensorrt_llm")  # type: ignore[arg-type]
     assert backend.supports("images")
-    with pytest.raises(InvalidRequestError):
-        await collect(backend.generate(request(images=[image(solid(1, 1, "red"))])))
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(backend.generate(request(images=[image(solid(1, 1, "red"), "messages[2].content[1]")])))
     assert client.requests == [] and not backend.supports("images")
+    assert e.value.param == "messages[2].content[1]"  # the part, as the services name it

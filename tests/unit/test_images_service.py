@@ -79,6 +79,18 @@ def test_data_urls_and_fetched_urls_become_verified_images_in_order() -> None:
     assert fetcher.calls == ["https://img.example.com/b.jpg"]
 
 
+def test_each_image_names_its_own_part_when_shared_or_cached() -> None:
+    """The same image twice in a request (one fetch, shared) and again in a later request (the cache) is one
+    verified image, but each `ImageInput` names the part that carried it, so an adapter's refusal names it."""
+    svc, fetcher = service({"https://img.example.com/b.jpg": BLUE})
+    url = "https://img.example.com/b.jpg"
+    first = load(svc, url, data_url(RED), url)
+    assert [i.param for i in first] == ["messages[0].content[0]", "messages[0].content[1]", "messages[0].content[2]"]
+    again = asyncio.run(svc.load([ImageSource(url, "messages[4].content[1]")]))
+    assert [i.param for i in again] == ["messages[4].content[1]"] and again[0].data == BLUE
+    assert fetcher.calls == [url]
+
+
 def test_the_declared_type_is_not_trusted() -> None:
     svc, _ = service()
     [image] = load(svc, data_url(BLUE, "image/png"))  # JPEG bytes declared PNG
@@ -162,8 +174,8 @@ def test_the_same_image_is_fetched_and_verified_once() -> None:
     first = load(svc, url, url, data_url(RED))
     again = load(svc, url, data_url(RED))
     assert fetcher.calls == [url]
-    assert first[0] is first[1] is again[0]
-    assert again[1] is first[2]
+    assert first[0].data is first[1].data is again[0].data  # one verified image; each names its own part
+    assert again[1].data is first[2].data
 
 
 def test_refusals_are_counted_by_reason_in_the_metrics() -> None:

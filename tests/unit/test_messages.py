@@ -35,6 +35,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     config = llm_only_config(tmp_path)
     data = json.loads(Path(str(config.source)).read_text())
     data["llm"][0]["aliases"] = ["claude-sonnet-4-5"]
+    data["llm"][0]["image_placeholder"] = "<image>"  # its template renders no image parts
     (tmp_path / "model_config.json").write_text(json.dumps(data))
     app = create_app(load_config(tmp_path / "model_config.json"), Settings(config_file=tmp_path, api_keys=[KEY]))
     yield app
@@ -237,6 +238,24 @@ async def test_an_image_block_reaches_a_model_that_takes_images_as_an_image_url_
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}},
         {"type": "image_url", "image_url": {"url": "http://127.0.0.1/x.png"}}]}]
     assert images == ["messages[0].content[1]", "messages[0].content[2]"]
+
+
+async def test_a_refused_image_is_named_by_its_own_block(app: FastAPI) -> None:
+    """The fetcher's refusal names chat's part (messages[3].content[0] here: the system prompt and the tool
+    result are chat messages of their own); the client hears of its own block, messages[2].content[1]."""
+    script(app, "Hi")
+    not_png = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    body = {"system": "Be brief.", "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                     not_png]}], "tools": [WEATHER]}
+    r = await post(app, body)
+    assert r.status_code == 400, r.text
+    validate("ErrorResponse", r.json())
+    message = r.json()["error"]["message"]
+    assert message.startswith("messages[2].content[1]: The image was refused") and "(reason: " in message, message
 
 
 @pytest.mark.parametrize("body, param", [

@@ -40,11 +40,11 @@ PIXELS = tensor("image_bytes_input", "UINT8", [-1, -1, -1, -1], True)
 EXTRA_ID = tensor("prompt_table_extra_id", "UINT64", [1], True)
 
 
-def image(data: bytes) -> ImageInput:
+def image(data: bytes, part: int = 0) -> ImageInput:
     with Image.open(io.BytesIO(data)) as im:
         mime, (w, h) = Image.MIME[str(im.format)], im.size
     return ImageInput(data=data, b64=base64.b64encode(data), mime=mime, width=w, height=h,
-                      digest=hashlib.sha256(data).hexdigest())
+                      digest=hashlib.sha256(data).hexdigest(), param=f"messages[0].content[{part}]")
 
 
 def decode(url: bytes) -> Image.Image:
@@ -61,7 +61,7 @@ def near(pixel: Any, colour: str) -> bool:
 async def send(config: dict[str, Any], images: list[bytes]) -> dict[str, np.ndarray[Any, Any]]:
     client = FakeClient(config, [text_result("ok", 1)])
     await collect(make(TensorRTLLMTextAdapter, client, "ensemble").generate(
-        request(images=[image(d) for d in images])))
+        request(images=[image(d, j) for j, d in enumerate(images)])))
     return sent(client.requests[0])
 
 
@@ -87,6 +87,7 @@ async def test_a_model_taking_pixels_gets_them_for_one_image_and_refuses_two() -
     with pytest.raises(InvalidRequestError) as e:
         await send(ensemble(PIXELS), [data, data])
     assert e.value.code == "too_many_images" and "one per request" in e.value.message
+    assert e.value.param == "messages[0].content[1]"  # the first image past the cap, as the services name parts
 
 
 async def test_max_num_images_in_the_config_caps_the_images_sent_by_url() -> None:
@@ -95,6 +96,7 @@ async def test_max_num_images_in_the_config_caps_the_images_sent_by_url() -> Non
     with pytest.raises(InvalidRequestError) as e:
         await send(ensemble(URL, max_num_images="2"), [red, red, red])
     assert e.value.code == "too_many_images" and "at most 2 image(s)" in e.value.message
+    assert e.value.param == "messages[0].content[2]"
     assert (await send(ensemble(URL, max_num_images="${max_num_images}"), [red] * 3))["image_url_input"].shape == (1, 3)
 
 
