@@ -6,12 +6,15 @@ answer (must be 0) and the gateway's memory and file descriptors (must not keep 
     python scripts/soak.py --url http://127.0.0.1:5100 --pid 1234 --api-key K   # an already running gateway
     python scripts/soak.py --triton 127.0.0.1:8001 127.0.0.1:8000               # a running Triton
 
-The mix: chat, streamed chat, embeddings and rerank (200 expected), plus the hostile kinds (`--mix
-ordinary` leaves them out): completions that fan out within the per-model limit (200, or 429 when the
-model is full) and past it (400 too_many_sequences), a ~2 MB chat message, completions prompt and
-embedding input (400 context_length_exceeded), reserved chat_template_kwargs (400), and streams whose
-client disconnects after the first chunk. Every `--storm-every` seconds a storm of silent connections is
-opened and left alone: the gateway must close each within its header timeout.
+The mix: chat, streamed chat, Anthropic Messages plain and streamed, embeddings and rerank (200 expected),
+and where the gateway serves `vision-vllm` (the images reference model; the gateway this script starts
+does) a chat with a small data-URL PNG of a size and colour of its own, whose answer must name both; plus the
+hostile kinds (`--mix ordinary` leaves them out): completions that fan out within the per-model limit (200,
+or 429 when the model is full) and past it (400 too_many_sequences), a ~2 MB chat message, completions
+prompt and embedding input (400 context_length_exceeded), reserved chat_template_kwargs (400), streams
+whose client disconnects after the first chunk, and (with `vision-vllm`) a 12 KB PNG of 10,000 x 10,000
+pixels (400 naming the part: the pixel cap, checked before decoding). Every `--storm-every` seconds a storm
+of silent connections is opened and left alone: the gateway must close each within its header timeout.
 
 The gateway runs as its own process (the CLI), so its resident memory and open fds are measured without
 the load generator's: after a warm-up (a tenth of the load: allocator pools, tokenizer caches and gRPC
@@ -24,15 +27,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import io
 import json
 import random
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +51,20 @@ sys.path.insert(0, str(REPO))
 LLM = "smollm2-135m-instruct"
 EMBEDDING = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
-KINDS = ("chat", "stream", "embeddings", "rerank")
+VISION = "vision-vllm"  # the images reference model (triton_models/vision-vllm): "image 1: WxH, colour."
+KINDS = ("chat", "stream", "messages", "messages_stream", "embeddings", "rerank")
 HOSTILE = ("fanout", "fanout_too_big", "big_chat", "big_prompt", "big_embedding", "reserved_kwargs",
            "disconnect")
+IMAGE_KINDS = ("image",)  # in the mix where the gateway serves VISION
+IMAGE_HOSTILE = ("image_bomb",)
 # What each kind may answer; anything else is an error.
 EXPECTED: dict[str, frozenset[int]] = {
-    **{k: frozenset({200}) for k in KINDS}, "fanout": frozenset({200, 429}), "fanout_too_big": frozenset({400}),
-    "big_chat": frozenset({400}), "big_prompt": frozenset({400}), "big_embedding": frozenset({400}),
-    "reserved_kwargs": frozenset({400}), "disconnect": frozenset({200}),
+    **{k: frozenset({200}) for k in (*KINDS, *IMAGE_KINDS)}, "fanout": frozenset({200, 429}),
+    "fanout_too_big": frozenset({400}), "big_chat": frozenset({400}), "big_prompt": frozenset({400}),
+    "big_embedding": frozenset({400}), "reserved_kwargs": frozenset({400}), "disconnect": frozenset({200}),
+    "image_bomb": frozenset({400}),
 }
+COLOURS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
 BIG = ("All work and no play makes Jack a dull boy. " * 48000)[:2_000_000]
 
 
@@ -74,7 +86,9 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def write_config(folder: Path, grpc_url: str, http_url: str) -> Path:
+def write_config(folder: Path, grpc_url: str, http_url: str, vision: bool = False) -> Path:
+    """The bundled config's LLM, embedding and rerank models on this Triton; with `vision`, also VISION (which
+    the Triton must serve), counting prompt tokens with the LLM's tokenizer as the image tests do."""
     from openai_api.config import BUNDLED_CONFIG
 
     data = json.loads(BUNDLED_CONFIG.read_text(encoding="utf-8"))
@@ -86,6 +100,9 @@ def write_config(folder: Path, grpc_url: str, http_url: str) -> Path:
                 if entry.get(key):
                     entry[key] = str((BUNDLED_CONFIG.parent / entry[key]).resolve())
             entry["url"] = grpc_url if kind == "llm" else http_url
+    if vision:
+        data["llm"].append({"name": VISION, "url": grpc_url, "path": data["llm"][0]["path"], "image_tokens": 64,
+                            "chat_template": str(BUNDLED_CONFIG.parent / "chat_templates" / "chatml-vision.jinja")})
     path = folder / "model_config.json"
     path.write_text(json.dumps(data), encoding="utf-8")
     return path
@@ -94,12 +111,13 @@ def write_config(folder: Path, grpc_url: str, http_url: str) -> Path:
 class Gateway:
     """The gateway CLI as a subprocess pointed at a running Triton."""
 
-    def __init__(self, grpc_url: str, http_url: str, api_key: str, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, grpc_url: str, http_url: str, api_key: str, extra_args: tuple[str, ...] = (),
+                 vision: bool = False) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="soak-"))
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = self.folder / "gateway.log"
-        config = write_config(self.folder, grpc_url, http_url)
+        config = write_config(self.folder, grpc_url, http_url, vision)
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "openai_api_cli.py", "--host", "127.0.0.1", "--port", str(self.port),
@@ -127,6 +145,34 @@ class Gateway:
         return self.proc.wait(10)
 
 
+def png_data_url(width: int, height: int, colour: str) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), COLOURS[colour]).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def png_bomb_data_url(side: int = 10_000) -> str:
+    """A valid 1-bit PNG of side x side black pixels, ~12 KB (RFC 2083 chunks; rows of zeros deflated)."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    packer = zlib.compressobj(9)
+    pixels = packer.compress((b"\x00" * (1 + (side + 7) // 8)) * side) + packer.flush()
+    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
+           + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+BOMB = png_bomb_data_url()
+
+
+def image_of(i: int) -> tuple[int, int, str]:
+    """Request i's image: a size and colour of its own, so it is decoded for real (the cache rarely hits)."""
+    return 8 + i % 97, 8 + i % 61, list(COLOURS)[i % len(COLOURS)]
+
+
 def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
     words = ["alpha", "beta", "gamma", "delta", "epsilon", "zeta"]
     text = " ".join(random.choice(words) for _ in range(8)) + f" {i}"
@@ -136,6 +182,19 @@ def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
         if kind == "stream":
             body |= {"stream": True, "stream_options": {"include_usage": True}}
         return "/v1/chat/completions", body
+    if kind in ("messages", "messages_stream"):
+        return "/v1/messages", {"model": LLM, "max_tokens": 1, "messages": [{"role": "user", "content": text}],
+                                "stream": kind == "messages_stream"}
+    if kind == "image":
+        w, h, colour = image_of(i)
+        parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": png_data_url(
+            w, h, colour)}}]
+        return "/v1/chat/completions", {"model": VISION, "max_tokens": 32, "temperature": 0,
+                                        "messages": [{"role": "user", "content": parts}]}
+    if kind == "image_bomb":
+        parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": BOMB}}]
+        return "/v1/chat/completions", {"model": VISION, "max_tokens": 1,
+                                        "messages": [{"role": "user", "content": parts}]}
     if kind == "embeddings":
         return "/v1/embeddings", {"model": EMBEDDING, "input": [text, text[::-1]]}
     if kind == "rerank":
@@ -157,14 +216,17 @@ def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
     raise ValueError(kind)
 
 
-def check(kind: str, status: int, payload: bytes) -> str | None:
-    """None when the response is right; else a short reason."""
+def check(kind: str, status: int, payload: bytes, i: int = 0) -> str | None:
+    """None when the response to request `i` of `kind` is right; else a short reason."""
     if status not in EXPECTED[kind]:
         return f"{kind}: HTTP {status} {payload[:200]!r}"
     if status != 200:
         err = json.loads(payload).get("error", {})
         if not isinstance(err, dict) or set(err) != {"message", "type", "param", "code"}:
             return f"{kind}: HTTP {status} without OpenAI's error shape {payload[:200]!r}"
+        if kind == "image_bomb" and (err["param"] != "messages[0].content[1]" or "too_many_pixels" not in
+                                     err["message"]):
+            return f"image_bomb: not the pixel cap naming the part {payload[:300]!r}"
         return None
     if kind == "disconnect":
         return None
@@ -173,7 +235,22 @@ def check(kind: str, status: int, payload: bytes) -> str | None:
         if not events or events[-1] != "[DONE]" or any('"error"' in e for e in events):
             return f"stream: bad ending {events[-2:]!r}"
         return None
+    if kind == "messages_stream":
+        names = [line[7:] for line in payload.decode().splitlines() if line.startswith("event: ")]
+        if names[:1] != ["message_start"] or names[-1:] != ["message_stop"] or "error" in names:
+            return f"messages_stream: events {names[:2]!r} ... {names[-2:]!r}"
+        return None
     body = json.loads(payload)
+    # One token may decode to no text (a special token, or half of a UTF-8 character the cut leaves
+    # incomplete): Anthropic's content is then an empty list, so only the shape is checked.
+    if kind == "messages" and (body.get("type") != "message" or not isinstance(body.get("content"), list)
+                               or body.get("stop_reason") not in ("max_tokens", "end_turn")):
+        return f"messages: not a message {payload[:200]!r}"
+    if kind == "image":
+        w, h, colour = image_of(i)
+        answer = body["choices"][0]["message"]["content"] if body.get("choices") else None
+        if answer != f"image 1: {w}x{h}, {colour}.":
+            return f"image: {answer!r} for a {w}x{h} {colour} PNG"
     if kind in ("chat", "fanout") and not body.get("choices"):
         return f"{kind}: no choices"
     if kind == "embeddings" and len(body.get("data", [])) != 2:
@@ -242,7 +319,7 @@ async def run_load(url: str, api_key: str, count: int, concurrency: int, seed: i
                 try:
                     status, payload = await send(client, kind, path, body)
                     statuses[str(status)] = statuses.get(str(status), 0) + 1
-                    problem = check(kind, status, payload)
+                    problem = check(kind, status, payload, i)
                 except (httpx.HTTPError, ValueError) as e:
                     problem = f"{kind}: {type(e).__name__}: {e}"
                 if problem:
@@ -314,10 +391,21 @@ async def measured(url: str, pid: int | None, api_key: str, count: int, concurre
     return load, (sampler.report() if sampler is not None else {})
 
 
+def serves_vision(url: str, api_key: str) -> bool:
+    r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {api_key}"}, timeout=30)
+    return VISION in {m["id"] for m in r.json()["data"]}
+
+
+def mix_of(mix: str, vision: bool) -> tuple[str, ...]:
+    """The kinds a run sends, in a fixed order (run_load shuffles the requests, not the kinds)."""
+    kinds = KINDS + (IMAGE_KINDS if vision else ())
+    return kinds + HOSTILE + (IMAGE_HOSTILE if vision else ()) if mix == "hostile" else kinds
+
+
 def soak(url: str, pid: int | None, api_key: str, count: int, concurrency: int, max_growth_mib: float,
          mix: str = "hostile", duration: float | None = None, storm_every: float | None = None,
          storm_size: int = 200, storm_close_within: float = 15.0) -> dict[str, Any]:
-    kinds = KINDS + HOSTILE if mix == "hostile" else KINDS
+    kinds = mix_of(mix, serves_vision(url, api_key))
     warmup_count = max(concurrency, count // 10)
     report: dict[str, Any] = {
         "warmup": asyncio.run(run_load(url, api_key, warmup_count, concurrency, seed=1, kinds_mix=kinds,
@@ -348,6 +436,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--api-key", default="soak-key")
     p.add_argument("--triton", nargs=2, metavar=("GRPC_URL", "HTTP_URL"),
                    help="a running Triton with the bundled models: start only the gateway")
+    p.add_argument("--vision", action="store_true",
+                   help=f"with --triton: it serves {VISION} too (images join the mix)")
     p.add_argument("--max-growth-mib", type=float, default=48.0,
                    help="fail when the gateway's RSS grows more than this after the warm-up (default 48)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -364,9 +454,9 @@ def main(argv: list[str] | None = None) -> int:
                 from openai_api.embedded.prepare import prepare_models
 
                 prepare_models()
-                triton = EmbeddedTriton(models=[LLM, EMBEDDING, RERANK]).start()
+                triton = EmbeddedTriton(models=[LLM, EMBEDDING, RERANK, VISION]).start()
                 grpc_url, http_url = triton.grpc_url, triton.http_url
-            gateway = Gateway(grpc_url, http_url, args.api_key)
+            gateway = Gateway(grpc_url, http_url, args.api_key, vision=args.triton is None or args.vision)
             gateway.wait_ready()
             url, pid = gateway.url, gateway.proc.pid
         report = soak(url, pid, args.api_key, args.requests, args.concurrency, args.max_growth_mib, args.mix,

@@ -1,7 +1,7 @@
 """A small run of scripts/soak.py against the session Triton: the gateway CLI as its own process, mixed
-concurrent traffic (ordinary and hostile: fan-out, 2 MB inputs, reserved template kwargs, clients leaving
-mid-stream, a storm of silent connections), zero unexpected answers, bounded memory and fds, and a clean
-exit afterwards."""
+concurrent traffic (chat, Messages and images beside embeddings and rerank; hostile: fan-out, 2 MB inputs,
+reserved template kwargs, clients leaving mid-stream, a pixel bomb, a storm of silent connections), zero
+unexpected answers, bounded memory and fds, and a clean exit afterwards."""
 
 from __future__ import annotations
 
@@ -27,15 +27,17 @@ def load_soak() -> ModuleType:
 
 def test_soak_small_run_has_no_errors_and_bounded_memory(triton: EmbeddedTriton) -> None:
     soak = load_soak()
-    gateway = soak.Gateway(triton.grpc_url, triton.http_url, "soak-key", ("--header-timeout", "2"))
+    gateway = soak.Gateway(triton.grpc_url, triton.http_url, "soak-key", ("--header-timeout", "2"), vision=True)
+    kinds = soak.mix_of("hostile", vision=True)
     try:
         gateway.wait_ready()
-        report = soak.soak(gateway.url, gateway.proc.pid, "soak-key", count=110, concurrency=32,
+        report = soak.soak(gateway.url, gateway.proc.pid, "soak-key", count=10 * len(kinds), concurrency=32,
                            max_growth_mib=GROWTH_MIB, storm_every=3600, storm_size=100, storm_close_within=6)
     finally:
         code = gateway.stop()
     assert report["errors"] == 0, report
-    assert report["soak"]["by_kind"] == {k: 10 for k in (*soak.KINDS, *soak.HOSTILE)}
+    assert report["soak"]["by_kind"] == {k: 10 for k in kinds}
+    assert {"messages", "messages_stream", "image", "image_bomb"} <= set(kinds)
     assert set(report["soak"]["by_status"]) <= {"200", "400", "429"}, report["soak"]["by_status"]
     assert report["soak"]["silent_connections"] == {"opened": 100, "not_closed": 0}
     assert report["rss"]["growth_mib"] < GROWTH_MIB, report["rss"]
