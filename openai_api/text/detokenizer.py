@@ -5,6 +5,24 @@ from __future__ import annotations
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
+_WINDOW = 8  # prompt ids the stream is primed with
+_MAX_PENDING = 3  # a UTF-8 character is at most 4 bytes, so at most 3 of its bytes end an incomplete prompt
+
+
+def _incomplete_tail(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool) -> int:
+    """How many of `ids`' last tokens hold only the start of a UTF-8 character (0: the text ends whole; -1:
+    it still ends with U+FFFD after 3, so the text itself ends with that character). An ordinary prompt costs
+    one decode of its last token (~2 us): a token whose own bytes end inside no character ends the text whole;
+    one cut mid-character costs up to 4 decodes of <= 8 ids. Text alone cannot tell a U+FFFD the prompt
+    really ends with from a cut character: such a prompt's U+FFFD is repeated at the output's start."""
+    if not tokenizer.decode(ids[-1:], skip_special_tokens=skip_special_tokens).endswith("\ufffd"):
+        return 0
+    for pending in range(min(_MAX_PENDING, len(ids)) + 1):
+        text = tokenizer.decode(ids[:len(ids) - pending], skip_special_tokens=skip_special_tokens)
+        if not text.endswith("\ufffd"):
+            return pending
+    return -1
+
 
 class IncrementalDetokenizer:
     """Feed token ids one at a time; get back only the newly completed text.
@@ -18,7 +36,7 @@ class IncrementalDetokenizer:
     a marker), which are dropped before decoding: one set lookup per token.
     """
 
-    __slots__ = ("_drop", "_stream", "_tokenizer")
+    __slots__ = ("_drop", "_skip", "_stream", "_tokenizer")
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True,
                  prefix_ids: list[int] | None = None, drop_ids: frozenset[int] | None = None) -> None:
@@ -27,16 +45,40 @@ class IncrementalDetokenizer:
         if drop_ids is not None:
             skip_special_tokens = False
         # Priming with prompt ids gives the same leading-space handling as decoding the whole text.
-        if prefix_ids:
-            self._stream = DecodeStream(ids=prefix_ids[-8:], skip_special_tokens=skip_special_tokens)
-        else:
-            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        window = prefix_ids[-_WINDOW:] if prefix_ids else []
+        pending = _incomplete_tail(tokenizer, window, skip_special_tokens) if window else 0
+        if pending < 0:
+            # the prompt's text ends with U+FFFD itself: not primed, since a stream primed with it would emit
+            # the window's text with the first output, as below
+            window, pending = [], 0
+        primed = window[:len(window) - pending]
+        self._stream = DecodeStream(ids=primed or None, skip_special_tokens=skip_special_tokens)
+        self._skip = ""
+        if pending:
+            # The prompt ends inside a UTF-8 character (a token-array prompt cut mid-character): a stream
+            # primed with those bytes would never see its prefix text settle and would emit the whole window's
+            # text with the first output (vLLM #48853). Stepped here instead, they wait, like any half
+            # character, for the output's bytes; whole characters those tokens also hold (a space, a CJK
+            # character) are the prompt's and are cut from the first output, which then starts with the
+            # completed character, or U+FFFD where the output does not complete it.
+            for token_id in window[len(primed):]:
+                self._stream.step(tokenizer, token_id)
+            before = tokenizer.decode(primed, skip_special_tokens=skip_special_tokens)
+            held = tokenizer.decode(window, skip_special_tokens=skip_special_tokens).rstrip("\ufffd")
+            self._skip = held[len(before):] if held.startswith(before) else ""
 
     def step(self, token_id: int) -> str:
         if self._drop is not None and token_id in self._drop:
             return ""
         piece = self._stream.step(self._tokenizer, token_id)
+        if self._skip and piece:
+            return self._cut(piece)
         return piece or ""
+
+    def _cut(self, piece: str) -> str:
+        """The first output after a prompt cut mid-character, less the prompt's whole characters it repeats."""
+        skip, self._skip = self._skip, ""
+        return piece[len(skip):] if piece.startswith(skip) else piece
 
     def steps(self, token_ids: list[int]) -> str:
         if self._drop is not None:
@@ -50,4 +92,6 @@ class IncrementalDetokenizer:
             piece = self._stream.step(self._tokenizer, token_ids)
         else:
             return ""
+        if self._skip and piece:
+            return self._cut(piece)
         return piece or ""

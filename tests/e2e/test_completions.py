@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 import httpx
 import openai
 import orjson
 import pytest
+import tritonclient.grpc.aio as grpc_aio
 
+from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
+from tests.e2e.test_triton_llm import build_request, collect
 from tests.helpers import MODELS
 
 PROMPT = "The capital of France is"
@@ -43,6 +47,34 @@ def test_token_id_prompts_equal_text_prompts(client: openai.OpenAI) -> None:
     by_ids = client.completions.create(model=LLM, prompt=ids, max_tokens=6, temperature=0).choices[0].text
     by_lists = client.completions.create(model=LLM, prompt=[ids, ids], max_tokens=6, temperature=0)
     assert by_text == by_ids == by_lists.choices[0].text == by_lists.choices[1].text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_token_prompt_cut_mid_character_leaks_no_prompt_text(client: openai.OpenAI, triton: EmbeddedTriton,
+                                                                 stream: bool) -> None:
+    """Token ids that end inside a UTF-8 character (a client that splits at byte boundaries): the answer is the
+    model's own tokens as the tokenizer decodes them after the prompt's whole characters (vLLM #48853 returned
+    the primed prompt text in the first delta). The model's tokens come from Triton directly, greedy."""
+    tok = TextTokenizer.from_folder(MODELS / LLM)
+    ids = tok.encode("Answer with one emoji. A hot red pepper looks like 🌶")
+    cut = next(k for k in range(len(ids) - 1, 0, -1) if tok.decode(ids[:k]).endswith("\ufffd"))
+    prompt = ids[:cut]
+
+    async def model_tokens() -> list[int]:
+        c = grpc_aio.InferenceServerClient(triton.grpc_url)
+        try:
+            return (await collect(c, build_request(prompt, 8))).tokens
+        finally:
+            await c.close()
+
+    out = asyncio.run(model_tokens())
+    expected = tok.decode(prompt + out)[len(tok.decode(prompt).rstrip("\ufffd")):]
+    if stream:
+        chunks = client.completions.create(model=LLM, prompt=prompt, max_tokens=8, temperature=0, stream=True)
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+    else:
+        text = client.completions.create(model=LLM, prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+    assert text == expected and "pepper" not in text, (text, out)
 
 
 def test_echo(client: openai.OpenAI) -> None:

@@ -148,3 +148,27 @@ def test_text_with_a_lone_surrogate_is_refused_as_a_client_error(tok: TextTokeni
         with pytest.raises(InvalidRequestError) as e:
             call()
         assert e.value.status == 400 and e.value.code == "invalid_unicode"
+
+
+@pytest.mark.parametrize("text", ["Hello world 🌶 and more", "你好世界 and more", "Hello 世界, 😀😀 ok",
+                                  "日本語のテキストと한국어 ok"])
+@pytest.mark.parametrize("batched", [False, True])
+def test_a_prompt_cut_mid_character_never_leaks_into_the_output(tok: TextTokenizer, text: str,
+                                                                 batched: bool) -> None:
+    """A token-array prompt may end inside a UTF-8 character (vLLM #48853: a stream primed with it emitted the
+    whole primed window's text with the first output). At every such cut the output is the whole text less
+    the prompt's whole characters, as the tokenizer decodes both: the character the output completes is
+    the output's; and where the output does not complete it, a U+FFFD stands for the broken bytes."""
+    ids = tok.encode(text)
+    cuts = [k for k in range(1, len(ids)) if tok.decode(ids[:k]).endswith(REPLACEMENT)]
+    assert cuts, "the sample must split a character across tokens"
+    for k in cuts:
+        prompt_text = tok.decode(ids[:k]).rstrip(REPLACEMENT)
+        d = IncrementalDetokenizer(tok.tokenizer, prefix_ids=ids[:k])
+        out = d.steps(ids[k:]) if batched else "".join(d.step(i) for i in ids[k:])
+        assert out == tok.decode(ids)[len(prompt_text):], (k, out)
+        unrelated = tok.encode(" next")  # an output that does not complete the prompt's character
+        d = IncrementalDetokenizer(tok.tokenizer, prefix_ids=ids[:k])
+        out = d.steps(unrelated) if batched else "".join(d.step(i) for i in unrelated)
+        assert out == tok.decode(ids[:k] + unrelated)[len(prompt_text):], (k, out)
+
