@@ -106,7 +106,14 @@ class SequenceText:
 
     def finish(self) -> TextEvent:
         reason = "length" if self.produced >= self._max_tokens else "stop"
-        return self._event(self._matcher.flush(), reason)
+        tail = self._detok.finish()  # a character the ids left incomplete (U+FFFD), or a held batch
+        text = self._matcher.push(tail) if tail else ""
+        if self._matcher.stopped:
+            self.stopped = True
+            ev = self._event(text, "stop")
+            ev.stop = self._matcher.matched
+            return ev
+        return self._event(text + self._matcher.flush(), reason)
 
     def _event(self, text: str, finish_reason: str | None) -> TextEvent:
         if not self._want_lp:

@@ -36,7 +36,7 @@ class IncrementalDetokenizer:
     a marker), which are dropped before decoding: one set lookup per token.
     """
 
-    __slots__ = ("_drop", "_skip", "_stream", "_tokenizer")
+    __slots__ = ("_drop", "_held", "_last", "_skip", "_skip_special", "_stream", "_tokenizer")
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True,
                  prefix_ids: list[int] | None = None, drop_ids: frozenset[int] | None = None) -> None:
@@ -44,6 +44,7 @@ class IncrementalDetokenizer:
         self._drop = drop_ids
         if drop_ids is not None:
             skip_special_tokens = False
+        self._skip_special = skip_special_tokens
         # Priming with prompt ids gives the same leading-space handling as decoding the whole text.
         window = prefix_ids[-_WINDOW:] if prefix_ids else []
         pending = _incomplete_tail(tokenizer, window, skip_special_tokens) if window else 0
@@ -54,6 +55,10 @@ class IncrementalDetokenizer:
         primed = window[:len(window) - pending]
         self._stream = DecodeStream(ids=primed or None, skip_special_tokens=skip_special_tokens)
         self._skip = ""
+        # Ids stepped since the last text came out (held: the text so far ends inside a character), and the
+        # id that text ended with: what `finish` decodes if the sequence ends there.
+        self._held: list[int] = window[len(primed):]
+        self._last: int | None = primed[-1] if primed else None
         if pending:
             # The prompt ends inside a UTF-8 character (a token-array prompt cut mid-character): a stream
             # primed with those bytes would never see its prefix text settle and would emit the whole window's
@@ -71,9 +76,15 @@ class IncrementalDetokenizer:
         if self._drop is not None and token_id in self._drop:
             return ""
         piece = self._stream.step(self._tokenizer, token_id)
+        if piece is None:
+            self._held.append(token_id)
+            return ""
+        if self._held:
+            self._held.clear()
+        self._last = token_id
         if self._skip and piece:
             return self._cut(piece)
-        return piece or ""
+        return piece
 
     def _cut(self, piece: str) -> str:
         """The first output after a prompt cut mid-character, less the prompt's whole characters it repeats."""
@@ -87,11 +98,35 @@ class IncrementalDetokenizer:
         if len(token_ids) == 1:
             piece = self._stream.step(self._tokenizer, token_ids[0])
         elif token_ids:
-            # One call for many ids (a non-streamed answer, a multi-token chunk): same text and the
-            # same held-back partial character as stepping one by one, at a fraction of the calls.
+            # One call for many ids (a non-streamed answer, a multi-token chunk): same text as stepping one
+            # by one, at a fraction of the calls - except that when the ids end inside a character the
+            # stream holds all of them back, not just that character: `finish` gives them out at the end.
             piece = self._stream.step(self._tokenizer, token_ids)
         else:
             return ""
+        if piece is None:
+            self._held += token_ids
+            return ""
+        if self._held:
+            self._held.clear()
+        self._last = token_ids[-1]
         if self._skip and piece:
             return self._cut(piece)
-        return piece or ""
+        return piece
+
+    def finish(self) -> str:
+        """The end of the sequence: the text still held back, "" when none. Ids that end inside a character
+        (an answer cut by max_tokens mid-emoji) give U+FFFD for it, as a decode of the whole sequence does; a
+        non-streamed answer, stepped as one batch, is held whole in that case and would otherwise be lost."""
+        if not self._held:
+            return ""
+        held, self._held = self._held, []
+        decode, skip = self._tokenizer.decode, self._skip_special
+        text = decode(held, skip_special_tokens=skip)
+        if self._last is not None:
+            # with the last id that came out as context, for decoders whose text depends on what precedes
+            context = decode([self._last], skip_special_tokens=skip)
+            whole = decode([self._last, *held], skip_special_tokens=skip)
+            if whole.startswith(context):
+                text = whole[len(context):]
+        return self._cut(text) if self._skip and text else text

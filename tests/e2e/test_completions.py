@@ -11,6 +11,7 @@ import orjson
 import pytest
 import tritonclient.grpc.aio as grpc_aio
 
+from openai_api.config import BUNDLED_CONFIG, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
@@ -60,10 +61,14 @@ def test_a_token_prompt_cut_mid_character_leaks_no_prompt_text(client: openai.Op
     cut = next(k for k in range(len(ids) - 1, 0, -1) if tok.decode(ids[:k]).endswith("\ufffd"))
     prompt = ids[:cut]
 
+    info = load_config(BUNDLED_CONFIG).model_info(LLM)  # the sampling defaults the gateway sends with it
+    assert info.top_p is not None and info.repetition_penalty is not None
+    sampling = {"runtime_top_p": (info.top_p, "FP32"), "repetition_penalty": (info.repetition_penalty, "FP32")}
+
     async def model_tokens() -> list[int]:
         c = grpc_aio.InferenceServerClient(triton.grpc_url)
         try:
-            return (await collect(c, build_request(prompt, 8))).tokens
+            return (await collect(c, build_request(prompt, 8, **sampling))).tokens
         finally:
             await c.close()
 

@@ -164,11 +164,23 @@ def test_a_prompt_cut_mid_character_never_leaks_into_the_output(tok: TextTokeniz
     assert cuts, "the sample must split a character across tokens"
     for k in cuts:
         prompt_text = tok.decode(ids[:k]).rstrip(REPLACEMENT)
-        d = IncrementalDetokenizer(tok.tokenizer, prefix_ids=ids[:k])
-        out = d.steps(ids[k:]) if batched else "".join(d.step(i) for i in ids[k:])
-        assert out == tok.decode(ids)[len(prompt_text):], (k, out)
-        unrelated = tok.encode(" next")  # an output that does not complete the prompt's character
-        d = IncrementalDetokenizer(tok.tokenizer, prefix_ids=ids[:k])
-        out = d.steps(unrelated) if batched else "".join(d.step(i) for i in unrelated)
-        assert out == tok.decode(ids[:k] + unrelated)[len(prompt_text):], (k, out)
+        for output in (ids[k:], tok.encode(" next"), ids[k:k + 1]):  # completes it, does not, half of it
+            d = IncrementalDetokenizer(tok.tokenizer, prefix_ids=ids[:k])
+            out = (d.steps(output) if batched else "".join(d.step(i) for i in output)) + d.finish()
+            assert out == tok.decode(ids[:k] + output)[len(prompt_text):], (k, output, out)
 
+
+
+@pytest.mark.parametrize("text", ["Plants 🌱🌱🌱 grow", "日本語のテキストと한국어", "family: 👨\u200d👩\u200d👧 ok",
+                                  "plain ascii"])
+def test_an_answer_cut_anywhere_is_never_lost_and_ends_as_a_whole_decode(tok: TextTokenizer, text: str) -> None:
+    """max_tokens may cut the ids inside a character. Stepped one by one or as one batch (a non-streamed
+    answer: the stream then holds back every id, not just the cut character), the text plus `finish()` is
+    what the tokenizer decodes from the same ids: U+FFFD for the cut character, nothing lost."""
+    ids = tok.encode(text)
+    for k in range(1, len(ids) + 1):
+        d = IncrementalDetokenizer(tok.tokenizer)
+        assert d.steps(ids[:k]) + d.finish() == tok.decode(ids[:k]), k
+        d = IncrementalDetokenizer(tok.tokenizer)
+        assert "".join(d.step(i) for i in ids[:k]) + d.finish() == tok.decode(ids[:k]), k
+        assert d.finish() == "", k  # given out once
