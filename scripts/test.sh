@@ -7,8 +7,8 @@
 # files in the order collected (unit, deploy, then e2e: --dist loadfile --no-loadscope-reorder), so a module's
 # gateway fixture stays in one process and each process's session tritonserver starts while its unit tests
 # run. Most of the e2e tier waits (sockets, paced models, process starts): in one process the 2 cores were
-# ~70% idle and pytest took 25.7 min here; in two, 23.6 min (the second session tritonserver starts only once the
-# first is up: see tests/e2e/conftest.py).
+# ~70% idle and pytest took 25.7 min here; in two, 15.6-23.6 min (the second session tritonserver starts only once
+# the first is up: see tests/e2e/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
