@@ -9,19 +9,29 @@ _WINDOW = 8  # prompt ids the stream is primed with
 _MAX_PENDING = 3  # a UTF-8 character is at most 4 bytes, so at most 3 of its bytes end an incomplete prompt
 
 
-def _incomplete_tail(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool) -> int:
-    """How many of `ids`' last tokens hold only the start of a UTF-8 character (0: the text ends whole; -1:
-    it still ends with U+FFFD after 3, so the text itself ends with that character). An ordinary prompt costs
-    one decode of its last token (~2 us): a token whose own bytes end inside no character ends the text whole;
-    one cut mid-character costs up to 4 decodes of <= 8 ids. Text alone cannot tell a U+FFFD the prompt
-    really ends with from a cut character: such a prompt's U+FFFD is repeated at the output's start."""
+def _incomplete_tail(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool) -> tuple[int, str]:
+    """`(pending, held)`: how many of `ids`' last tokens hold only the start of a UTF-8 character, and the whole
+    characters those tokens hold before it (a space, a CJK character: the prompt's text, which the first output
+    would repeat). (0, "") when the text ends whole; (-1, "") when it still ends with U+FFFD after 3, so the
+    text itself ends with that character. An ordinary prompt costs one decode of its last token (~2 us): a
+    token whose own bytes end inside no character ends the text whole; one cut mid-character costs up to 5
+    decodes of <= 8 ids. Text alone cannot tell a U+FFFD the prompt really ends with from a cut character:
+    such a prompt's U+FFFD is repeated at the output's start."""
     if not tokenizer.decode(ids[-1:], skip_special_tokens=skip_special_tokens).endswith("\ufffd"):
-        return 0
-    for pending in range(min(_MAX_PENDING, len(ids)) + 1):
-        text = tokenizer.decode(ids[:len(ids) - pending], skip_special_tokens=skip_special_tokens)
-        if not text.endswith("\ufffd"):
-            return pending
-    return -1
+        return 0, ""
+
+    def decode(part: list[int]) -> str:
+        return tokenizer.decode(part, skip_special_tokens=skip_special_tokens)
+
+    whole = decode(ids)
+    if not whole.endswith("\ufffd"):
+        return 0, ""
+    for pending in range(1, min(_MAX_PENDING, len(ids)) + 1):
+        before = decode(ids[:len(ids) - pending])
+        if not before.endswith("\ufffd"):
+            held = whole.rstrip("\ufffd")
+            return pending, held[len(before):] if held.startswith(before) else ""
+    return -1, ""
 
 
 class IncrementalDetokenizer:
@@ -47,14 +57,13 @@ class IncrementalDetokenizer:
         self._skip_special = skip_special_tokens
         # Priming with prompt ids gives the same leading-space handling as decoding the whole text.
         window = prefix_ids[-_WINDOW:] if prefix_ids else []
-        pending = _incomplete_tail(tokenizer, window, skip_special_tokens) if window else 0
+        pending, self._skip = _incomplete_tail(tokenizer, window, skip_special_tokens) if window else (0, "")
         if pending < 0:
             # the prompt's text ends with U+FFFD itself: not primed, since a stream primed with it would emit
             # the window's text with the first output, as below
             window, pending = [], 0
         primed = window[:len(window) - pending]
         self._stream = DecodeStream(ids=primed or None, skip_special_tokens=skip_special_tokens)
-        self._skip = ""
         # Ids stepped since the last text came out (held: the text so far ends inside a character), and the
         # id that text ended with: what `finish` decodes if the sequence ends there.
         self._held: list[int] = window[len(primed):]
@@ -63,14 +72,11 @@ class IncrementalDetokenizer:
             # The prompt ends inside a UTF-8 character (a token-array prompt cut mid-character): a stream
             # primed with those bytes would never see its prefix text settle and would emit the whole window's
             # text with the first output (vLLM #48853). Stepped here instead, they wait, like any half
-            # character, for the output's bytes; whole characters those tokens also hold (a space, a CJK
-            # character) are the prompt's and are cut from the first output, which then starts with the
-            # completed character, or U+FFFD where the output does not complete it.
+            # character, for the output's bytes; whole characters those tokens also hold (`_skip`) are the
+            # prompt's and are cut from the first output, which then starts with the completed character, or
+            # U+FFFD where the output does not complete it.
             for token_id in window[len(primed):]:
                 self._stream.step(tokenizer, token_id)
-            before = tokenizer.decode(primed, skip_special_tokens=skip_special_tokens)
-            held = tokenizer.decode(window, skip_special_tokens=skip_special_tokens).rstrip("\ufffd")
-            self._skip = held[len(before):] if held.startswith(before) else ""
 
     def step(self, token_id: int) -> str:
         if self._drop is not None and token_id in self._drop:
