@@ -98,10 +98,7 @@ class SequenceText:
                 top = chunk.top_logprobs or []
                 self._pending_top += top[: len(chunk.token_ids)] + [[]] * (len(chunk.token_ids) - len(top))
         if self._matcher.stopped:
-            self.stopped = True
-            ev = self._event(text, "stop")
-            ev.stop = self._matcher.matched
-            return ev
+            return self._stopped(text)
         return self._event(text, None) if text else None
 
     def finish(self) -> TextEvent:
@@ -109,11 +106,15 @@ class SequenceText:
         tail = self._detok.finish()  # a character the ids left incomplete (U+FFFD), or a held batch
         text = self._matcher.push(tail) if tail else ""
         if self._matcher.stopped:
-            self.stopped = True
-            ev = self._event(text, "stop")
-            ev.stop = self._matcher.matched
-            return ev
+            return self._stopped(text)
         return self._event(text + self._matcher.flush(), reason)
+
+    def _stopped(self, text: str) -> TextEvent:
+        """The last event of a sequence a stop string ended (with the text before it)."""
+        self.stopped = True
+        ev = self._event(text, "stop")
+        ev.stop = self._matcher.matched
+        return ev
 
     def _event(self, text: str, finish_reason: str | None) -> TextEvent:
         if not self._want_lp:
