@@ -27,19 +27,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
-import io
 import json
 import random
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +43,8 @@ import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from tests.image_samples import data_url, png_bomb, solid  # noqa: E402 - after the checkout is on the path
 
 LLM = "smollm2-135m-instruct"
 EMBEDDING = "all-minilm-l6-v2"
@@ -64,7 +62,7 @@ EXPECTED: dict[str, frozenset[int]] = {
     "big_embedding": frozenset({400}), "reserved_kwargs": frozenset({400}), "disconnect": frozenset({200}),
     "image_bomb": frozenset({400}),
 }
-COLOURS = {"red": (220, 20, 20), "green": (20, 200, 20), "blue": (20, 20, 220)}
+COLOURS = ("red", "green", "blue")  # of tests/image_samples.py, each named as such by VISION
 BIG = ("All work and no play makes Jack a dull boy. " * 48000)[:2_000_000]
 
 
@@ -145,32 +143,12 @@ class Gateway:
         return self.proc.wait(10)
 
 
-def png_data_url(width: int, height: int, colour: str) -> str:
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.new("RGB", (width, height), COLOURS[colour]).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
-
-
-def png_bomb_data_url(side: int = 10_000) -> str:
-    """A valid 1-bit PNG of side x side black pixels, ~12 KB (RFC 2083 chunks; rows of zeros deflated)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    packer = zlib.compressobj(9)
-    pixels = packer.compress((b"\x00" * (1 + (side + 7) // 8)) * side) + packer.flush()
-    png = (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 1, 0, 0, 0, 0))
-           + chunk(b"IDAT", pixels) + chunk(b"IEND", b""))
-    return "data:image/png;base64," + base64.b64encode(png).decode()
-
-
-BOMB = png_bomb_data_url()
+BOMB = data_url(png_bomb())  # ~12 KB: 10,000 x 10,000 pixels
 
 
 def image_of(i: int) -> tuple[int, int, str]:
     """Request i's image: a size and colour of its own, so it is decoded for real (the cache rarely hits)."""
-    return 8 + i % 97, 8 + i % 61, list(COLOURS)[i % len(COLOURS)]
+    return 8 + i % 97, 8 + i % 61, COLOURS[i % len(COLOURS)]
 
 
 def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
@@ -187,8 +165,8 @@ def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
                                 "stream": kind == "messages_stream"}
     if kind == "image":
         w, h, colour = image_of(i)
-        parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": png_data_url(
-            w, h, colour)}}]
+        parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": data_url(
+            solid(w, h, colour))}}]
         return "/v1/chat/completions", {"model": VISION, "max_tokens": 32, "temperature": 0,
                                         "messages": [{"role": "user", "content": parts}]}
     if kind == "image_bomb":
