@@ -149,6 +149,10 @@ class Settings(BaseModel):
     template_max_chars: Annotated[int, Option(
         "largest value (the prompt included) one chat-template render may build (twice the largest body); past "
         "it, a 400", group="limits", metavar="N")] = 32 * 1024 * 1024
+    prompt_cache_mb: Annotated[float, Option(
+        "memory for the token ids of prompt segments already seen (a long conversation's earlier turns), so each "
+        "turn tokenizes only what it adds; exact, whatever the model. Per worker; 0 = off", group="limits",
+        metavar="MB")] = Field(default=128.0, ge=0)
     stream_idle_timeout_s: Annotated[float | None, Option(
         "a generation that had a response from Triton and then none for this long ends with a 504 (or an SSE "
         "error event once streaming); before its first response silence is normal (queued, prefilling, or a "

@@ -18,6 +18,7 @@ from openai_api.services.rerank import RerankService
 from openai_api.services.responses import ResponsesService, ResponseStore
 from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
+from openai_api.text.prompt_cache import PromptTokenCache
 from openai_api.text.templates import RenderLimits
 from openai_api.text.workers import CPUWorkers
 from openai_api.triton.client import TritonClientPool
@@ -49,8 +50,9 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     """The registry (each model's tokenizer, template and assembled Triton backend), the preprocessing
     workers, and one service per endpoint over them."""
     registry = ModelRegistry(config, pool or TritonClientPool(), metrics, settings.stream_idle_timeout_s)
+    cache = PromptTokenCache(int(settings.prompt_cache_mb * 1024 * 1024)) if settings.prompt_cache_mb > 0 else None
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
-                       RenderLimits(settings.template_timeout_s, settings.template_max_chars))
+                       RenderLimits(settings.template_timeout_s, settings.template_max_chars), cache)
     store = ResponseStore(settings.responses_store) if settings.responses_store else None
     return _assemble(registry, pre, ImageService.from_settings(settings, metrics), store)
 

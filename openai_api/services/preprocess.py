@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 from openai_api.errors import ContextLengthExceededError, InvalidRequestError
 from openai_api.services.registry import LLMRuntime
+from openai_api.text.prompt_cache import NO_BOUNDARIES, PromptTokenCache
 from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
-from openai_api.text.tokenizer import TextTokenizer
 from openai_api.text.workers import CPUWorkers, JobTimeoutError
 from openai_api.tracing import child_span, traced_step
 from openai_api.triton.llm import TEXT_PROTOCOLS
@@ -40,6 +40,9 @@ T = TypeVar("T")
 # Requests this small, with a structurally bounded template, are rendered and tokenized inline.
 INLINE_CHARS = 8192
 INLINE_MESSAGES = 64
+# Rendered prompts longer than this are tokenized through the prompt cache (`text.prompt_cache`): what a long
+# conversation repeats is not tokenized again. Shorter ones cost less to tokenize whole than to look up.
+CACHED_CHARS = INLINE_CHARS
 # Private-use characters no client text will hold by chance, plus a per-process random tag.
 _TAG = uuid.uuid4().hex[:8]
 OPEN, CLOSE = f"\ue000{_TAG}\ue001", f"\ue002{_TAG}\ue003"
@@ -98,27 +101,75 @@ def _context_error(rt: LLMRuntime, param: str) -> ContextLengthExceededError:
         f"more than {rt.context_length} tokens. Please reduce the length of the {param}.", param=param)
 
 
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
 def encode_prompt(rt: LLMRuntime, text: str, param: str, add_special_tokens: bool = False) -> list[int]:
     """Token ids of `text` (with the tokenizer's added tokens, a BOS say, when `add_special_tokens`), or a
-    context-length 400 found without tokenizing all of a huge text."""
-    _, over = rt.tokenizer.bound(text, rt.context_length)
-    if over:
+    context-length 400 found without tokenizing all of a huge text. (No token covers less than a UTF-8 byte
+    beyond a prefix space, so a text of fewer bytes than the context need not be counted first.)"""
+    if _utf8_len(text) > rt.context_length and rt.tokenizer.bound(text, rt.context_length)[1]:
         raise _context_error(rt, param)
     return rt.tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _encode_marked(tok: TextTokenizer, rendered: str) -> list[int]:
+def _encode_marked(rendered: str, encode: Callable[[str], list[int]], plain: Callable[[str], list[int]]
+                   ) -> list[int]:
+    """Ids of a rendered prompt whose client text holding special-token text is marked: the marked text with
+    `plain` (special-token text read as plain text), each stretch between marks with `encode`."""
     ids: list[int] = []
     pos = 0
     for m in _MARKED.finditer(rendered):
-        ids += tok.encode(rendered[pos:m.start()])
-        ids += tok.encode_plain(m.group(1))
+        ids += encode(rendered[pos:m.start()])
+        ids += plain(m.group(1))
         pos = m.end()
-    return ids + tok.encode(rendered[pos:])
+    return ids + encode(rendered[pos:])
+
+
+@dataclass(slots=True)
+class PromptEncoder:
+    """How the rendered prompt of a chat request is tokenized: through the prompt cache
+    (`text.prompt_cache`) when the rendered text is long and the model's template has markers to cut at,
+    else whole. Either way a text that certainly holds more tokens than the model's context is a 400
+    before most of it is tokenized, and the ids are exactly the whole text's."""
+
+    rt: LLMRuntime
+    cache: PromptTokenCache | None
+    param: str = "messages"
+
+    @classmethod
+    def of(cls, rt: LLMRuntime, cache: PromptTokenCache | None, chars: int) -> PromptEncoder:
+        use = cache is not None and rt.prompt_boundaries.pattern is not None and chars > CACHED_CHARS
+        return cls(rt, cache if use else None)
+
+    def _check(self, new: list[str], known: int) -> None:
+        # No token covers less than one UTF-8 byte, beyond a piece's prefix space: most new text is certainly
+        # within the context without counting it; only what may not be is counted first.
+        room = self.rt.context_length - known
+        if sum(_utf8_len(s) + 2 for s in new) > room and self.rt.tokenizer.bound("".join(new), room)[1]:
+            raise _context_error(self.rt, self.param)
+
+    def encode(self, text: str) -> list[int]:
+        if self.cache is None:
+            return encode_prompt(self.rt, text, self.param)
+        tok = self.rt.tokenizer
+        return self.cache.encode(tok.cache_key, self.rt.prompt_boundaries, text, tok.encode_batch, tok.interned,
+                                 self._check)
+
+    def plain(self, text: str) -> list[int]:
+        """Client text holding special-token text, read as plain text (one segment, cached under the negated
+        tokenizer key: the same text's ids differ when special tokens are read)."""
+        tok = self.rt.tokenizer
+        if self.cache is None:
+            return tok.encode_plain(text)
+        return self.cache.encode(-tok.cache_key, NO_BOUNDARIES, text,
+                                 lambda texts: [tok.encode_plain(t) for t in texts], tok.interned)
 
 
 def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: str, takes_text: bool,
-                       limits: RenderLimits, render_kwargs: dict[str, Any]) -> Prompt:
+                       limits: RenderLimits, cache: PromptTokenCache | None,
+                       render_kwargs: dict[str, Any]) -> Prompt:
     assert rt.template is not None
     found: str | None = None
     pattern = rt.tokenizer.special_pattern
@@ -152,22 +203,26 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
             raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
                                       param="messages", code="empty_prompt")
         t0 = time.time_ns()
-        if rt.tokenizer.bound(plain, rt.context_length)[1]:
+        if _utf8_len(plain) > rt.context_length and rt.tokenizer.bound(plain, rt.context_length)[1]:
             raise _context_error(rt, "messages")
-        return Prompt(plain, _encode_marked(rt.tokenizer, text), (t0, time.time_ns()))
+        enc = PromptEncoder.of(rt, cache, len(text))
+        return Prompt(plain, _encode_marked(text, enc.encode, enc.plain), (t0, time.time_ns()))
     if not text:
         raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
                                   param="messages", code="empty_prompt")
     t0 = time.time_ns()
-    return Prompt(text, encode_prompt(rt, text, "messages"), (t0, time.time_ns()))
+    return Prompt(text, PromptEncoder.of(rt, cache, len(text)).encode(text), (t0, time.time_ns()))
 
 
 class Preprocessor:
     """Renders and tokenizes inline or on the CPU workers (see the module docstring)."""
 
-    def __init__(self, workers: CPUWorkers, limits: RenderLimits | None = None) -> None:
+    def __init__(self, workers: CPUWorkers, limits: RenderLimits | None = None,
+                 cache: PromptTokenCache | None = None) -> None:
         self.workers = workers
         self.limits = limits or RenderLimits()
+        # Process-lifetime, shared by every config generation (`services.container.rebuild_services`).
+        self.cache = cache
 
     async def chat(self, rt: LLMRuntime, messages: list[dict[str, Any]], prefill: str = "",
                    **render_kwargs: Any) -> Prompt:
@@ -178,7 +233,7 @@ class Preprocessor:
             raise InvalidRequestError(f"The model {rt.name!r} has no chat template; use /v1/completions.",
                                       param="model", code="no_chat_template")
         takes_text = getattr(rt.backend, "protocol", "") in TEXT_PROTOCOLS
-        args = (rt, messages, prefill, takes_text, self.limits, render_kwargs)
+        args = (rt, messages, prefill, takes_text, self.limits, self.cache, render_kwargs)
         try:
             with child_span("chat template", **{"gen_ai.request.model": rt.name}) as span:  # traced requests only
                 if rt.template.bounded and len(messages) <= INLINE_MESSAGES and _size(messages) <= INLINE_CHARS:

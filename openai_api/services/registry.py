@@ -21,6 +21,7 @@ from openai_api.text.parsers import (
     detect_reasoning,
     keep_markers,
 )
+from openai_api.text.prompt_cache import NO_BOUNDARIES, Boundaries, find_boundaries, template_markers
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
 from openai_api.triton.client import TritonClientPool
@@ -62,6 +63,9 @@ class LLMRuntime:
     control_markers: frozenset[str] = frozenset()
     # A LoRA adapter served as a model: its base model's runtime with this set (and a backend that sends it).
     adapter: LoraAdapter | None = None
+    # Where its rendered prompts may be cut for the prompt cache (`text.prompt_cache`): the template's markers
+    # that are safe cut points for this tokenizer; none: prompts are tokenized whole.
+    prompt_boundaries: Boundaries = NO_BOUNDARIES
 
     @property
     def name(self) -> str:
@@ -137,11 +141,13 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend, tok: TextTokeni
     bad_words = _words(tok, info.bad_words)
     bad_strings = [s for s in (w if isinstance(w, str) else tok.decode(w, skip_special_tokens=False)
                                for w in info.bad_words) if s]
+    boundaries = NO_BOUNDARIES if template is None else find_boundaries(
+        tok.tokenizer, template_markers(template.source, tok.tokenizer, (tok.bos_token, tok.eos_token)))
     return LLMRuntime(config=m, info=info, tokenizer=tok, template=template, backend=backend,
                       context_length=context, end_id=end_id, pad_id=pad_id, stop_token_words=stop_words,
                       stop_strings=sorted(set(stop_strings)), bad_token_words=bad_words, bad_strings=bad_strings,
                       tool_parser=tool_parser, reasoning_parser=reasoning_parser, drop_ids=drop_ids,
-                      control_markers=control)
+                      control_markers=control, prompt_boundaries=boundaries)
 
 
 def _stamp(folder: Path) -> tuple[tuple[int, int], ...]:

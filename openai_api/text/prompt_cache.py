@@ -1,0 +1,224 @@
+"""Token ids of rendered prompts, tokenizing only the text a prompt adds to what this process has seen.
+
+Why: an agent session's every request carries the whole conversation (50k-200k tokens), and tokenizing it
+whole costs ~2.5 ms of CPU per 1k tokens, on every turn. The engines behind Triton reuse the KV cache of
+the shared prefix, so without this the gateway, not the GPU, set the pace of long sessions.
+
+How, exactly (never an approximation): the tokenizers library extracts added tokens (a chat template's
+markers: `<|im_start|>`, `<|eot_id|>`, `[INST]`...) from the text before it normalizes or pre-tokenizes
+anything, and then encodes the text between them piece by piece. So a prompt cut right before an
+occurrence of a marker `T` encodes as the concatenation of its two parts, provided nothing about that
+occurrence depends on the text before it. A marker is used as a cut point (`PromptTokenCache` calls it a
+boundary) only when:
+
+* `T` is matched on the raw text (`normalized=False`, or a tokenizer with no normalizer: DeepSeek's
+  user marker), takes no whitespace from its left (`lstrip=False`) and need not stand alone as a word
+  (`single_word=False`);
+* no added token `U` can match across the cut: no proper suffix of any added token starts with `T`, or
+  is a non-empty prefix of `T` (checked once per tokenizer). Then leftmost-longest matching, which the
+  library uses, finds a token starting exactly at `T`'s occurrence in the whole text and in the part that
+  starts there, and the same tokens before it;
+* the piece after `T` is never at offset 0, in the whole text or in the part, so offset-dependent
+  pre-tokenizers (Metaspace's `prepend_scheme: first`) treat it alike.
+
+A prompt is cut before every occurrence of a boundary marker into segments (the head before the first
+marker, then one segment per marker), and each segment's ids depend on its own text only. They are
+remembered by that text in a process-wide LRU bounded in bytes (`--prompt-cache-mb`), shared by every
+model with the same tokenizer file, so a turn tokenizes only the segments it has not seen: its new messages,
+and any earlier message the template rewrote (Qwen3 dropping old reasoning, harmony dropping old analysis),
+which is simply a new segment. A head segment never starts with a marker and every other segment does, so
+the two kinds cannot collide in the map.
+
+What still scales with the whole prompt is string work at memory speed: finding the markers (one regular
+expression scan), hashing the segments, and joining their cached id lists (interned ints, so a join copies
+pointers). Token ids are kept as lists of ints interned per tokenizer (8 bytes a token instead of ~36;
+the tokenizer holds the table, ~36 bytes per vocabulary entry, made on first use).
+
+Proven by a property test (tests/unit/test_prompt_cache.py) against whole-prompt tokenization on every
+vendored family tokenizer and template, random conversations and a Metaspace tokenizer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tokenizers import Tokenizer
+
+# Per entry, beyond its text and its ids: the map's node, the key tuple and the list header.
+_ENTRY_OVERHEAD = 160
+
+
+@dataclass(frozen=True, slots=True)
+class Boundaries:
+    """The markers a tokenizer's prompts can be cut before (see the module docstring), as one pattern."""
+
+    markers: tuple[str, ...]
+    pattern: re.Pattern[str] | None
+
+    def cuts(self, text: str) -> list[int]:
+        """Where each segment of `text` starts: 0, then every occurrence of a marker (never 0 twice)."""
+        if self.pattern is None:
+            return [0]
+        starts = [m.start() for m in self.pattern.finditer(text)]
+        if not starts or starts[0] != 0:
+            starts.insert(0, 0)
+        return starts
+
+
+NO_BOUNDARIES = Boundaries((), None)
+
+
+def _crosses(token: str, other: str) -> bool:
+    """Whether `other` matched somewhere before an occurrence of `token` could run into it: a proper suffix
+    of `other` starts with `token`, or is a non-empty prefix of `token`."""
+    for o in range(1, len(other)):
+        tail = other[o:]
+        if tail.startswith(token) or token.startswith(tail):
+            return True
+    return False
+
+
+def _identity_normalizer(tokenizer: Tokenizer) -> bool:
+    """Whether `tokenizer` normalizes nothing (no normalizer, or an empty sequence of them): then a token it
+    matches on normalized text is matched on the raw text as well."""
+    norm = tokenizer.normalizer
+    if norm is None:
+        return True
+    try:
+        state = json.loads(norm.__getstate__())
+    except (ValueError, TypeError, AttributeError):
+        return False
+    return isinstance(state, dict) and state.get("type") == "Sequence" and not state.get("normalizers")
+
+
+def find_boundaries(tokenizer: Tokenizer, candidates: Iterable[str]) -> Boundaries:
+    """The `candidates` (a template's literal markers, its BOS/EOS) that are safe cut points for
+    `tokenizer`'s prompts: added tokens matched on raw text, without `lstrip` or `single_word`, that no
+    added token can match across (module docstring). None qualify: prompts are not cut (still exact)."""
+    added = {t.content: t for t in tokenizer.get_added_tokens_decoder().values() if t.content}
+    every = list(added)
+    raw = _identity_normalizer(tokenizer)
+    markers = []
+    for text in set(candidates):
+        tok = added.get(text)
+        if tok is None or (tok.normalized and not raw) or tok.lstrip or tok.single_word:
+            continue
+        if any(_crosses(text, other) for other in every):
+            continue
+        markers.append(text)
+    markers.sort(key=lambda m: (-len(m), m))  # longest first: leftmost-longest, as the library matches
+    pattern = re.compile("|".join(map(re.escape, markers))) if markers else None
+    return Boundaries(tuple(markers), pattern)
+
+
+def template_markers(source: str, tokenizer: Tokenizer, extra: Sequence[str] = ()) -> list[str]:
+    """The added tokens of `tokenizer` that a chat template's source writes literally, plus `extra` (its
+    BOS and EOS, which templates write through variables): the candidates for `find_boundaries`."""
+    found = [t.content for t in tokenizer.get_added_tokens_decoder().values() if t.content and t.content in source]
+    return [*found, *(e for e in extra if e)]
+
+
+def intern(table: list[int], ids: list[int]) -> list[int]:
+    """`ids` with each id replaced by the one int object `table` holds for it (`table[i] == i`), so that
+    lists cached for a long time share their ints: 8 bytes a token instead of ~36."""
+    n = len(table)
+    return [table[i] if 0 <= i < n else i for i in ids]
+
+
+@dataclass
+class CacheStats:
+    """Counters of one cache, for metrics and tests: segments found in the map and tokenized anew, and the
+    tokens each gave."""
+
+    hit_segments: int = 0
+    miss_segments: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+    evicted: int = 0
+
+
+@dataclass
+class PromptTokenCache:
+    """The process-wide map segment text -> token ids, for every tokenizer (module docstring), bounded in
+    bytes and evicted least recently used first. Thread-safe: renders run on the CPU workers' threads; the
+    map is only touched under a lock, tokenizing happens outside it."""
+
+    max_bytes: int
+    stats: CacheStats = field(default_factory=CacheStats)
+    _map: OrderedDict[tuple[int, str], list[int]] = field(default_factory=OrderedDict)
+    _bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._map)
+
+    def encode(self, key: int, boundaries: Boundaries, text: str,
+               encode_batch: Callable[[list[str]], list[list[int]]], interned: list[int],
+               check: Callable[[list[str], int], None] | None = None) -> list[int]:
+        """The ids of `text`, equal to `encode_batch([text])[0]`: cut at `boundaries`, cached segments taken
+        from the map, the others tokenized together with `encode_batch` (one call) and remembered with their
+        ids interned (`interned`: the tokenizer's table of int objects, see `intern`). `key` names the
+        tokenizer (segments of different tokenizers never mix). `check(new segments, tokens already known)`
+        runs before anything is tokenized and may raise (a prompt too long for the model's context)."""
+        cuts = boundaries.cuts(text)
+        cuts.append(len(text))
+        segments = [text[a:b] for a, b in itertools.pairwise(cuts) if b > a]
+        found: list[list[int] | None] = []
+        missing: dict[str, int] = {}
+        stats = self.stats
+        with self._lock:
+            m = self._map
+            for seg in segments:
+                ids = m.get((key, seg))
+                if ids is not None:
+                    m.move_to_end((key, seg))
+                    stats.hit_segments += 1
+                    stats.hit_tokens += len(ids)
+                elif seg not in missing:
+                    missing[seg] = len(missing)
+                found.append(ids)
+        if missing:
+            new = list(missing)
+            if check is not None:
+                check(new, sum(len(f) for f in found if f is not None))
+            fresh = [intern(interned, ids) for ids in encode_batch(new)]
+            with self._lock:
+                for seg, ids in zip(new, fresh, strict=True):
+                    self._put((key, seg), ids)
+                    stats.miss_segments += 1
+                    stats.miss_tokens += len(ids)
+                self._evict()
+            found = [f if f is not None else fresh[missing[s]] for f, s in zip(found, segments, strict=True)]
+        out: list[int] = []
+        for ids in found:
+            assert ids is not None
+            out += ids
+        return out
+
+    def _put(self, k: tuple[int, str], ids: list[int]) -> None:
+        if k in self._map:
+            return
+        self._map[k] = ids
+        self._bytes += _entry_bytes(k[1], ids)
+
+    def _evict(self) -> None:
+        m = self._map
+        while self._bytes > self.max_bytes and m:
+            (_, seg), ids = m.popitem(last=False)
+            self._bytes -= _entry_bytes(seg, ids)
+            self.stats.evicted += 1
+
+
+def _entry_bytes(seg: str, ids: list[int]) -> int:
+    return sys.getsizeof(seg) + 8 * len(ids) + _ENTRY_OVERHEAD
