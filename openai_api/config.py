@@ -98,8 +98,9 @@ class RoutingConfig(_Strict):
       `block_tokens`-token blocks (chained block hashes), so its KV cache likely holds that prefix; least load
       when no replica holds at least `min_match_blocks`, when the holder is down, or when the replicas are
       imbalanced (max load - min load > `imbalance_abs` and max load > `imbalance_rel` x min load). With a
-      session key (`session_header`'s value, or the request's `user` when `session_user`) the session's last
-      replica is preferred the same way.
+      session key (`session_header`'s value; with `agent_sessions`, on by default, OpenAI's `prompt_cache_key`
+      or the session header Claude Code and Codex send; the request's `user` when `session_user`) the
+      session's last replica is preferred the same way, so an agent's turns reach the KV cache of its prefix.
     """
 
     policy: RoutingPolicy = "least_outstanding"
@@ -115,6 +116,9 @@ class RoutingConfig(_Strict):
     imbalance_abs: float = Field(default=8.0, ge=0)
     imbalance_rel: float = Field(default=1.5, ge=1.0)
     session_header: str | None = Field(default=None, min_length=1, description="request header naming a session")
+    agent_sessions: bool = Field(default=True, description=(
+        "OpenAI's prompt_cache_key and the coding agents' session headers (Claude Code's X-Claude-Code-Session-Id, "
+        "Codex's session_id) name a session"))
     session_user: bool = Field(default=False, description="the request's `user` names a session")
     max_sessions: int = Field(default=65536, ge=1, description="sessions remembered (oldest forgotten first)")
 

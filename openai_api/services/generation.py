@@ -300,6 +300,12 @@ def refuse_vllm_extensions(req: _Sampling) -> None:
                                   "out of the text.", param="skip_special_tokens", code="unsupported_parameter")
 
 
+def _cache_key(req: _Sampling) -> str | None:
+    """OpenAI's `prompt_cache_key` (chat, completions and Responses send it beside the documented fields)."""
+    key = (req.model_extra or {}).get("prompt_cache_key")
+    return key if isinstance(key, str) and key else None
+
+
 def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
                              request_id: str, choice_index: int = 0, prompt_text: str = "") -> GenerationRequest:
     info, gdefaults = rt.info, rt.tokenizer.generation_defaults
@@ -338,5 +344,5 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         stop_texts=[*rt.stop_strings, *req.stop_list()],
         bad_texts=rt.bad_strings,
         timeout_s=rt.config.timeout_s,
-        session=session_key(rt.config.routing, req.user),
+        session=session_key(rt.config.routing, req.user, _cache_key(req)),
     )

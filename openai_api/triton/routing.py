@@ -12,11 +12,12 @@ over down the list as before. Each policy is one small class behind `RoutingPoli
   LRU map block hash -> replica urls (the last `HOLDERS`, most recent first) remembers where each prefix was
   sent; a request goes to the replica holding its longest remembered prefix (at least `min_match_blocks`),
   which most likely still has that prefix in its KV cache, so its prefill is short. A session key (a
-  header's value, or the request's `user`) names the session's last replica the same way and wins over the
-  prefix match. Least load instead when nothing matches, when every holder is down (down ones are skipped:
-  a shorter prefix held elsewhere may win), or when the holder is overloaded relative to
-  the least loaded replica: holder - least > `imbalance_abs` and holder > `imbalance_rel` x least (SGLang's
-  cache-aware router's rule, applied to the holder, so one hot conversation spills over instead of queueing).
+  header's value; by default also OpenAI's `prompt_cache_key` and the session headers of Claude Code and Codex;
+  or the request's `user`) names the session's last replica the same way and wins over the prefix match.
+  Least load instead when nothing matches, when every holder is down (down ones are skipped: a shorter prefix
+  held elsewhere may win), or when the holder is overloaded relative to the least loaded replica: holder -
+  least > `imbalance_abs` and holder > `imbalance_rel` x least (SGLang's cache-aware router's rule, applied
+  to the holder, so one hot conversation spills over instead of queueing).
 
 `order` returns the ordering and the reason (a label of the routing-decision metric); `routed` is told the
 replica a request was actually sent to (after failover too), which is what the prefix map remembers.
@@ -253,16 +254,40 @@ def make_policy(config: RoutingConfig, shared: SharedTable | None = None) -> Rou
     return LeastOutstanding()
 
 
-def session_key(config: RoutingConfig, user: str | None) -> str | None:
-    """The request's session for affinity: its `session_header` value (read from the current request's
-    headers), else its `user` when `session_user` is set; None without either."""
+# Headers in which coding agents name their session: Claude Code, and Codex (older releases write
+# `session_id`, with an underscore, which HTTP allows).
+AGENT_SESSION_HEADERS = (b"x-claude-code-session-id", b"session_id", b"session-id")
+# A session key longer than this is remembered by its hash (the map of sessions holds many of them).
+_MAX_KEY_CHARS = 256
+
+
+def _bounded(kind: str, value: str) -> str:
+    return f"{kind}:{value}" if len(value) <= _MAX_KEY_CHARS else f"{kind}#{stable_id(value):x}"
+
+
+def _header(names: tuple[bytes, ...]) -> str | None:
+    """The value of the first of `names` (lower-case) the current request carries, non-empty; None: none."""
+    stats = current_stats()
+    if stats is None or not stats.headers:
+        return None
+    found = {k: v for k, v in stats.headers if k in names and v}
+    return next((found[n].decode("latin-1") for n in names if n in found), None)
+
+
+def session_key(config: RoutingConfig, user: str | None, cache_key: str | None = None) -> str | None:
+    """The request's session for affinity, the first of: its `session_header` value (read from the current
+    request's headers); with `agent_sessions`, OpenAI's `prompt_cache_key` (`cache_key`), then the session
+    header of a coding agent (`AGENT_SESSION_HEADERS`); its `user` when `session_user` is set. None: none."""
     if config.session_header is not None:
-        stats = current_stats()
-        if stats is not None and stats.headers:
-            wanted = config.session_header.lower().encode("latin-1")
-            for k, v in stats.headers:
-                if k == wanted and v:
-                    return "h:" + v.decode("latin-1")
+        value = _header((config.session_header.lower().encode("latin-1"),))
+        if value:
+            return _bounded("h", value)
+    if config.agent_sessions:
+        if cache_key:
+            return _bounded("k", cache_key)
+        value = _header(AGENT_SESSION_HEADERS)
+        if value:
+            return _bounded("h", value)
     if config.session_user and user:
-        return "u:" + user
+        return _bounded("u", user)
     return None
