@@ -29,6 +29,12 @@ are Anthropic's:
   `output_config.effort` (low / medium / high / max) is gpt-oss's `reasoning_effort`, and switches thinking
   when `thinking` does not. `thinking.display` `omitted` and `updates` send thinking blocks with their
   signature and no text; other displays (`summarized`) send the text.
+* **Structured output**: `output_config.format` (or the beta's top-level `output_format`) `{type:
+  json_schema, schema}` is chat's `response_format` json_schema: the answer's text block follows the schema,
+  plain and streamed, through the same guide; a schema that cannot be compiled, or a backend without guided
+  decoding, is a 400 naming the field. A `strict: true` tool's `input_schema` is checked as that guide too
+  (a 400 for what cannot be compiled); a forced call of it is guided by it, as every forced call is; under
+  `tool_choice` auto the model's calls are parsed, not constrained, as on chat.
 * **Context editing**: `context_management.edits` (`clear_thinking_20251015`, `clear_tool_uses_20250919`)
   are applied to the history before the prompt is rendered and reported in the answer's
   `context_management.applied_edits` (`services.context_edits`); count_tokens counts the edited prompt.
@@ -79,6 +85,7 @@ from openai_api.services.chat import ChatService, PreparedChat, count_tokens
 from openai_api.services.context_edits import Applied, apply_edits, needs_prompt_tokens, parse_edits
 from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.generation import TextEvent, sequence_events
+from openai_api.services.guides import schema_guide
 from openai_api.services.images import chat_image_sources
 from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
@@ -318,6 +325,9 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
         fn: dict[str, Any] = {"name": name, "parameters": schema}
         if isinstance(tool.get("description"), str):
             fn["description"] = tool["description"]
+        if tool.get("strict") is True:  # checked as a guide now: a forced call of it is guided by it
+            schema_guide(schema, f"{where}.input_schema")
+            fn["strict"] = True
         out.append({"type": "function", "function": fn})
     return out
 
@@ -370,6 +380,38 @@ def thinking_budget(req: CountTokensRequest) -> tuple[int | None, bool | None]:
         raise _bad(f"max_tokens ({max_tokens}) must be greater than thinking.budget_tokens ({budget}): the thinking "
                    "counts against max_tokens, and the answer needs room after it.", "thinking.budget_tokens")
     return budget, True
+
+
+# The chat field a structured output travels in, as the client named it.
+_FORMAT_PARAM = "response_format.json_schema.schema"
+
+
+def output_format(req: CountTokensRequest) -> dict[str, Any] | None:
+    """`output_config.format` (or the beta's top-level `output_format`) `{type: json_schema, schema}` as
+    chat's `response_format`: the same guide chat enforces, its schema checked (bounded, compilable) here."""
+    config = (req.output_config or {}).get("format")
+    beta = (req.model_extra or {}).get("output_format")
+    if config is not None and beta is not None:
+        raise _bad("output_format: give the format once, in output_config.format.", "output_format")
+    fmt, where = (config, "output_config.format") if config is not None else (beta, "output_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(f"{where}.type: must be 'json_schema'.", f"{where}.type")
+    if "schema" not in fmt:
+        raise _bad(f"{where}.schema: a JSON schema is required.", f"{where}.schema")
+    schema_guide(fmt["schema"], f"{where}.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
+def _format_error(err: InvalidRequestError, req: CountTokensRequest) -> InvalidRequestError:
+    """A refusal of the structured output's guide (a backend without guided decoding) named by the client's
+    own field rather than chat's."""
+    if err.param != _FORMAT_PARAM:
+        return err
+    where = "output_config.format.schema" if (req.output_config or {}).get("format") is not None \
+        else "output_format.schema"
+    return InvalidRequestError(err.message.replace(_FORMAT_PARAM, where), param=where, code=err.code)
 
 
 def output_effort(config: dict[str, Any] | None) -> str | None:
@@ -540,7 +582,7 @@ class MessagesService:
                        "images (its Triton backend has no image input).", images[0], "unsupported_content")
         body: dict[str, Any] = {"model": model, "messages": messages,
                                 "tools": chat_tools(req.tools), "tool_choice": tool_choice,
-                                "parallel_tool_calls": parallel}
+                                "parallel_tool_calls": parallel, "response_format": output_format(req)}
         rt = self.chat.registry.llms.get(model)
         controls = reasoning_kwargs(rt.template if rt is not None else None, effort, enable_thinking)
         if controls:
@@ -601,7 +643,7 @@ class MessagesService:
         try:
             prepared = await self.chat.prepare(chat_req, request_id)
         except InvalidRequestError as e:
-            raise _named_block(e, req, chat_req) from None
+            raise _named_block(_format_error(e, req), req, chat_req) from None
         answer = MessageAnswer(req, prepared, request_id, budget, applied)
         if req.stream:
             encoder = MessagesStreamEncoder(answer)

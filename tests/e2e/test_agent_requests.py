@@ -16,6 +16,9 @@ hermes.json). So the expected answers and calls are the corpus's, never the gate
 The agents' binaries are not installed by the tests: Codex CLI (`codex`, npm `@openai/codex`) and Claude
 Code (`claude`) run when they are on PATH or in tests/e2e/node/node_modules/.bin, with no network beyond
 the gateway's loopback address; otherwise those tests skip saying so.
+
+Anthropic's structured outputs (`output_config.format`, `strict` tools) run on SmolLM2, whose reference
+Triton model enforces guides (tests/e2e/test_structured_outputs.py does the same for chat).
 """
 
 from __future__ import annotations
@@ -31,13 +34,14 @@ from typing import Any
 
 import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 
 from openai_api.config import GatewayConfig, LLMModel, ModelInfo
 from openai_api.embedded.launcher import EmbeddedTriton
 from tests.anthropic_events import accumulate, check_stream, parse_sse
-from tests.e2e.conftest import API_KEY, GatewayServer
+from tests.e2e.conftest import API_KEY, LLM, GatewayServer
 from tests.helpers import PREPARED_MODELS, REPO, openai_validator
 
 DATA = REPO / "tests" / "data"
@@ -276,3 +280,42 @@ def test_claude_code_answers_under_the_served_models_own_name(agent_gateway: Gat
     (result,) = [m for m in lines if m.get("type") == "result"]
     assert result["subtype"] == "success" and not result["is_error"], result
     assert result["result"].strip() == PLAIN
+
+
+# ------------------------------------------------------------------ Anthropic structured outputs on a guided model
+
+FORECAST = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16},
+                                             "rain": {"type": "boolean"}},
+            "required": ["city", "rain"], "additionalProperties": False}
+
+
+def test_an_anthropic_json_schema_output_is_enforced_plain_and_streamed(gateway: GatewayServer) -> None:
+    """SmolLM2 answers "Write a haiku" in prose when left alone; with `output_config.format` the text block is
+    an object of the schema, plain and streamed (the TensorRT-LLM reference model enforces the guide)."""
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=API_KEY, max_retries=0)
+    kw: dict[str, Any] = {"model": LLM, "max_tokens": 64, "temperature": 0.8,
+                          "messages": [{"role": "user", "content": "Write a haiku about rain."}],
+                          "output_config": {"format": {"type": "json_schema", "schema": FORECAST}}}
+    plain = client.messages.create(**kw)
+    assert plain.content[0].type == "text"
+    jsonschema.validate(json.loads(plain.content[0].text), FORECAST)
+    with client.messages.stream(**kw) as stream:
+        final = stream.get_final_message()
+    assert final.content[0].type == "text"
+    jsonschema.validate(json.loads(final.content[0].text), FORECAST)
+
+
+def test_a_forced_strict_tool_and_an_uncompilable_schema(gateway: GatewayServer) -> None:
+    client = anthropic.Anthropic(base_url=gateway.url, api_key=API_KEY, max_retries=0)
+    tool: Any = {"name": "forecast", "description": "A forecast", "strict": True, "input_schema": FORECAST}
+    message = client.messages.create(model=LLM, max_tokens=64, tools=[tool],
+                                     tool_choice={"type": "tool", "name": "forecast"},
+                                     messages=[{"role": "user", "content": "Tell me a joke about cats."}])
+    (block,) = message.content
+    assert block.type == "tool_use" and block.name == "forecast"
+    jsonschema.validate(block.input, FORECAST)
+    bad = {"type": "object", "properties": {"a": {"type": "string", "pattern": "(["}}}
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model=LLM, max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
+                               output_config={"format": {"type": "json_schema", "schema": bad}})
+    assert "output_config.format.schema" in str(refused.value)

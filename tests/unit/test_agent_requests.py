@@ -428,3 +428,65 @@ async def test_context_management_is_applied_and_reported_plain_and_streamed(app
     assert events[-2]["context_management"] == plain["context_management"]
     counted = (await post(app, "/v1/messages/count_tokens", {k: v for k, v in body.items() if k != "max_tokens"}))
     assert counted.json()["input_tokens"] == plain["usage"]["input_tokens"]
+
+
+# ------------------------------------------------------------------ Anthropic structured outputs
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "temp": {"type": "integer"}},
+          "required": ["city", "temp"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("field", ["output_config", "output_format"])
+async def test_a_json_schema_output_is_guided_plain_and_streamed(app: FastAPI, field: str) -> None:
+    fmt = {"type": "json_schema", "schema": SCHEMA}
+    body = {"model": MODEL, "max_tokens": 32, "messages": [{"role": "user", "content": "Weather?"}],
+            field: {"format": fmt} if field == "output_config" else fmt}
+    answer = '{"city": "Oslo", "temp": 3}'
+    fake = script(app, answer)
+    plain = (await post(app, "/v1/messages", body)).json()
+    assert json.loads(plain["content"][0]["text"]) == {"city": "Oslo", "temp": 3}
+    guide = fake.requests[0].guide
+    assert guide is not None and guide.kind == "json_schema" and json.loads(guide.value or "") == SCHEMA
+    fake = script(app, answer)
+    events = parse_sse((await post(app, "/v1/messages", {**body, "stream": True})).text)
+    check_stream(events)
+    assert accumulate(events)["content"][0]["text"] == plain["content"][0]["text"]
+    assert fake.requests[0].guide is not None and fake.requests[0].guide.kind == "json_schema"
+
+
+@pytest.mark.parametrize("extra, where", [
+    ({"output_config": {"format": {"type": "xml"}}}, "output_config.format.type"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "("}}}}}}, "output_config.format.schema"),
+    ({"tools": [{"name": "f", "strict": True, "input_schema": {"type": "object", "properties": {
+        "a": {"type": "string", "pattern": "(["}}}}]}, "tools[0].input_schema"),
+])
+async def test_what_cannot_be_compiled_is_a_400_naming_the_field(app: FastAPI, extra: dict[str, Any],
+                                                                 where: str) -> None:
+    script(app, "x")
+    r = await post(app, "/v1/messages", {"model": MODEL, "max_tokens": 8,
+                                         "messages": [{"role": "user", "content": "Hi"}], **extra})
+    assert r.status_code == 400, r.text
+    assert where in r.json()["error"]["message"]
+
+
+async def test_a_backend_without_guided_decoding_refuses_the_format_by_its_own_name(app: FastAPI) -> None:
+    fake = script(app, "x")
+    fake.guide_kinds = frozenset()
+    r = await post(app, "/v1/messages", {"model": MODEL, "max_tokens": 8,
+                                         "messages": [{"role": "user", "content": "Hi"}],
+                                         "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}})
+    assert r.status_code == 400, r.text
+    message = r.json()["error"]["message"]
+    assert "output_config.format.schema" in message and "response_format" not in message
+
+
+async def test_a_forced_strict_tool_is_guided_by_its_schema(app: FastAPI) -> None:
+    fake = script(app, '{"city": "Oslo", "temp": 3}')
+    tool = {"name": "report", "strict": True, "input_schema": SCHEMA}
+    r = (await post(app, "/v1/messages", {"model": MODEL, "max_tokens": 32, "tools": [tool],
+                                          "tool_choice": {"type": "tool", "name": "report"},
+                                          "messages": [{"role": "user", "content": "Weather?"}]})).json()
+    assert r["content"][0]["input"] == {"city": "Oslo", "temp": 3}
+    guide = fake.requests[0].guide
+    assert guide is not None and json.loads(guide.value or "") == SCHEMA
