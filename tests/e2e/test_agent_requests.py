@@ -293,7 +293,7 @@ def test_an_anthropic_json_schema_output_is_enforced_plain_and_streamed(gateway:
     """SmolLM2 answers "Write a haiku" in prose when left alone; with `output_config.format` the text block is
     an object of the schema, plain and streamed (the TensorRT-LLM reference model enforces the guide)."""
     client = anthropic.Anthropic(base_url=gateway.url, api_key=API_KEY, max_retries=0)
-    kw: dict[str, Any] = {"model": LLM, "max_tokens": 64, "temperature": 0.8,
+    kw: dict[str, Any] = {"model": LLM, "max_tokens": 64, "extra_body": {"temperature": 0.8},
                           "messages": [{"role": "user", "content": "Write a haiku about rain."}],
                           "output_config": {"format": {"type": "json_schema", "schema": FORECAST}}}
     plain = client.messages.create(**kw)
