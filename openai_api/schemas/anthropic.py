@@ -30,6 +30,10 @@ class CountTokensRequest(_Request):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    # `effort` (a reasoning control, `services.effort`); `format` (a JSON schema the answer follows)
+    output_config: dict[str, Any] | None = None
+    # Anthropic's context editing (`services.context_edits`)
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):

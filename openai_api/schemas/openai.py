@@ -153,6 +153,18 @@ class ResponsesRequest(_Request):
     previous_response_id: str | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    # Accepted with these meanings (`services.responses.check_fields`): `reasoning` {effort, summary} the
+    # model's reasoning controls; `include` what items carry (`reasoning.encrypted_content`); `truncation`
+    # auto | disabled; `prompt_cache_key` and `service_tier` echoed (Triton has no per-request cache key or
+    # tier); `safety_identifier` the end user's id (the `user` when that is unset); `client_metadata`
+    # (Codex's session ids) ignored.
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+    truncation: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = Field(default=None, max_length=64)
+    client_metadata: dict[str, Any] | None = None
 
 
 class EmbeddingRequest(_Request):

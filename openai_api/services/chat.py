@@ -152,6 +152,31 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
     return out
 
 
+def place_system_messages(messages: list[dict[str, Any]], template: ChatTemplate | None) -> list[dict[str, Any]]:
+    """System messages after the first message (Claude Code's and Codex's mid-conversation instructions;
+    `developer` is `system` by now), where the model's template can take them.
+
+    A template that renders a system message where it stands (`ChatTemplate.renders_system_anywhere`,
+    decided once per template by a probe render) gets them in place. Any other (one that allows a system
+    message only first, raises on it, drops it or hoists it) gets them folded into the first message, the
+    system prompt, in order and a blank line apart; a conversation without a leading system message gets
+    one made of them. Nothing changes when no system message follows the first message."""
+    if template is None or not any(m["role"] == "system" for m in messages[1:]) \
+            or template.renders_system_anywhere:
+        return messages
+    head = messages[0] if messages[0]["role"] == "system" else None
+    folded = [m["content"] for m in messages if m["role"] == "system"]
+    rest = [m for m in messages[1 if head is not None else 0:] if m["role"] != "system"]
+    if all(isinstance(c, str) for c in folded):
+        content: Any = "\n\n".join(folded)
+    else:  # a template that reads content parts: the parts in order, a blank line between messages
+        content = []
+        for k, c in enumerate(folded):
+            content += ([{"type": "text", "text": "\n\n"}] if k else []) \
+                + ([{"type": "text", "text": c}] if isinstance(c, str) else list(c))
+    return [{**(head or {}), "role": "system", "content": content}, *rest]
+
+
 # Template variables the gateway sets from the request itself; `chat_template_kwargs` may not override them.
 RESERVED_TEMPLATE_KWARGS = frozenset({"messages", "tools", "add_generation_prompt", "continue_final_message",
                                       "bos_token", "eos_token", "limits", "self"})
@@ -235,7 +260,8 @@ class ChatService:
                 f"The model {rt.name!r} does not take images: its Triton backend ({rt.backend.protocol}) has no "
                 "image input.", param=sources[0].param, code="unsupported_content")
         placeholder = rt.config.image_placeholder is not None
-        messages = apply_plan_to_messages(plan, template_messages(req.messages, rt.template, placeholder), rt)
+        messages = template_messages(req.messages, rt.template, placeholder)
+        messages = apply_plan_to_messages(plan, place_system_messages(messages, rt.template), rt)
         return await self.preprocess.chat(
             rt, messages, plan.prefill,
             add_generation_prompt=req.add_generation_prompt and not req.continue_final_message,

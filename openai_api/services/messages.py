@@ -5,22 +5,39 @@ A Messages request becomes a chat request (`chat_request`), as the Responses API
 `Delta`s from `PreparedChat.output()` (the model family's reasoning and tool-call parsers). Only the edges
 are Anthropic's:
 
-* **In**: `system` (a string or text blocks) is the system message. A user turn's `text` blocks are its
-  content; each `tool_result` block (string or text-block content, `is_error` prefixing "Error: ") is a
-  `tool` message answering its `tool_use_id`, which must be an id an earlier assistant turn issued. An
-  assistant turn's `text` blocks are its content, `tool_use` blocks its tool calls (`input` as the call's
-  arguments), `thinking` blocks its reasoning (templates read it as `reasoning_content` / `thinking`);
-  `redacted_thinking` is opaque and dropped. A user turn's `image` blocks (base64 or url sources) are chat
-  `image_url` parts for a model that takes images; to one that does not, a 400 naming the block, as for
-  `document` and unknown block types. `cache_control` anywhere is
-  accepted and ignored. `tools` (`name`, `description`, `input_schema`; Anthropic's server tools are a
-  400) are function tools; `tool_choice` `auto` / `any` / `tool` (+ `name`) / `none` are chat's `auto` /
-  `required` / a named function / `none` (forced calls are guided), `disable_parallel_tool_use` is
-  `parallel_tool_calls: false`. `stop_sequences` are stop strings, `metadata.user_id` the `user`,
-  `temperature`, `top_p`, `top_k`, `max_tokens` as in chat (current SDKs no longer send the sampling fields;
-  older clients do). `thinking` `{type: enabled, budget_tokens}`, `adaptive` or `between_tools` (no budget)
-  and `disabled` set the template's `enable_thinking` (Qwen3-style templates read it); `display: omitted`
-  sends thinking blocks with their signature and no text.
+* **In**: `system` (a string or text blocks) is the system message, and so is a `system`-role message
+  inside `messages` (Claude Code sends one under a model name it does not know): kept where it stands for
+  a template that renders system messages there, folded into the system prompt for one that takes only
+  one (`chat.place_system_messages`, decided by a probe render of the template). A user turn's `text`
+  blocks are its content; each `tool_result` block (string or text-block content, `is_error` prefixing
+  "Error: ") is a `tool` message answering its `tool_use_id`, which must be an id an earlier assistant turn
+  issued. An assistant turn's `text` blocks are its content, `tool_use` blocks its tool calls (`input` as
+  the call's arguments), `thinking` blocks its reasoning (templates read it as `reasoning_content` /
+  `thinking`); `redacted_thinking` is opaque and dropped. A user turn's `image` blocks (base64 or url
+  sources) are chat `image_url` parts for a model that takes images; to one that does not, a 400 naming the
+  block, as for `document` and unknown block types. `cache_control` anywhere is accepted and ignored.
+  `tools` (`name`, `description`, `input_schema`; Anthropic's server tools are a 400) are function tools,
+  except those with `defer_loading` (left out of the prompt, as Anthropic keeps them out of the context
+  until a tool search loads them); `tool_choice` `auto` / `any` / `tool` (+ `name`) / `none` are chat's
+  `auto` / `required` / a named function / `none` (forced calls are guided), `disable_parallel_tool_use`
+  is `parallel_tool_calls: false`. `stop_sequences` are stop strings, `metadata.user_id` the `user` (the
+  rest of `metadata` is accepted), `temperature`, `top_p`, `top_k`, `max_tokens` as in chat (current SDKs
+  no longer send the sampling fields; older clients do).
+* **Reasoning controls** (`services.effort`, set only where the model's template reads them): `thinking`
+  `{type: enabled, budget_tokens}`, `adaptive` or `between_tools` (no budget) switch thinking on,
+  `disabled` off (`enable_thinking` for Qwen3-style templates, `thinking` for DeepSeek-V3.1's);
+  `output_config.effort` (low / medium / high / max) is gpt-oss's `reasoning_effort`, and switches thinking
+  when `thinking` does not. `thinking.display` `omitted` and `updates` send thinking blocks with their
+  signature and no text; other displays (`summarized`) send the text.
+* **Structured output**: `output_config.format` (or the beta's top-level `output_format`) `{type:
+  json_schema, schema}` is chat's `response_format` json_schema: the answer's text block follows the schema,
+  plain and streamed, through the same guide; a schema that cannot be compiled, or a backend without guided
+  decoding, is a 400 naming the field. A `strict: true` tool's `input_schema` is checked as that guide too
+  (a 400 for what cannot be compiled); a forced call of it is guided by it, as every forced call is; under
+  `tool_choice` auto the model's calls are parsed, not constrained, as on chat.
+* **Context editing**: `context_management.edits` (`clear_thinking_20251015`, `clear_tool_uses_20250919`)
+  are applied to the history before the prompt is rendered and reported in the answer's
+  `context_management.applied_edits` (`services.context_edits`); count_tokens counts the edited prompt.
 * **Thinking budget**: enforced by generating in two phases (`services.generation.budgeted_chunks`, the
   shared generation core; chat's `thinking_token_budget` is the same knob). Phase 1 generates
   `budget_tokens` minus the tokens of the family's end-of-thinking text (`ReasoningFormat.close`, e.g.
@@ -63,9 +80,12 @@ from pydantic import ValidationError
 
 from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error_body
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
-from openai_api.schemas.openai import ChatCompletionRequest
-from openai_api.services.chat import ChatService, PreparedChat
+from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
+from openai_api.services.chat import ChatService, PreparedChat, count_tokens
+from openai_api.services.context_edits import Applied, apply_edits, needs_prompt_tokens, parse_edits
+from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.generation import TextEvent, sequence_events
+from openai_api.services.guides import schema_guide
 from openai_api.services.images import chat_image_sources
 from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
@@ -79,6 +99,10 @@ PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 # Block types Anthropic defines that this gateway cannot take (a 400 that says so, not "unknown").
 _UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "web_search_tool_result",
                        "container_upload", "mcp_tool_use", "mcp_tool_result")
+# `thinking.display` values that send thinking blocks without their text: `omitted`, and `updates` (only the
+# progress notes a Claude model writes between tool calls are shown, which a self-hosted model has none of).
+# Any other display (`summarized`, the default; newer ones) sends the text.
+HIDDEN_THINKING = ("omitted", "updates")
 # Chat request fields by the Messages field they came from, for error messages.
 _PARAM_NAMES = {"stop": "stop_sequences", "user": "metadata.user_id", "tool_choice": "tool_choice",
                 "chat_template_kwargs": "thinking", "thinking_token_budget": "thinking.budget_tokens"}
@@ -118,13 +142,17 @@ def _refuse_block(kind: str, where: str, model: str, allowed: str) -> InvalidReq
                 "unsupported_content")
 
 
-def system_text(system: str | list[dict[str, Any]]) -> str:
+def system_text(system: Any, field: str = "system") -> str:
+    """A system prompt (top-level `system`, or a `system`-role message's content): a string or text blocks
+    (their `cache_control` ignored), joined by a blank line."""
     if isinstance(system, str):
         return system
+    if not isinstance(system, list):
+        raise _bad(f"{field}: must be a string or a list of text blocks.", field)
     parts = []
     for j, block in enumerate(system):
-        where = f"system[{j}]"
-        if block.get("type") != "text":
+        where = f"{field}[{j}]"
+        if not isinstance(block, dict) or block.get("type") != "text":
             raise _bad(f"{where}: system blocks must be text blocks.", f"{where}.type", "unsupported_content")
         parts.append(_text(block, where))
     return "\n\n".join(parts)
@@ -164,11 +192,13 @@ def chat_messages(req: CountTokensRequest, images: list[str] | None = None) -> l
     for i, m in enumerate(req.messages):
         where = f"messages[{i}]"
         role = m.get("role")
-        if role not in ("user", "assistant"):
-            raise _bad(f"{where}.role: must be 'user' or 'assistant' (the system prompt is the top-level "
-                       "'system' field).", f"{where}.role")
+        if role not in ("user", "assistant", "system"):
+            raise _bad(f"{where}.role: must be 'user', 'assistant' or 'system'.", f"{where}.role")
         if "content" not in m:
             raise _bad(f"{where}.content: field required.", f"{where}.content")
+        if role == "system":  # where it stands, or folded into the system prompt (`chat.place_system_messages`)
+            out.append({"role": "system", "content": system_text(m["content"], f"{where}.content")})
+            continue
         blocks = _blocks(m["content"], f"{where}.content")
         if role == "assistant":
             out.append(_assistant(blocks, f"{where}.content", issued, req.model))
@@ -290,9 +320,14 @@ def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | Non
             raise _bad(f"{where}.name: field required.", f"{where}.name")
         if not isinstance(schema, dict):
             raise _bad(f"{where}.input_schema: an object (a JSON Schema) is required.", f"{where}.input_schema")
+        if tool.get("defer_loading") is True:
+            continue  # Anthropic's deferred tool: not in the model's context until a tool search loads it
         fn: dict[str, Any] = {"name": name, "parameters": schema}
         if isinstance(tool.get("description"), str):
             fn["description"] = tool["description"]
+        if tool.get("strict") is True:  # checked as a guide now: a forced call of it is guided by it
+            schema_guide(schema, f"{where}.input_schema")
+            fn["strict"] = True
         out.append({"type": "function", "function": fn})
     return out
 
@@ -330,8 +365,8 @@ def thinking_budget(req: CountTokensRequest) -> tuple[int | None, bool | None]:
     if kind == "disabled":
         return None, False
     display = thinking.get("display")
-    if display not in (None, "summarized", "omitted"):
-        raise _bad("thinking.display: must be 'summarized' or 'omitted'.", "thinking.display")
+    if display is not None and not isinstance(display, str):
+        raise _bad("thinking.display: must be a string ('summarized', 'omitted', 'updates').", "thinking.display")
     if kind in ("adaptive", "between_tools"):
         return None, True
     if kind != "enabled":
@@ -345,6 +380,46 @@ def thinking_budget(req: CountTokensRequest) -> tuple[int | None, bool | None]:
         raise _bad(f"max_tokens ({max_tokens}) must be greater than thinking.budget_tokens ({budget}): the thinking "
                    "counts against max_tokens, and the answer needs room after it.", "thinking.budget_tokens")
     return budget, True
+
+
+# The chat field a structured output travels in, as the client named it.
+_FORMAT_PARAM = "response_format.json_schema.schema"
+
+
+def output_format(req: CountTokensRequest) -> dict[str, Any] | None:
+    """`output_config.format` (or the beta's top-level `output_format`) `{type: json_schema, schema}` as
+    chat's `response_format`: the same guide chat enforces, its schema checked (bounded, compilable) here."""
+    config = (req.output_config or {}).get("format")
+    beta = (req.model_extra or {}).get("output_format")
+    if config is not None and beta is not None:
+        raise _bad("output_format: give the format once, in output_config.format.", "output_format")
+    fmt, where = (config, "output_config.format") if config is not None else (beta, "output_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        raise _bad(f"{where}.type: must be 'json_schema'.", f"{where}.type")
+    if "schema" not in fmt:
+        raise _bad(f"{where}.schema: a JSON schema is required.", f"{where}.schema")
+    schema_guide(fmt["schema"], f"{where}.schema")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
+def _format_error(err: InvalidRequestError, req: CountTokensRequest) -> InvalidRequestError:
+    """A refusal of the structured output's guide (a backend without guided decoding) named by the client's
+    own field rather than chat's."""
+    if err.param != _FORMAT_PARAM:
+        return err
+    where = "output_config.format.schema" if (req.output_config or {}).get("format") is not None \
+        else "output_format.schema"
+    return InvalidRequestError(err.message.replace(_FORMAT_PARAM, where), param=where, code=err.code)
+
+
+def output_effort(config: dict[str, Any] | None) -> str | None:
+    """`output_config.effort` (Anthropic's low / medium / high / max; OpenAI's names are taken too), checked."""
+    effort = (config or {}).get("effort")
+    if effort is not None and effort not in EFFORT_LEVELS:
+        raise _bad("output_config.effort: must be 'low', 'medium', 'high' or 'max'.", "output_config.effort")
+    return effort
 
 
 def anthropic_call_id(call_id: str) -> str:
@@ -497,6 +572,8 @@ class MessagesService:
         """The chat request a Messages (or count_tokens) request is (see the module docstring)."""
         tool_choice, parallel = chat_tool_choice(req.tool_choice)
         budget, enable_thinking = thinking_budget(req)
+        effort = output_effort(req.output_config)
+        parse_edits(req.context_management)  # its 400s before admission; applied by `edited`
         images: list[str] = []
         messages = chat_messages(req, images)
         model = self.model(req.model)
@@ -505,9 +582,11 @@ class MessagesService:
                        "images (its Triton backend has no image input).", images[0], "unsupported_content")
         body: dict[str, Any] = {"model": model, "messages": messages,
                                 "tools": chat_tools(req.tools), "tool_choice": tool_choice,
-                                "parallel_tool_calls": parallel}
-        if enable_thinking is not None:
-            body["chat_template_kwargs"] = {"enable_thinking": enable_thinking}
+                                "parallel_tool_calls": parallel, "response_format": output_format(req)}
+        rt = self.chat.registry.llms.get(model)
+        controls = reasoning_kwargs(rt.template if rt is not None else None, effort, enable_thinking)
+        if controls:
+            body["chat_template_kwargs"] = controls
         if isinstance(req, MessagesRequest):
             body.update(max_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, top_k=req.top_k,
                         stop=req.stop_sequences, stream=req.stream)
@@ -524,8 +603,32 @@ class MessagesService:
             param = _PARAM_NAMES.get(field, field)
             raise _bad(f"Invalid value for '{param}': {err['msg']}.", param) from None
 
+    async def edited(self, req: CountTokensRequest,
+                     chat_req: ChatCompletionRequest) -> tuple[ChatCompletionRequest, Applied | None]:
+        """`chat_req` after the request's `context_management` edits (`services.context_edits`), and what they
+        cleared; unchanged and None without edits."""
+        edits = parse_edits(req.context_management)
+        if not edits:
+            return chat_req, None
+        rt = self.chat.registry.llm(chat_req.model)
+
+        async def tokens(text: str) -> int:
+            return await self.chat.preprocess.run(len(text), count_tokens, rt, text)
+
+        prompt_tokens = None
+        if needs_prompt_tokens(edits):
+            try:
+                prompt_tokens = len((await self.chat.prompt(rt, chat_req, plan_tools(rt, chat_req))).ids)
+            except InvalidRequestError as e:
+                raise _named_block(e, req, chat_req) from None
+        messages = [m.model_dump(exclude_none=True) for m in chat_req.messages]
+        edited, applied = await apply_edits(edits, messages, prompt_tokens, tokens)
+        return chat_req.model_copy(update={"messages": [ChatMessage.model_validate(m) for m in edited]}), applied
+
     async def count_tokens(self, req: CountTokensRequest, chat_req: ChatCompletionRequest) -> dict[str, Any]:
-        """`{input_tokens}`: the prompt through the model's template and tokenizer, as `/v1/messages` sends it."""
+        """`{input_tokens}`: the prompt through the model's template and tokenizer, as `/v1/messages` sends it
+        (after its context edits)."""
+        chat_req, _ = await self.edited(req, chat_req)
         rt = self.chat.registry.llm(chat_req.model)
         try:
             prompt = await self.chat.prompt(rt, chat_req, plan_tools(rt, chat_req))
@@ -536,11 +639,12 @@ class MessagesService:
     async def create(self, req: MessagesRequest, chat_req: ChatCompletionRequest,
                      request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         budget, _ = thinking_budget(req)
+        chat_req, applied = await self.edited(req, chat_req)
         try:
             prepared = await self.chat.prepare(chat_req, request_id)
         except InvalidRequestError as e:
-            raise _named_block(e, req, chat_req) from None
-        answer = MessageAnswer(req, prepared, request_id, budget)
+            raise _named_block(_format_error(e, req), req, chat_req) from None
+        answer = MessageAnswer(req, prepared, request_id, budget, applied)
         if req.stream:
             encoder = MessagesStreamEncoder(answer)
             # Pings on quiet streams: the HTTP edge's writer adds them (`PING`, `PING_INTERVAL_S`).
@@ -564,12 +668,14 @@ class MessagesService:
 class MessageAnswer:
     """One answer's state: its id, its choice output (parsers), its blocks and the thinking budget."""
 
-    def __init__(self, req: MessagesRequest, prepared: PreparedChat, request_id: str, budget: int | None) -> None:
+    def __init__(self, req: MessagesRequest, prepared: PreparedChat, request_id: str, budget: int | None,
+                 applied: Applied | None = None) -> None:
         self.req = req
+        self.applied = applied
         self.prepared = prepared
         self.id = f"msg_{request_id}"
         self.output: ChoiceOutput = prepared.output()
-        self.blocks = BlockBuilder(req.stream, (req.thinking or {}).get("display") == "omitted")
+        self.blocks = BlockBuilder(req.stream, (req.thinking or {}).get("display") in HIDDEN_THINKING)
         self.budget = budget
         self.capped = False
 
@@ -603,7 +709,11 @@ class MessageAnswer:
         reason, sequence = stop_reason(finish, stop, self.req.stop_sequences or [], self.blocks.calls)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.req.model,
                 "content": self.blocks.blocks, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": self.usage(produced)}
+                "usage": self.usage(produced), **self.context_management()}
+
+    def context_management(self) -> dict[str, Any]:
+        """`{context_management: {applied_edits}}` when the request asked for edits, else nothing."""
+        return {"context_management": self.applied.body()} if self.applied is not None else {}
 
 
 class MessagesStreamEncoder:
@@ -647,5 +757,5 @@ class MessagesStreamEncoder:
         reason, sequence = stop_reason(self.finish, self.stop, a.req.stop_sequences or [], a.blocks.calls)
         return (_event(b"message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": a.usage(completion_tokens)})
+                                          "usage": a.usage(completion_tokens), **a.context_management()})
                 + _event(b"message_stop", {"type": "message_stop"}))

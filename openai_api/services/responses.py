@@ -1,20 +1,25 @@
 """`/v1/responses`: OpenAI's Responses API over the same generation path as chat.
 
 A request becomes a chat request: `instructions` a system message; `input` a string (one user message)
-or input items (messages with text parts, `function_call` items as an assistant's tool calls,
-`function_call_output` items as tool messages; reasoning items are the model's own past thinking and
-are not sent back); function `tools`, `tool_choice`, `parallel_tool_calls`; `max_output_tokens`,
-`temperature`, `top_p`; `text.format` (`json_schema`, `json_object`) as `response_format`, so the
-constrained-decoding path enforces it. From there it is `ChatService.prepare` and the shared
-generation and output assembly (`services.output`): the answer comes back as output items, a
-`reasoning` item (models with a reasoning parser), a `message` item with `output_text`, and one
-`function_call` item per tool call, with `usage` (reasoning tokens counted), and `status: "incomplete"`
-(`max_output_tokens`) when the answer was cut.
+or input items (`services.response_input`: messages, the client's record of calls and their outputs,
+reasoning items given back to the turn they led to); `tools` (`services.response_tools`: function,
+namespace, custom and client tool-search tools offered as functions; hosted tools left out and named in
+the `x-omitted-tools` header), `tool_choice`, `parallel_tool_calls`; `max_output_tokens`, `temperature`,
+`top_p`; `reasoning.effort` as the model's own reasoning controls (`services.effort`); `text.format`
+(`json_schema`, `json_object`) as `response_format`, so the constrained-decoding path enforces it. From
+there it is `ChatService.prepare` and the shared generation and output assembly (`services.output`): the
+answer comes back as output items, a `reasoning` item (models with a reasoning parser; with `include:
+["reasoning.encrypted_content"]` it carries the thinking for a stateless client to send back), a
+`message` item with `output_text`, and one item per tool call (`function_call`, with `namespace` for a
+namespaced tool; `custom_tool_call`; `tool_search_call`), with `usage` (reasoning tokens counted), and
+`status: "incomplete"` (`max_output_tokens`) when the answer was cut. The other request fields are
+checked and echoed (`check_fields`).
 
 Streaming (`stream: true`) sends the typed event sequence: `response.created`, `response.in_progress`,
 then per item `response.output_item.added`, its deltas (`response.reasoning_text.delta`,
-`response.content_part.added` + `response.output_text.delta`, `response.function_call_arguments.delta`)
-and their `.done` events, `response.output_item.done`, and finally `response.completed` (or
+`response.content_part.added` + `response.output_text.delta`, `response.function_call_arguments.delta`;
+a custom tool's `response.custom_tool_call_input.delta`, once, when its call is whole) and their `.done`
+events, `response.output_item.done`, and finally `response.completed` (or
 `response.incomplete`) with the whole response; each event is `event: <type>` + `data: <json>` with a
 `sequence_number`. There is no `[DONE]`.
 
@@ -26,7 +31,7 @@ store, `previous_response_id` is a 400 that says how to enable one.
 
 from __future__ import annotations
 
-import re
+import logging
 import time
 import uuid
 from collections import OrderedDict
@@ -39,9 +44,14 @@ from pydantic import ValidationError
 from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService, PreparedChat, collect_plain
+from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.generation import TextEvent
 from openai_api.services.output import Delta, assemble
+from openai_api.services.response_input import encrypt_reasoning, input_error, input_messages, loaded_tools
+from openai_api.services.response_tools import ResponseTools
 from openai_api.services.streaming import sse_stream
+
+logger = logging.getLogger(__name__)
 
 # Responses request fields that pass through to the chat request as they are (sampling extensions too).
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_tokens",
@@ -68,116 +78,6 @@ class ResponseStore:
         return item
 
 
-def _text_of(content: Any, where: str) -> Any:
-    """An input message's content as chat content: a string, or text and image parts (`input_image`, its
-    `image_url` an http(s) or data URL, becomes chat's `image_url` part; a `file_id` is not taken)."""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise InvalidRequestError(f"'{where}' must be a string or a list of content parts.", param=where)
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type") if isinstance(part, dict) else None
-        if kind in ("input_text", "output_text", "text") and isinstance(part.get("text"), str):
-            parts.append({"type": "text", "text": part["text"]})
-        elif kind == "input_image" and isinstance(part.get("image_url"), str):
-            image: dict[str, Any] = {"url": part["image_url"]}
-            if part.get("detail") is not None:
-                image["detail"] = part["detail"]
-            parts.append({"type": "image_url", "image_url": image})
-        elif kind == "input_image":
-            raise InvalidRequestError("An input_image part needs an 'image_url' (an http(s) or data:image URL); "
-                                      "file_id is not supported.", param=f"{where}[{j}].image_url",
-                                      code="unsupported_content")
-        else:
-            raise InvalidRequestError(f"Content part type {kind!r} is not supported by this model; only text parts "
-                                      "are.", param=f"{where}[{j}]", code="unsupported_content")
-    return parts
-
-
-def input_messages(req: ResponsesRequest, origins: list[str] | None = None) -> list[dict[str, Any]]:
-    """`input` as chat messages (see the module docstring); `origins`, when given, gets per message the
-    input item it came from (`input[i]`), so that a 400 about a chat message names the client's field."""
-    if isinstance(req.input, str):
-        if origins is not None:
-            origins.append("input")
-        return [{"role": "user", "content": req.input}]
-    out: list[dict[str, Any]] = []
-    origins = origins if origins is not None else []
-    for i, item in enumerate(req.input):
-        where = f"input[{i}]"
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"'{where}' must be an object.", param=where)
-        kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            if role not in ("user", "assistant", "system", "developer"):
-                raise InvalidRequestError(f"'{where}.role' must be user, assistant, system or developer.",
-                                          param=f"{where}.role")
-            out.append({"role": role, "content": _text_of(item.get("content"), f"{where}.content")})
-            origins.append(where)
-        elif kind == "function_call":
-            call = {"id": item.get("call_id") or item.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {"name": item.get("name", ""), "arguments": item.get("arguments", "{}")}}
-            last = out[-1] if out else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
-                last["tool_calls"].append(call)  # consecutive calls: one assistant turn
-            else:
-                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
-                origins.append(where)
-        elif kind == "function_call_output":
-            output = item.get("output", "")
-            if not isinstance(output, str):
-                output = "".join(p.get("text", "") for p in output if isinstance(p, dict)) \
-                    if isinstance(output, list) else orjson.dumps(output).decode()
-            out.append({"role": "tool", "tool_call_id": item.get("call_id", ""), "content": output})
-            origins.append(where)
-        elif kind == "reasoning":
-            continue  # the model's own past thinking: not part of the next prompt
-        else:
-            raise InvalidRequestError(f"Input item type {kind!r} is not supported; messages, function_call and "
-                                      "function_call_output items are.", param=f"{where}.type",
-                                      code="unsupported_parameter")
-    return out
-
-
-_CHAT_PARAM = re.compile(r"messages\[(\d+)\](.*)", re.DOTALL)
-
-
-def input_error(err: InvalidRequestError, origins: list[str]) -> InvalidRequestError:
-    """A 400 about chat's `messages[k]...` (an image part, say) as the Responses field it came from:
-    `input[i].content[j]` (content parts map one to one)."""
-    m = _CHAT_PARAM.fullmatch(err.param or "")
-    if m is None or int(m.group(1)) >= len(origins):
-        return err
-    param = origins[int(m.group(1))] + m.group(2)
-    return type(err)(err.message, param=param, code=err.code)
-
-
-def chat_tools(req: ResponsesRequest) -> list[dict[str, Any]] | None:
-    if not req.tools:
-        return None
-    out = []
-    for i, tool in enumerate(req.tools):
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            kind = tool.get("type") if isinstance(tool, dict) else None
-            raise InvalidRequestError(f"Tool type {kind!r} is not supported; only function tools are.",
-                                      param=f"tools[{i}].type", code="unsupported_parameter")
-        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
-        out.append({"type": "function", "function": fn})
-    return out
-
-
-def chat_tool_choice(choice: Any) -> Any:
-    if choice is None or isinstance(choice, str):
-        return choice
-    if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    raise InvalidRequestError("tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...}.",
-                              param="tool_choice")
-
-
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
     fmt = (text or {}).get("format")
     if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
@@ -186,6 +86,27 @@ def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict", "description")
                                                         if k in fmt}}
     return {"type": fmt.get("type")}
+
+
+def _one_of(value: Any, allowed: tuple[str | None, ...], param: str) -> None:
+    if value not in allowed:
+        names = ", ".join(repr(a) for a in allowed if a is not None)
+        raise InvalidRequestError(f"'{param}' must be one of {names}.", param=param)
+
+
+def check_fields(req: ResponsesRequest) -> None:
+    """The fields that shape a response but not its prompt, checked (each is read where it is used):
+    `reasoning.effort` (any level OpenAI or Anthropic defines: `services.effort`) and `reasoning.summary`
+    (accepted; the gateway writes no summaries: reasoning items carry the thinking itself), `text.verbosity`
+    (accepted and echoed; no template control reads it), `truncation` (`disabled`, and `auto`, which here too
+    refuses a prompt past the context with a 400 rather than dropping items), `include` (see
+    `ResponseBuilder`), `prompt_cache_key`, `client_metadata`, `service_tier`, `safety_identifier` (typed by
+    the schema; see `ResponsesRequest`)."""
+    reasoning = req.reasoning or {}
+    _one_of(reasoning.get("effort"), (None, *EFFORT_LEVELS), "reasoning.effort")
+    _one_of(reasoning.get("summary"), (None, "auto", "concise", "detailed"), "reasoning.summary")
+    _one_of((req.text or {}).get("verbosity"), (None, "low", "medium", "high"), "text.verbosity")
+    _one_of(req.truncation, (None, "auto", "disabled"), "truncation")
 
 
 class ResponsesService:
@@ -219,16 +140,27 @@ class ResponsesService:
         return [*system, *prior, *input_messages(req, origins)]
 
     async def create(self, req: ResponsesRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        check_fields(req)
+        tools = ResponseTools(req.tools, loaded_tools(req))
+        if tools.omitted:
+            logger.info("responses %s: left out tools the gateway cannot run: %s", request_id, ", ".join(tools.omitted))
         origins: list[str] = []
         messages = self._conversation(req, origins)
-        body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": chat_tools(req),
-                                "tool_choice": chat_tool_choice(req.tool_choice),
+        tool_choice = tools.choice(req.tool_choice)  # before `tools.chat`: allowed_tools narrows it
+        body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": tools.chat,
+                                "tool_choice": tool_choice if tools.chat else None,
                                 "max_tokens": req.max_output_tokens, "response_format": response_format(req.text)}
         extra = req.model_extra or {}
         for key in _PASSED:
             value = getattr(req, key, None) if key in ResponsesRequest.model_fields else extra.get(key)
             if value is not None:
                 body[key] = value
+        if req.user is None and req.safety_identifier is not None:
+            body["user"] = req.safety_identifier
+        rt = self.chat.registry.llms.get(req.model)
+        controls = reasoning_kwargs(rt.template if rt is not None else None, (req.reasoning or {}).get("effort"))
+        if controls:
+            body["chat_template_kwargs"] = controls
         try:
             chat_req = ChatCompletionRequest.model_validate({k: v for k, v in body.items() if v is not None})
         except ValidationError as e:
@@ -240,7 +172,7 @@ class ResponsesService:
         except InvalidRequestError as e:
             raise input_error(e, origins) from None
         resp = ResponseBuilder(req, request_id, prepared, [m for m in messages if m.get("role") != "system"],
-                               stored=self.store is not None and bool(req.store))
+                               stored=self.store is not None and bool(req.store), tools=tools)
         if req.stream:
             encoder = ResponsesStreamEncoder(resp, self._keep)
             return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id)
@@ -268,9 +200,14 @@ class ResponseBuilder:
     come, with the events `ResponsesStreamEncoder` sends for each)."""
 
     def __init__(self, req: ResponsesRequest, request_id: str, prepared: PreparedChat,
-                 conversation: list[dict[str, Any]], stored: bool) -> None:
+                 conversation: list[dict[str, Any]], stored: bool, tools: ResponseTools | None = None) -> None:
         self.req = req
         self.stored = stored
+        self.tools = tools if tools is not None else ResponseTools(req.tools)
+        # `include: ["reasoning.encrypted_content"]`: reasoning items carry their thinking for a stateless
+        # client to hand back (`response_input.encrypt_reasoning`). Other `include` values name what hosted
+        # tools or logprobs would add; there is nothing of them to include here.
+        self.encrypted = "reasoning.encrypted_content" in (req.include or ())
         self.id = f"resp_{request_id or uuid.uuid4().hex}"
         self.created = int(time.time())
         self.prepared = prepared
@@ -287,30 +224,40 @@ class ResponseBuilder:
         items: list[dict[str, Any]] = []
         rid = self.id.removeprefix("resp_")
         if answer.reasoning:
-            items.append({"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": status,
-                          "content": [{"type": "reasoning_text", "text": answer.reasoning}]})
+            items.append(self.reasoning_item(answer.reasoning, status))
         text = answer.content
         if text.strip() or not answer.calls:  # a call's whitespace around it is no message
             items.append({"type": "message", "id": f"msg_{rid}", "status": status, "role": "assistant",
                           "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]})
-        for call in answer.calls:
-            items.append({"type": "function_call", "id": f"fc_{call.id.removeprefix('call_')}", "call_id": call.id,
-                          "name": call.name, "arguments": call.arguments, "status": status})
+        items += [self.tools.item(call.id, call.name, call.arguments, status) for call in answer.calls]
         return items
+
+    def reasoning_item(self, text: str, status: str) -> dict[str, Any]:
+        rid = self.id.removeprefix("resp_")
+        item = {"type": "reasoning", "id": f"rs_{rid}", "summary": [], "status": status,
+                "content": [{"type": "reasoning_text", "text": text}]}
+        return {**item, "encrypted_content": encrypt_reasoning(text)} if self.encrypted else item
 
     def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None,
                  incomplete: dict[str, Any] | None = None) -> dict[str, Any]:
         req = self.req
         fmt = (req.text or {}).get("format") or {"type": "text"}
+        text: dict[str, Any] = {"format": fmt}
+        if (req.text or {}).get("verbosity") is not None:
+            text["verbosity"] = (req.text or {})["verbosity"]
+        reasoning = req.reasoning or {}
         return {"id": self.id, "object": "response", "created_at": self.created, "status": status,
                 "completed_at": int(time.time()) if status in ("completed", "incomplete") else None,
                 "error": None, "incomplete_details": incomplete, "instructions": req.instructions,
                 "max_output_tokens": req.max_output_tokens, "model": req.model, "output": output,
                 "parallel_tool_calls": req.parallel_tool_calls is not False,
-                "previous_response_id": req.previous_response_id, "reasoning": {"effort": None, "summary": None},
-                "store": self.stored, "temperature": req.temperature, "text": {"format": fmt},
+                "previous_response_id": req.previous_response_id,
+                "reasoning": {"effort": reasoning.get("effort"), "summary": reasoning.get("summary")},
+                "store": self.stored, "temperature": req.temperature, "text": text,
                 "tool_choice": req.tool_choice or "auto", "tools": [echo_tool(t) for t in req.tools or []],
-                "top_p": req.top_p, "truncation": "disabled", "metadata": req.metadata or {},
+                "top_p": req.top_p, "truncation": req.truncation or "disabled", "metadata": req.metadata or {},
+                "service_tier": "default", "prompt_cache_key": req.prompt_cache_key,
+                "safety_identifier": req.safety_identifier,
                 # the schema types these as present-or-absent, never null
                 **({"usage": usage} if usage is not None else {}),
                 **({"user": req.user} if req.user is not None else {})}
@@ -342,7 +289,7 @@ class ResponsesStreamEncoder:
         self.resp = resp
         self.keep = keep
         self.seq = 0
-        self.open: str | None = None  # "reasoning", "message" or "call": the item being streamed
+        self.open: str | None = None  # "reasoning", "message", or the call's kind: the item being streamed
         self.index = -1  # its output_index
         self.item_id = ""
         self.texts: list[str] = []  # the open item's text so far (for its .done events)
@@ -381,11 +328,17 @@ class ResponsesStreamEncoder:
             out.append(self._event("response.content_part.done", item_id=iid, output_index=idx, content_index=0,
                                    part=part))
             item = {"type": "message", "id": iid, "status": "completed", "role": "assistant", "content": [part]}
-        else:
+        elif self.open == "function":
             out.append(self._event("response.function_call_arguments.done", item_id=iid, output_index=idx,
-                                   arguments=text))
+                                   name=item["name"] if item is not None else "", arguments=text))
+        elif self.open == "custom" and item is not None:  # its input is whole only once its JSON is
+            out.append(self._event("response.custom_tool_call_input.delta", item_id=iid, output_index=idx,
+                                   delta=item["input"]))
+            out.append(self._event("response.custom_tool_call_input.done", item_id=iid, output_index=idx,
+                                   input=item["input"]))
         if item is not None:
-            out.append(self._event("response.output_item.done", output_index=idx, item={**item, "status": "completed"}))
+            done = {**item, "status": "completed"} if "status" in item else item
+            out.append(self._event("response.output_item.done", output_index=idx, item=done))
         self.open = None
         return out
 
@@ -415,13 +368,15 @@ class ResponsesStreamEncoder:
                 out.append(self._event("response.output_text.delta", item_id=self.item_id, output_index=self.index,
                                        content_index=0, delta=d.text, logprobs=[]))
             elif d.kind == "call":
-                out += self._open("call", {"type": "function_call", "id": f"fc_{d.call_id.removeprefix('call_')}",
-                                           "call_id": d.call_id, "name": d.name, "arguments": "",
-                                           "status": "in_progress"})
+                # A function's arguments stream as they come; a custom tool's input and a tool search's
+                # arguments are sent whole when the call closes (they are read out of the call's JSON).
+                out += self._open(self.resp.tools.kind(d.name),
+                                  self.resp.tools.item(d.call_id, d.name, "", "in_progress"))
             else:
                 self.texts.append(d.text)
-                out.append(self._event("response.function_call_arguments.delta", item_id=self.item_id,
-                                       output_index=self.index, delta=d.text))
+                if self.open == "function":
+                    out.append(self._event("response.function_call_arguments.delta", item_id=self.item_id,
+                                           output_index=self.index, delta=d.text))
         if ev.finish_reason is not None:
             self.finish_reason, self.produced = ev.finish_reason, ev.completion_tokens
             out += self._close()

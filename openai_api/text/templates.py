@@ -487,6 +487,32 @@ class ChatTemplate:
             return None
         return cls(raw, name=f"{config_file}:chat_template")
 
+    def reads(self, name: str) -> bool:
+        """Whether the template reads the top-level variable `name` (a keyword argument of `render`), e.g.
+        `enable_thinking` or `reasoning_effort`: what a request may set through it."""
+        return name in self._undeclared
+
+    @functools.cached_property
+    def renders_system_anywhere(self) -> bool:
+        """Whether a system message after the first turn is rendered where it stands.
+
+        Decided once, by rendering a probe conversation (system, user, system, assistant, system, user)
+        with two marked system messages: True when it renders and both marks appear in order around the
+        assistant turn. A template that raises (roles must alternate, "system message must be first"),
+        drops them or hoists them to the top is False: the caller then folds such messages into the first
+        system message (`services.chat.place_system_messages`)."""
+        marks = [f"SYSTEM_PROBE_{uuid.uuid4().hex}" for _ in range(2)]
+        texts = ["You are helpful.", "Hello.", marks[0], "Hi there.", marks[1], "Thanks."]
+        roles = ["system", "user", "system", "assistant", "system", "user"]
+        probe = [{"role": r, "content": [{"type": "text", "text": t}] if self.content_as_parts else t}
+                 for r, t in zip(roles, texts, strict=True)]
+        try:
+            out = self.render(probe, add_generation_prompt=True)
+        except TemplateError:
+            return False
+        first, answer, second = out.find(marks[0]), out.find("Hi there."), out.find(marks[1])
+        return 0 <= first < answer < second
+
     @property
     def uses_tools(self) -> bool:
         """Whether the template reads the `tools` variable.

@@ -154,9 +154,9 @@ async def test_previous_response_id_needs_the_store_and_continues_the_conversati
 
 
 @pytest.mark.parametrize("body", [
-    {"input": [{"type": "image_generation_call", "id": "x"}]},
+    {"input": [{"type": "no_such_item", "id": "x"}]},
     {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}]},
-    {"input": "x", "tools": [{"type": "web_search"}]},
+    {"input": "x", "tools": [{"type": "namespace", "name": "crm", "description": "CRM", "tools": []}]},
     {"input": "x", "tool_choice": {"type": "allowed_tools"}},
 ])
 async def test_what_a_self_hosted_model_cannot_do_is_a_400_naming_it(app: FastAPI, body: dict[str, Any]) -> None:
