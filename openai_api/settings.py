@@ -191,6 +191,10 @@ class Settings(BaseModel):
         "keep this many /v1/responses answers (with store: true) in memory, for previous_response_id and GET "
         "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400). The store lives in one "
         "process's memory, so it needs --workers 1", group="server", metavar="N")] = Field(default=0, ge=0)
+    keep_billing_header: Annotated[bool, Option(
+        "keep Claude Code's `x-anthropic-billing-header: ...` system line in /v1/messages prompts; by default it is "
+        "left out, since its hash changes with every request and no prompt or KV cache could then hit",
+        group="server")] = False
     allow_runtime_lora: Annotated[bool, Option(
         "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's shapes): adapters from a model's "
         "adapters_dir are loaded and unloaded while the gateway runs; with a keys file only admin keys may. "

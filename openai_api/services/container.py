@@ -54,7 +54,7 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                        RenderLimits(settings.template_timeout_s, settings.template_max_chars), cache)
     store = ResponseStore(settings.responses_store) if settings.responses_store else None
-    return _assemble(registry, pre, ImageService.from_settings(settings, metrics), store)
+    return _assemble(registry, pre, ImageService.from_settings(settings, metrics), store, settings)
 
 
 def rebuild_services(old: Services, config: GatewayConfig, settings: Settings, metrics: Metrics) -> Services:
@@ -62,14 +62,14 @@ def rebuild_services(old: Services, config: GatewayConfig, settings: Settings, m
     parts, which it shares: the Triton client pool (its channels are reused), the CPU workers, image fetching
     and the Responses store. No event-loop work: it may run in a thread."""
     registry = ModelRegistry(config, old.registry.pool, metrics, settings.stream_idle_timeout_s, old.registry)
-    return _assemble(registry, old.preprocess, old.chat.images, old.responses.store)
+    return _assemble(registry, old.preprocess, old.chat.images, old.responses.store, settings)
 
 
 def _assemble(registry: ModelRegistry, pre: Preprocessor, images: ImageService,
-              store: ResponseStore | None) -> Services:
+              store: ResponseStore | None, settings: Settings) -> Services:
     chat = ChatService(registry, pre, images)
     return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
                     models=ModelsService(registry), health=HealthService(registry),
                     responses=ResponsesService(chat, store), tokenize=TokenizeService(registry, pre, chat),
-                    messages=MessagesService(chat))
+                    messages=MessagesService(chat, settings.keep_billing_header))

@@ -5,38 +5,38 @@ A Messages request becomes a chat request (`chat_request`), as the Responses API
 `Delta`s from `PreparedChat.output()` (the model family's reasoning and tool-call parsers). Only the edges
 are Anthropic's:
 
-* **In**: `system` (a string or text blocks) is the system message, and so is a `system`-role message
-  inside `messages` (Claude Code sends one under a model name it does not know): kept where it stands for
-  a template that renders system messages there, folded into the system prompt for one that takes only
-  one (`chat.place_system_messages`, decided by a probe render of the template). A user turn's `text`
-  blocks are its content; each `tool_result` block (string or text-block content, `is_error` prefixing
-  "Error: ") is a `tool` message answering its `tool_use_id`, which must be an id an earlier assistant turn
-  issued. An assistant turn's `text` blocks are its content, `tool_use` blocks its tool calls (`input` as
-  the call's arguments), `thinking` blocks its reasoning (templates read it as `reasoning_content` /
-  `thinking`); `redacted_thinking` is opaque and dropped. A user turn's `image` blocks (base64 or url
-  sources) are chat `image_url` parts for a model that takes images; to one that does not, a 400 naming the
-  block, as for `document` and unknown block types. `cache_control` anywhere is accepted and ignored.
-  `tools` (`name`, `description`, `input_schema`; Anthropic's server tools are a 400) are function tools,
-  except those with `defer_loading` (left out of the prompt, as Anthropic keeps them out of the context
-  until a tool search loads them); `tool_choice` `auto` / `any` / `tool` (+ `name`) / `none` are chat's
-  `auto` / `required` / a named function / `none` (forced calls are guided), `disable_parallel_tool_use`
-  is `parallel_tool_calls: false`. `stop_sequences` are stop strings, `metadata.user_id` the `user` (the
-  rest of `metadata` is accepted), `temperature`, `top_p`, `top_k`, `max_tokens` as in chat (current SDKs
-  no longer send the sampling fields; older clients do).
-* **Reasoning controls** (`services.effort`, set only where the model's template reads them): `thinking`
-  `{type: enabled, budget_tokens}`, `adaptive` or `between_tools` (no budget) switch thinking on,
-  `disabled` off (`enable_thinking` for Qwen3-style templates, `thinking` for DeepSeek-V3.1's);
-  `output_config.effort` (low / medium / high / max) is gpt-oss's `reasoning_effort`, and switches thinking
-  when `thinking` does not. `thinking.display` `omitted` and `updates` send thinking blocks with their
-  signature and no text; other displays (`summarized`) send the text.
-* **Structured output**: `output_config.format` (or the beta's top-level `output_format`) `{type:
-  json_schema, schema}` is chat's `response_format` json_schema: the answer's text block follows the schema,
-  plain and streamed, through the same guide; a schema that cannot be compiled, or a backend without guided
-  decoding, is a 400 naming the field. A `strict: true` tool's `input_schema` is checked as that guide too
-  (a 400 for what cannot be compiled); a forced call of it is guided by it, as every forced call is; under
-  `tool_choice` auto the model's calls are parsed, not constrained, as on chat.
-* **Context editing**: `context_management.edits` (`clear_thinking_20251015`, `clear_tool_uses_20250919`)
-  are applied to the history before the prompt is rendered and reported in the answer's
+* **In**: `system` (a string or text blocks) is the system message, less Claude Code's per-request
+  `x-anthropic-billing-header: ...` line (`--keep-billing-header` keeps it), whose changing hash would otherwise
+  make every turn's prompt differ from its first line and defeat every prompt cache; and so is a `system`-role
+  message inside `messages` (Claude Code sends one under a model name it does not know): kept where it stands
+  for a template that renders system messages there, folded into the system prompt for one that takes only one
+  (`chat.place_system_messages`, decided by a probe render of the template). A user turn's `text` blocks are its
+  content; each `tool_result` block (string or text-block content, `is_error` prefixing "Error: ") is a `tool`
+  message answering its `tool_use_id`, which must be an id an earlier assistant turn issued. An assistant turn's
+  `text` blocks are its content, `tool_use` blocks its tool calls (`input` as the call's arguments), `thinking`
+  blocks its reasoning (templates read it as `reasoning_content` / `thinking`); `redacted_thinking` is opaque
+  and dropped. A user turn's `image` blocks (base64 or url sources) are chat `image_url` parts for a model that
+  takes images; to one that does not, a 400 naming the block, as for `document` and unknown block types.
+  `cache_control` anywhere is accepted and ignored. `tools` (`name`, `description`, `input_schema`; Anthropic's
+  server tools are a 400) are function tools, except those with `defer_loading` (left out of the prompt, as
+  Anthropic keeps them out of the context until a tool search loads them); `tool_choice` `auto` / `any` / `tool`
+  (+ `name`) / `none` are chat's `auto` / `required` / a named function / `none` (forced calls are guided),
+  `disable_parallel_tool_use` is `parallel_tool_calls: false`. `stop_sequences` are stop strings,
+  `metadata.user_id` the `user` (the rest of `metadata` is accepted), `temperature`, `top_p`, `top_k`,
+  `max_tokens` as in chat (current SDKs no longer send the sampling fields; older clients do). * **Reasoning
+  controls** (`services.effort`, set only where the model's template reads them): `thinking` `{type: enabled,
+  budget_tokens}`, `adaptive` or `between_tools` (no budget) switch thinking on, `disabled` off
+  (`enable_thinking` for Qwen3-style templates, `thinking` for DeepSeek-V3.1's); `output_config.effort` (low /
+  medium / high / max) is gpt-oss's `reasoning_effort`, and switches thinking when `thinking` does not.
+  `thinking.display` `omitted` and `updates` send thinking blocks with their signature and no text; other
+  displays (`summarized`) send the text. * **Structured output**: `output_config.format` (or the beta's
+  top-level `output_format`) `{type: json_schema, schema}` is chat's `response_format` json_schema: the answer's
+  text block follows the schema, plain and streamed, through the same guide; a schema that cannot be compiled,
+  or a backend without guided decoding, is a 400 naming the field. A `strict: true` tool's `input_schema` is
+  checked as that guide too (a 400 for what cannot be compiled); a forced call of it is guided by it, as every
+  forced call is; under `tool_choice` auto the model's calls are parsed, not constrained, as on chat. *
+  **Context editing**: `context_management.edits` (`clear_thinking_20251015`, `clear_tool_uses_20250919`) are
+  applied to the history before the prompt is rendered and reported in the answer's
   `context_management.applied_edits` (`services.context_edits`); count_tokens counts the edited prompt.
 * **Thinking budget**: enforced by generating in two phases (`services.generation.budgeted_chunks`, the
   shared generation core; chat's `thinking_token_budget` is the same knob). Phase 1 generates
@@ -72,6 +72,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -142,11 +143,24 @@ def _refuse_block(kind: str, where: str, model: str, allowed: str) -> InvalidReq
                 "unsupported_content")
 
 
-def system_text(system: Any, field: str = "system") -> str:
+# Claude Code's first system block, `x-anthropic-billing-header: cc_version=...; cch=<hash>;`: Anthropic's
+# attribution line, whose hash changes with every request, so a prompt that keeps it never shares a prefix
+# with the previous turn and no prompt cache can hit (vLLM #36829 and SGLang #21064 strip it too).
+BILLING_HEADER = "x-anthropic-billing-header:"
+_BILLING_LINES = re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n|$)", re.MULTILINE)
+
+
+def strip_billing_header(text: str) -> str:
+    """`text` without the lines that are Claude Code's billing header (nearly always: `text` unchanged)."""
+    return _BILLING_LINES.sub("", text) if BILLING_HEADER in text else text
+
+
+def system_text(system: Any, field: str = "system", strip_billing: bool = True) -> str:
     """A system prompt (top-level `system`, or a `system`-role message's content): a string or text blocks
-    (their `cache_control` ignored), joined by a blank line."""
+    (their `cache_control` ignored), joined by a blank line; with `strip_billing`, Claude Code's billing
+    header lines dropped (a block left empty by that is dropped whole)."""
     if isinstance(system, str):
-        return system
+        return strip_billing_header(system) if strip_billing else system
     if not isinstance(system, list):
         raise _bad(f"{field}: must be a string or a list of text blocks.", field)
     parts = []
@@ -154,7 +168,12 @@ def system_text(system: Any, field: str = "system") -> str:
         where = f"{field}[{j}]"
         if not isinstance(block, dict) or block.get("type") != "text":
             raise _bad(f"{where}: system blocks must be text blocks.", f"{where}.type", "unsupported_content")
-        parts.append(_text(block, where))
+        text = _text(block, where)
+        if strip_billing:
+            text = strip_billing_header(text)
+            if not text:
+                continue
+        parts.append(text)
     return "\n\n".join(parts)
 
 
@@ -179,13 +198,14 @@ def _tool_result_text(block: dict[str, Any], where: str, model: str) -> str:
     return f"Error: {text}" if is_error else text
 
 
-def chat_messages(req: CountTokensRequest, images: list[str] | None = None) -> list[dict[str, Any]]:
+def chat_messages(req: CountTokensRequest, images: list[str] | None = None, strip_billing: bool = True
+                  ) -> list[dict[str, Any]]:
     """`system` and `messages` as chat messages (see the module docstring); the path of each image block is
-    appended to `images`."""
+    appended to `images`. `strip_billing`: Claude Code's billing header left out of system text."""
     images = [] if images is None else images
     out: list[dict[str, Any]] = []
     if req.system is not None:
-        text = system_text(req.system)
+        text = system_text(req.system, strip_billing=strip_billing)
         if text:
             out.append({"role": "system", "content": text})
     issued: set[str] = set()
@@ -197,7 +217,7 @@ def chat_messages(req: CountTokensRequest, images: list[str] | None = None) -> l
         if "content" not in m:
             raise _bad(f"{where}.content: field required.", f"{where}.content")
         if role == "system":  # where it stands, or folded into the system prompt (`chat.place_system_messages`)
-            out.append({"role": "system", "content": system_text(m["content"], f"{where}.content")})
+            out.append({"role": "system", "content": system_text(m["content"], f"{where}.content", strip_billing)})
             continue
         blocks = _blocks(m["content"], f"{where}.content")
         if role == "assistant":
@@ -557,8 +577,9 @@ def stop_reason(finish: str, stop: str | None, stops: list[str], calls: int) -> 
 
 
 class MessagesService:
-    def __init__(self, chat: ChatService) -> None:
+    def __init__(self, chat: ChatService, keep_billing_header: bool = False) -> None:
         self.chat = chat
+        self.keep_billing_header = keep_billing_header
         self.aliases: dict[str, str] = {}
         for m in chat.registry.config.llm:
             for alias in getattr(m, "aliases", None) or ():
@@ -575,7 +596,7 @@ class MessagesService:
         effort = output_effort(req.output_config)
         parse_edits(req.context_management)  # its 400s before admission; applied by `edited`
         images: list[str] = []
-        messages = chat_messages(req, images)
+        messages = chat_messages(req, images, strip_billing=not self.keep_billing_header)
         model = self.model(req.model)
         if images and not self.chat.registry.llm(model).backend.supports("images"):
             raise _bad(f"{images[0]}: image content blocks are not supported: the model {req.model!r} takes no "

@@ -19,7 +19,7 @@ from openai_api.app import create_app
 from openai_api.config import load_config
 from openai_api.errors import BackendError, BackendUnavailableError
 from openai_api.http.sse import coalesced
-from openai_api.schemas.anthropic import MessagesRequest
+from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.services.messages import PING, chat_messages
 from openai_api.settings import Settings
 from tests.anthropic_events import accumulate, check_stream, parse_sse, validate
@@ -110,6 +110,29 @@ async def test_system_blocks_tools_and_history_become_the_chat_messages() -> Non
         {"role": "tool", "tool_call_id": "toolu_1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "toolu_1", "content": "Error: oops"},
         {"role": "user", "content": "Thanks"}]
+
+
+async def test_claude_codes_billing_header_is_left_out_so_turns_share_their_prefix() -> None:
+    """Claude Code's first system block changes its hash (cch) every request: left out (a block holding only
+    it is dropped, a line of it in a longer text removed), two turns render the same system prompt; with
+    --keep-billing-header it stays as sent."""
+    def req(system: Any) -> CountTokensRequest:
+        return CountTokensRequest.model_validate({"model": MODEL, "system": system, "messages": user("hi")})
+
+    def blocks(cch: str) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": f"x-anthropic-billing-header: cc_version=2.1.332.af0; cc_entrypoint=cli; "
+                                         f"cch={cch};"},
+                {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
+
+    first, second = chat_messages(req(blocks("a1b2c"))), chat_messages(req(blocks("f9e8d")))
+    assert first == second and first[0] == {"role": "system", "content": "You are Claude Code."}
+    inline = chat_messages(req("x-anthropic-billing-header: cch=77;\nYou are Claude Code."))
+    assert inline[0]["content"] == "You are Claude Code."
+    kept = chat_messages(req(blocks("a1b2c")), strip_billing=False)
+    assert kept[0]["content"].startswith("x-anthropic-billing-header: cc_version=2.1.332.af0;")
+    # Text that merely mentions the header is not a header line.
+    mention = chat_messages(req("Never print x-anthropic-billing-header: values."))
+    assert mention[0]["content"] == "Never print x-anthropic-billing-header: values."
 
 
 async def test_sampling_fields_reach_the_backend(app: FastAPI) -> None:
