@@ -54,8 +54,9 @@ from openai_api.services.streaming import sse_stream
 logger = logging.getLogger(__name__)
 
 # Responses request fields that pass through to the chat request as they are (sampling extensions too).
+# (`prompt_cache_key` names the session for prefix-affinity routing, as chat's does: `routing.session_key`.)
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_tokens",
-           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop")
+           "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "prompt_cache_key")
 
 
 class ResponseStore:

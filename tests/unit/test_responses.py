@@ -181,3 +181,13 @@ async def test_a_reasoning_model_returns_a_reasoning_item(app: FastAPI, validate
         validate(EVENT_SCHEMAS[e["type"]], e)
     assert "".join(e["delta"] for e in evs if e["type"] == "response.reasoning_text.delta") == "The user greets me.\n"
     assert evs[-1]["response"]["output"][1]["content"][0]["text"] == "Hello!"
+
+
+async def test_prompt_cache_key_names_the_session_for_routing(app: FastAPI) -> None:
+    """Codex sends `prompt_cache_key` with every turn of a session: it reaches the generation as its session
+    key (prefix-affinity routing follows it to the replica holding the session's KV cache), as chat's does."""
+    fake = script(app, "Hi.")
+    r = await post(app, {"input": "Hello", "prompt_cache_key": "sess-19f"})
+    assert r.status_code == 200, r.text
+    assert r.json()["prompt_cache_key"] == "sess-19f"
+    assert fake.requests[0].session == "k:sess-19f"
