@@ -209,7 +209,7 @@ def _check_bounds(node: dict[str, Any], param: str, where: str) -> None:
         else set()
     for typ, low, high in _SIZE_BOUNDS:
         lo, hi = node.get(low), node.get(high)
-        if typ in kinds and isinstance(lo, int) and isinstance(hi, int) and lo > hi:  # (validity: integers)
+        if typ in kinds and isinstance(lo, int | float) and isinstance(hi, int | float) and lo > hi:
             raise _refuse(param, f"{where}.{low}", f"is greater than `{high}` ({lo} > {hi}), so no {typ} matches "
                                                    "the schema")
     if not kinds & {"integer", "number"}:

@@ -82,7 +82,7 @@ def test_bad_guide_requests_are_a_400_naming_the_parameter(body: dict[str, Any],
     ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 6}, ".exclusiveMinimum"),
     ({"type": "integer", "minimum": 1.5}, ".minimum"),
     ({"type": ["integer", "null"], "maximum": 2**63}, ".maximum"),
-    ({"type": "string", "minLength": 5, "maxLength": 1}, ".minLength"),
+    ({"type": "string", "minLength": 5.0, "maxLength": 1}, ".minLength"),
     ({"type": "array", "items": {}, "minItems": 3, "maxItems": 1}, ".minItems"),
     ({"type": "object", "additionalProperties": {}, "minProperties": 3, "maxProperties": 1}, ".minProperties"),
 ])
