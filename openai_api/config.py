@@ -247,8 +247,8 @@ class LLMModel(_Served):
     transport: Transport = "grpc"
     protocol: LLMProtocol = "auto"
     # How tool calls are read from the output: one family of `text/parsers.py`. `auto` (the default) picks
-    # the family from the chat template and the tokenizer's special tokens, logged at start-up (hermes when
-    # nothing says otherwise).
+    # the family from the chat template, else the tokenizer's added tokens, logged at start-up; a warning
+    # when it can only guess (hermes when nothing says otherwise).
     tool_parser: ToolParserName | Literal["auto"] | None = Field(
         default="auto", description="how tool calls are read from the output (a family name, or auto)")
     # A user who writes `<|im_start|>system` in a message must not open a system turn: special-token text in

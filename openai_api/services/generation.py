@@ -18,13 +18,14 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from openai_api.errors import ContextLengthExceededError, InvalidRequestError
+from openai_api.errors import BackendError, ContextLengthExceededError, InvalidRequestError
 from openai_api.schemas.openai import _Sampling
+from openai_api.services.guides import backend_refusal
 from openai_api.services.registry import LLMRuntime
 from openai_api.text.detokenizer import IncrementalDetokenizer
 from openai_api.text.parsers import REASONING, OutputParser
 from openai_api.text.stops import StopStringMatcher
-from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from openai_api.triton.llm import GenerationChunk, GenerationRequest, Guide
 from openai_api.triton.routing import session_key
 
 
@@ -128,11 +129,26 @@ class SequenceText:
 
 
 def backend_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
-    """The backend's chunks for `greq`: its own generator, or with a thinking budget `budgeted_chunks`
-    (decided once per request: nothing is added per token without a budget)."""
-    if greq.thinking_budget is None:
-        return rt.backend.generate(greq)
-    return budgeted_chunks(rt, greq)
+    """The backend's chunks for `greq`: its own generator, or with a thinking budget `budgeted_chunks`, and
+    with a guide `guided_chunks` (decided once per request: nothing is added per token without either)."""
+    chunks = rt.backend.generate(greq) if greq.thinking_budget is None else budgeted_chunks(rt, greq)
+    return chunks if greq.guide is None else guided_chunks(chunks, greq.guide)
+
+
+async def guided_chunks(chunks: AsyncGenerator[GenerationChunk, None],
+                        guide: Guide) -> AsyncGenerator[GenerationChunk, None]:
+    """`chunks`, with the backend's refusal to compile `guide` raised as the client's 400 naming the schema
+    (`guides.backend_refusal`) instead of Triton's 502. Closing this closes `chunks` (cancelling the request)."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except BackendError as e:
+        refusal = backend_refusal(guide, e)
+        if refusal is None:
+            raise
+        raise refusal from None  # (Triton's own message was logged where it was read: `triton.errors`)
+    finally:
+        await chunks.aclose()
 
 
 async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:

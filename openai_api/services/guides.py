@@ -14,9 +14,16 @@ must not use what the grammar engines behind Triton's guided decoding (xgrammar,
 vLLM use it) cannot enforce while generating: `not`, `if`/`then`/`else`, `dependentRequired`,
 `dependentSchemas`, `uniqueItems`, `allOf` of more than one schema, `multipleOf` on non-integers, a
 `$ref` outside the schema, look-arounds or back-references in a `pattern`, `minItems` without `items`,
-`minProperties` that only undeclared properties could meet. Each is a 400 naming the schema path, never
-an output that does not validate. `oneOf` is enforced as `anyOf` (exclusivity is not checked), as the
-engines do.
+`minProperties` that only undeclared properties could meet, lower and upper bounds that leave no value
+of the schema's type, integer bounds with a fraction or past 64 bits. Each is a 400 naming the schema
+path, never an output that does not validate. `oneOf` is enforced as `anyOf` (exclusivity is not
+checked), as the engines do.
+
+Every guide holding a client schema writes its `$ref`s in one form every engine follows, hoisted into the
+guide's root `$defs` (`schema_refs`), so they keep their meaning also inside a forced call's wrapper. What
+the backend still cannot compile comes back from Triton as an error; `backend_refusal` makes it the
+client's 400 (`unsupported_schema`) with the backend's reason, naming the tool and the schema path the
+guide's `origins` say it came from.
 
 A schema the gateway cannot check is a 400 too, before anything walks it (`services.bounds`): nested
 past `MAX_JSON_DEPTH` levels, more than `MAX_SCHEMA_VALUES` values, a `$ref` that points to nothing in
@@ -38,9 +45,19 @@ from urllib.parse import unquote
 
 import jsonschema_rs
 
-from openai_api.errors import InvalidRequestError
+from openai_api.errors import BackendError, InvalidRequestError
 from openai_api.services.bounds import MAX_JSON_DEPTH, MAX_OPTIONAL_PROPERTIES, MAX_REF_HOPS, check_schema_bounds
-from openai_api.triton.llm import Guide, LLMBackend
+from openai_api.services.schema_refs import (
+    DEFINITIONS,
+    MANY_SCHEMAS,
+    NAMED_SCHEMAS,
+    ONE_SCHEMA,
+    CheckedSchema,
+    RootDefs,
+    pointer_path,
+)
+from openai_api.triton.errors import guide_refusal
+from openai_api.triton.llm import Guide, GuideOrigin, LLMBackend
 
 # keyword -> why it cannot be enforced while generating
 _UNENFORCEABLE = {
@@ -52,15 +69,23 @@ _UNENFORCEABLE = {
 }
 # Look-arounds and back-references: regular-language engines cannot follow them.
 _IRREGULAR = re.compile(r"\(\?[=!]|\(\?<[=!]|\\[1-9]|\\k<")
+# Lower and upper bounds by the type they bound; bounds that leave no value of that type are refused (xgrammar
+# refuses to compile them: "minLength 5 is greater than maxLength 1", "Invalid range: empty range").
+_SIZE_BOUNDS = (("string", "minLength", "maxLength"), ("array", "minItems", "maxItems"),
+                ("object", "minProperties", "maxProperties"))
+_LOWS = (("minimum", False), ("exclusiveMinimum", True))
+_HIGHS = (("maximum", False), ("exclusiveMaximum", True))
+# The integers guided decoding enforces bounds within (xgrammar 0.2.8: "Integer exceeds maximum limit due to
+# precision loss at 64-bit boundary" past them).
+_INT64 = (-(2**63), 2**63 - 1)
 # The meta-schemas jsonschema-rs bundles. Any other `$schema` would make it fetch that URL, so the schema
 # is checked as 2020-12 instead (what the Python checker did with a `$schema` it did not know).
 _DRAFTS = frozenset(f"{scheme}://json-schema.org/{path}{end}" for scheme in ("http", "https") for end in ("", "#")
                     for path in ("draft-04/schema", "draft-06/schema", "draft-07/schema", "draft/2019-09/schema",
                                  "draft/2020-12/schema"))
 # Keywords whose value is one schema, a list of schemas or a name -> schema map (walked for refs and checks).
-_ONE = ("items", "additionalProperties", "contains", "propertyNames", "unevaluatedItems", "unevaluatedProperties")
-_MANY = ("anyOf", "oneOf", "allOf", "prefixItems")
-_NAMED = ("properties", "$defs", "definitions", "patternProperties")
+_ONE = ONE_SCHEMA + MANY_SCHEMAS
+_NAMED = NAMED_SCHEMAS + DEFINITIONS
 
 
 def _path(parts: Iterator[Any] | list[Any]) -> str:
@@ -74,9 +99,10 @@ def _refuse(param: str, where: str, why: str) -> InvalidRequestError:
     return InvalidRequestError(f"'{param}{where}' {why}.", param=f"{param}{where}", code="unsupported_schema")
 
 
-def check_schema(schema: Any, param: str) -> None:
+def check_schema(schema: Any, param: str) -> CheckedSchema:
     """400 (naming `param` and the path inside the schema) unless `schema` is valid JSON Schema whose every
-    part can be enforced while generating, within the gateway's bounds (see the module docstring)."""
+    part can be enforced while generating, within the gateway's bounds (see the module docstring); the
+    schema with its references resolved, for the guide that places it (`schema_refs.RootDefs`)."""
     if not isinstance(schema, dict):
         raise InvalidRequestError(f"'{param}' must be a JSON schema object.", param=param, code="invalid_schema")
     check_schema_bounds(schema, param)  # first: everything below walks the schema
@@ -89,7 +115,7 @@ def check_schema(schema: Any, param: str) -> None:
             f"is {MAX_OPTIONAL_PROPERTIES:,}, because guided decoding compiles optional properties in time that "
             "grows steeply with their number. List them in `required`, or split the schema.", param=param,
             code="schema_too_large")
-    _check_refs(schema, param, found)
+    return CheckedSchema(schema, param, _check_refs(schema, param, found))
 
 
 def _check_valid(schema: dict[str, Any], param: str) -> None:
@@ -146,6 +172,7 @@ def _walk(node: Any, param: str, where: str, found: _Found) -> None:
     multiple = node.get("multipleOf")
     if multiple is not None and not (isinstance(multiple, int) and node.get("type") == "integer"):
         raise _refuse(param, f"{where}.multipleOf", "can only be enforced on integers with an integer divisor")
+    _check_bounds(node, param, where)
     pattern = node.get("pattern")
     if isinstance(pattern, str) and _IRREGULAR.search(pattern):
         raise _refuse(param, f"{where}.pattern", "uses a look-around or back-reference, which guided decoding "
@@ -166,8 +193,47 @@ def _walk(node: Any, param: str, where: str, found: _Found) -> None:
         if key in _NAMED and isinstance(value, dict):
             for name, sub in value.items():
                 _walk(sub, param, f"{where}.{key}.{name}", found)
-        elif key in _ONE or key in _MANY:
+        elif key in _ONE:
             _walk(value, param, f"{where}.{key}", found)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_bounds(node: dict[str, Any], param: str, where: str) -> None:
+    """Bounds of a typed schema that no value of its type meets, and integer bounds guided decoding cannot
+    enforce (fractional, or past 64 bits): each a 400 naming the bound."""
+    kind = node.get("type")
+    kinds = {kind} if isinstance(kind, str) else {k for k in kind if isinstance(k, str)} if isinstance(kind, list) \
+        else set()
+    for typ, low, high in _SIZE_BOUNDS:
+        lo, hi = node.get(low), node.get(high)
+        if typ in kinds and isinstance(lo, int | float) and isinstance(hi, int | float) and lo > hi:
+            raise _refuse(param, f"{where}.{low}", f"is greater than `{high}` ({lo} > {hi}), so no {typ} matches "
+                                                   "the schema")
+    if not kinds & {"integer", "number"}:
+        return
+    integer = "number" not in kinds
+    lows = [(k, node[k], ex) for k, ex in _LOWS if _number(node.get(k))]
+    highs = [(k, node[k], ex) for k, ex in _HIGHS if _number(node.get(k))]
+    if integer:
+        for key, value, _ in lows + highs:
+            if not _INT64[0] <= value <= _INT64[1]:
+                raise _refuse(param, f"{where}.{key}", "is outside the 64-bit range in which guided decoding "
+                                                       "enforces integer bounds")
+            if isinstance(value, float) and not value.is_integer():
+                raise _refuse(param, f"{where}.{key}", "bounds an integer with a fraction, which guided decoding "
+                                                       "cannot enforce; write a whole number")
+    for key, lo, lo_ex in lows:
+        for other, hi, hi_ex in highs:
+            if integer:
+                empty = lo + lo_ex > hi - hi_ex  # whole bounds: exclusive ones move by one
+            else:
+                empty = lo > hi or (lo == hi and (lo_ex or hi_ex))
+            if empty:
+                raise _refuse(param, f"{where}.{key}", f"and `{other}` leave no {'integer' if integer else 'number'} "
+                                                       "that matches the schema")
 
 
 def _compiles(regex: str) -> bool:
@@ -196,16 +262,19 @@ def _resolve(root: dict[str, Any], ref: str, anchors: dict[str, Any]) -> Any:
     return node
 
 
-def _check_refs(root: dict[str, Any], param: str, found: _Found) -> None:
+def _check_refs(root: dict[str, Any], param: str, found: _Found) -> dict[int, tuple[str, Any]]:
     """Every `$ref` names a schema inside `root`; no chain of references (a `$ref`, or an `allOf` of one
-    schema, applies its target at the same place of the output) is longer than `MAX_REF_HOPS` or loops."""
+    schema, applies its target at the same place of the output) is longer than `MAX_REF_HOPS` or loops.
+    Returns each schema object holding a `$ref` (by `id`) -> its `$ref` and the schema it names."""
     target: dict[int, Any] = {}
+    refs: dict[int, tuple[str, Any]] = {}
     for where, node in found.refs:
         resolved = _resolve(root, node["$ref"], found.anchors)
         if not isinstance(resolved, dict | bool):
             raise _refuse(param, where, "points to nothing in the schema" if resolved is None else
                           "does not point to a schema")
         target[id(node)] = resolved
+        refs[id(node)] = (node["$ref"], resolved)
 
     def same_place(node: Any) -> list[Any]:
         """The schemas `node` applies at its own place in the output."""
@@ -248,6 +317,7 @@ def _check_refs(root: dict[str, Any], param: str, found: _Found) -> None:
         if longest[id(start)] > MAX_REF_HOPS:
             raise _refuse(param, where, f"starts a chain of more than {MAX_REF_HOPS} references in a row, the "
                                         "limit for a schema")
+    return refs
 
 
 def schema_guide(schema: Any, param: str) -> Guide:
@@ -261,8 +331,10 @@ def schema_guide(schema: Any, param: str) -> Guide:
             raise InvalidRequestError(f"'{param}' is nested too deeply to check: past the limit of "
                                       f"{MAX_JSON_DEPTH} levels of JSON nesting in a schema.", param=param,
                                       code="schema_too_deep") from None
-    check_schema(schema, param)
-    return Guide("json_schema", json.dumps(schema, ensure_ascii=False, separators=(",", ":")), param)
+    defs = RootDefs()
+    placed = defs.root(defs.place(check_schema(schema, param), "#"))
+    return Guide("json_schema", json.dumps(placed, ensure_ascii=False, separators=(",", ":")), param,
+                 tuple(defs.origins))
 
 
 def _response_format_guide(fmt: Any) -> Guide | None:
@@ -352,3 +424,39 @@ def require_support(backend: LLMBackend, model: str, guide: Guide) -> None:
             f"The model {model!r} ({backend.protocol} protocol) cannot enforce '{guide.param}': its Triton backend "
             "takes no guided-decoding input, so the output could not be guaranteed to match.", param=guide.param,
             code="unsupported_parameter")
+
+
+_POINTER = re.compile(r"#/[^\s'\",;)\]]*")
+
+
+def _origin(guide: Guide, reason: str) -> tuple[GuideOrigin, str] | None:
+    """The client schema (and the path inside it) a backend's reason points at: the part holding the first
+    JSON pointer the reason quotes, else the guide's only schema; None when the guide has several and the
+    reason does not say which."""
+    parts = sorted(guide.origins, key=lambda o: len(o.at), reverse=True)
+    for pointer in _POINTER.findall(reason):
+        for o in parts:
+            if o.at == "#" or pointer == o.at or pointer.startswith(o.at + "/"):
+                return o, pointer_path("#" + pointer[len(o.at):])
+    schemas = [o for o in guide.origins if not o.at.startswith("#/$defs/")]
+    return (schemas[0], "") if len(schemas) == 1 else None
+
+
+def backend_refusal(guide: Guide, err: BackendError) -> InvalidRequestError | None:
+    """The client's 400 for a guide the model's backend could not compile (`triton.errors.guide_refusal` reads
+    Triton's message in `err.detail`), naming the tool and the schema path it came from when the guide says
+    (`Guide.origins`) and carrying the backend's reason; None when Triton's error is about something else."""
+    reason = guide_refusal(err.detail or "")
+    if reason is None:
+        return None
+    found = _origin(guide, reason)
+    if found is not None:
+        origin, inside = found
+        param = origin.param + inside
+        what = f"'{param}'" + (f" (the parameters of tool {origin.tool!r})" if origin.tool else "")
+    else:
+        param = guide.param
+        tools = ", ".join(f"{o.tool!r} ({o.param})" for o in guide.origins if o.tool and o.at[:8] != "#/$defs/")
+        what = f"'{param}'" + (f", built from the tools {tools}," if tools else "")
+    return InvalidRequestError(f"The model's backend cannot compile {what} for guided decoding: {reason}",
+                               param=param, code="unsupported_schema")

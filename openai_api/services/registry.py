@@ -15,10 +15,11 @@ from openai_api.observability import Metrics
 from openai_api.services.backends import InstrumentedLLMBackend, LoraBackend, encoder_backend, llm_backend
 from openai_api.text.parsers import (
     END_MARKERS,
+    TOOL_PARSER_NAMES,
     ReasoningParserName,
     ToolParserName,
-    detect_family,
     detect_reasoning,
+    detect_tool_format,
     keep_markers,
 )
 from openai_api.text.prompt_cache import NO_BOUNDARIES, Boundaries, find_boundaries, template_markers
@@ -99,13 +100,25 @@ def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | No
     and the markers that are special tokens."""
     source = template.source if template is not None else ""
     configured, thinking = m.tool_parser, m.reasoning_parser
-    tool: ToolParserName = detect_family(source, tok.special_tokens) if configured == "auto" or configured is None \
-        else configured
+    found = None
+    tool: ToolParserName
+    if configured == "auto" or configured is None:
+        found = detect_tool_format(source, [*tok.special_tokens, *tok.added_tokens])
+        tool = found.family
+    else:
+        tool = configured
     reasoning = detect_reasoning(source, tool) if thinking == "auto" else thinking
-    if m.tool_parser == "auto" or m.reasoning_parser == "auto":
+    if found is not None or m.reasoning_parser == "auto":
         logger.info("model %s: tool parser %s%s, reasoning parser %s%s", m.name, tool,
-                    " (auto)" if m.tool_parser == "auto" else "", reasoning,
+                    f" (auto: {found.why})" if found is not None else "", reasoning,
                     " (auto)" if m.reasoning_parser == "auto" else "")
+    # A template that does not render tools gets the hermes call format described in a system message by the
+    # gateway (`services.tools`): then hermes is the gateway's own choice, not a guess at the model's format.
+    own_prompt = found is not None and found.evidence == "none" and template is not None and not template.uses_tools
+    if found is not None and found.guess and not own_prompt:
+        logger.warning("model %s: tool_parser auto could only guess %r (%s). If the model writes its tool calls "
+                       "another way, set \"tool_parser\" in its llm entry of the model config to its family, one "
+                       "of: %s (README: Model families).", m.name, tool, found.why, ", ".join(TOOL_PARSER_NAMES))
     specials = {tok.tokenizer.token_to_id(t): t for t in tok.special_tokens}
     keep = set(keep_markers(tool, reasoning))
     control = frozenset(keep & set(specials.values()))

@@ -10,7 +10,8 @@ guides the rest to the function's parameters schema, so the output *is* the argu
 prefills the start of a call and guides the output to one of the offered calls (`{"name": <one of
 them>, "arguments": <its schema>}`), or to a non-empty list of them when `parallel_tool_calls` allows.
 The gateway then builds `tool_calls` from that JSON itself. A model whose backend takes no guide gets a
-400 for a forced `tool_choice` instead of a call that may not come.
+400 for a forced `tool_choice` instead of a call that may not come. Each tool's `$ref`s are hoisted into the
+guide's root `$defs` (`schema_refs.RootDefs`): inside the wrapper, `#` is no longer the tool's schema.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.guides import check_schema
 from openai_api.services.registry import LLMRuntime
+from openai_api.services.schema_refs import CheckedSchema, RootDefs
 from openai_api.text.parsers import ParsedToolCall, ToolContext
 from openai_api.triton.llm import Guide
 
@@ -108,21 +110,29 @@ def _validate_tools(tools: list[dict[str, Any]]) -> list[str]:
     return names
 
 
-def _parameters(tools: list[dict[str, Any]], index: int) -> dict[str, Any]:
+def _parameters(tools: list[dict[str, Any]], index: int) -> CheckedSchema:
     """A tool's parameters schema, checked (no parameters: an object with none)."""
+    param = f"tools[{index}].function.parameters"
     params = tools[index]["function"].get("parameters")
     if params is None:
-        return {"type": "object", "properties": {}}
-    check_schema(params, f"tools[{index}].function.parameters")
-    assert isinstance(params, dict)
-    return params
+        return CheckedSchema({"type": "object", "properties": {}}, param)
+    return check_schema(params, param)
 
 
-def _call_schema(tools: list[dict[str, Any]], args_key: str) -> dict[str, Any]:
-    """Any one of the offered calls: `{"name": <const>, <args_key>: <its parameters>}`."""
-    calls = [{"type": "object",
-              "properties": {"name": {"const": t["function"]["name"]}, args_key: _parameters(tools, i)},
-              "required": ["name", args_key]} for i, t in enumerate(tools)]
+def _guide(schema: dict[str, Any], defs: RootDefs) -> Guide:
+    return Guide("json_schema", json.dumps(defs.root(schema), ensure_ascii=False), "tool_choice", tuple(defs.origins))
+
+
+def _call_schema(tools: list[dict[str, Any]], args_key: str, at: str, defs: RootDefs) -> dict[str, Any]:
+    """Any one of the offered calls, at JSON pointer `at` of the guide: `{"name": <const>, <args_key>: <its
+    parameters>}`, each tool's references hoisted into `defs` (`schema_refs`)."""
+    calls = []
+    for i, t in enumerate(tools):
+        name = t["function"]["name"]
+        where = f"{at}/properties/{args_key}" if len(tools) == 1 else f"{at}/anyOf/{i}/properties/{args_key}"
+        calls.append({"type": "object",
+                      "properties": {"name": {"const": name}, args_key: defs.place(_parameters(tools, i), where, name)},
+                      "required": ["name", args_key]})
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
@@ -151,23 +161,25 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
     reasons = rt.reasoning_parser is not None
     opening = "" if reasons else ("<tool_call>\n" if hermes else "")
     if choice == "required":
-        call = _call_schema(req.tools, plan.args_key)
+        defs = RootDefs()
+        call = _call_schema(req.tools, plan.args_key, "#/items" if plan.parallel else "#", defs)
         schema = {"type": "array", "items": call, "minItems": 1} if plan.parallel else call
         plan.forced, plan.prefill = "required", opening
-        plan.guide = Guide("json_schema", json.dumps(schema, ensure_ascii=False), "tool_choice")
+        plan.guide = _guide(schema, defs)
         return plan
     if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
         name = choice["function"].get("name")
         if name not in names:
             raise InvalidRequestError(f"tool_choice names function {name!r}, which is not in tools.",
                                       param="tool_choice")
-        params = _parameters(req.tools, names.index(name))
+        defs = RootDefs()
+        params = defs.place(_parameters(req.tools, names.index(name)), "#", name)
         # The call's start in the model's own format keeps the model in context; the guide does the rest.
         json_call = family in ("hermes", "llama3_json")  # formats whose call opens with this JSON
         opens = f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
         plan.prefill = "" if reasons or not json_call else opening + opens
         plan.forced, plan.forced_name, plan.parallel = "named", name, False
-        plan.guide = Guide("json_schema", json.dumps(params, ensure_ascii=False), "tool_choice")
+        plan.guide = _guide(params, defs)
         return plan
     raise InvalidRequestError("tool_choice must be 'none', 'auto', 'required' or "
                               "{'type': 'function', 'function': {'name': ...}}.", param="tool_choice")

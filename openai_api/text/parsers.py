@@ -6,8 +6,8 @@ Every server returns the three apart: `reasoning_content`, `content`, `tool_call
 one declarative `ToolFormat` (the markers that open and close its call regions, as text, and how a
 region's text becomes calls) or, for harmony's channel grammar, one small state machine; `FAMILIES`
 registers them under the names the model config uses (`tool_parser`), and `REASONING` the thinking
-sections (`reasoning_parser`). `detect_family` and `detect_reasoning` pick them from a chat template
-and the tokenizer's special tokens (`auto`).
+sections (`reasoning_parser`). `detect_tool_format` and `detect_reasoning` pick them from a chat template
+and the tokenizer's added tokens (`auto`), saying when the family is only a guess.
 
 `OutputParser` runs one choice's output through them, incrementally: `push(text)` returns the `Piece`s
 that are safe to send now, `finish()` the rest. Work is O(new text) per push: only a possible partial
@@ -515,7 +515,10 @@ FAMILIES: dict[str, ToolFormat] = {f.name: f for f in (
                models="DeepSeek V3, V3-0324, R1-0528"),
     ToolFormat("deepseek_v31", (Region(_DS[0], _DS[1]),), _decode_deepseek_v31, inner=_DS,
                models="DeepSeek V3.1, V3.1-Terminus"),
+    # V3.2 writes its invokes in a `function_calls` block; V4 keeps the invoke / parameter grammar in a
+    # `tool_calls` block (DeepSeek's encoding_dsv4.py `tool_calls_block_name`, vLLM's `deepseek_v4` parser).
     ToolFormat("deepseek_dsml", (Region(f"<{DSML}function_calls>", f"</{DSML}function_calls>"),
+                                 Region(f"<{DSML}tool_calls>", f"</{DSML}tool_calls>"),
                                  Region("<function_calls>", "</function_calls>")), _decode_dsml,
                models="DeepSeek V3.2, V4"),
     ToolFormat("kimi_k2", (Region(_KIMI[0], _KIMI[1]),), _decode_kimi_k2, inner=_KIMI, ids=lambda: "",
@@ -591,32 +594,78 @@ def keep_markers(tool_parser: str | None, reasoning_parser: str | None) -> tuple
 # ------------------------------------------------------------------------------------------- detection
 
 
-def detect_family(template: str, special_tokens: Iterable[str] = ()) -> ToolParserName:
-    """The tool format a chat template (and tokenizer) speaks, most specific first; hermes by default."""
-    specials = set(special_tokens)
+@dataclass(frozen=True)
+class Detection:
+    """What `tool_parser: auto` found. `family`; `evidence`: where its marker was (`template`, `tokenizer`)
+    or `none` (no marker anywhere: hermes, the format the gateway itself describes to a model whose template
+    does not render tools); `why`, for the log; `guess`: nothing the model ships names one family (no
+    marker, or markers several families share)."""
 
-    def has(marker: str) -> bool:
-        return marker in template or marker in specials
+    family: ToolParserName
+    evidence: Literal["template", "tokenizer", "none"]
+    why: str
+    guess: bool = False
 
-    if "<|channel|>" in template or {"<|channel|>", "<|constrain|>"} <= specials:
+
+def _from_template(template: str) -> ToolParserName | None:
+    if "<|channel|>" in template:
         return "harmony"
-    if has("<|tool_calls_section_begin|>"):
+    if "<|tool_calls_section_begin|>" in template:
         return "kimi_k2"
-    if DSML in template or DSML in "".join(specials):
+    if DSML in template:
         return "deepseek_dsml"
     if DS_CALLS_BEGIN in template:
         return "deepseek_v3" if "```json" in template else "deepseek_v31"
-    if has("[TOOL_CALLS]"):
+    if "[TOOL_CALLS]" in template:
         return "mistral"
     if "<arg_key>" in template:
         return "glm45"
     if "<function=" in template or "<parameter=" in template:
         return "qwen3_xml"
-    if has("<|python_start|>"):
+    if "<|python_start|>" in template:
         return "llama4"
     if "<|python_tag|>" in template or ("<|eot_id|>" in template and '"parameters"' in template):
         return "llama3_json"
-    return "hermes"
+    if "<tool_call>" in template:
+        return "hermes"
+    return None
+
+
+# A tokenizer's added tokens -> the family they mark, most specific first; `shared`: other families whose
+# markers these are too, so that the tokenizer alone leaves a guess.
+_TOKEN_RULES: tuple[tuple[Callable[[set[str]], bool], ToolParserName, str, tuple[str, ...]], ...] = (
+    (lambda t: {"<|channel|>", "<|constrain|>"} <= t, "harmony", "<|channel|>", ()),
+    (lambda t: "<|tool_calls_section_begin|>" in t, "kimi_k2", "<|tool_calls_section_begin|>", ()),
+    (lambda t: any(DSML in x for x in t), "deepseek_dsml", DSML, ()),
+    (lambda t: DS_CALLS_BEGIN in t, "deepseek_v3", DS_CALLS_BEGIN, ("deepseek_v31",)),
+    (lambda t: "[TOOL_CALLS]" in t, "mistral", "[TOOL_CALLS]", ()),
+    (lambda t: "<arg_key>" in t, "glm45", "<arg_key>", ()),
+    (lambda t: "<|python_start|>" in t, "llama4", "<|python_start|>", ()),
+    (lambda t: "<|python_tag|>" in t, "llama3_json", "<|python_tag|>", ()),
+    (lambda t: "<tool_call>" in t, "hermes", "<tool_call>", ("qwen3_xml",)),
+)
+
+
+def detect_tool_format(template: str, tokens: Iterable[str] = ()) -> Detection:
+    """The tool format a model speaks: from its chat template first (what the model is prompted with), then
+    from its tokenizer's added tokens (a model folder may ship no template: DeepSeek V3.2 and V4 ship none),
+    most specific first; hermes when neither has a marker."""
+    family = _from_template(template)
+    if family is not None:
+        return Detection(family, "template", "its chat template writes the format's markers")
+    added = set(tokens)
+    for matches, name, marker, shared in _TOKEN_RULES:
+        if matches(added):
+            why = f"its tokenizer has the token {marker!r}"
+            if shared:
+                why += f", which {', '.join(shared)} also use{'s' if len(shared) == 1 else ''}"
+            return Detection(name, "tokenizer", why, guess=bool(shared))
+    return Detection("hermes", "none", "no tool-call marker in its chat template or its tokenizer", guess=True)
+
+
+def detect_family(template: str, special_tokens: Iterable[str] = ()) -> ToolParserName:
+    """The tool format a chat template (and tokenizer) speaks (`detect_tool_format`); hermes by default."""
+    return detect_tool_format(template, special_tokens).family
 
 
 def detect_reasoning(template: str, family: str | None) -> ReasoningParserName | None:

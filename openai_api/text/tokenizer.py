@@ -72,6 +72,9 @@ class TextTokenizer:
     generation_defaults: dict[str, Any] = field(default_factory=dict)
     # The text of every special (control) token: `<|im_start|>`, `[CLS]`, ...
     special_tokens: list[str] = field(default_factory=list)
+    # Every added token, special or not: a family's markers are often plain added tokens (DeepSeek's tool-call
+    # and DSML tokens), which `tool_parser: auto` reads as well as the template.
+    added_tokens: list[str] = field(default_factory=list)
     _plain: Tokenizer | None = field(default=None, repr=False)
     _plain_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _interned: list[int] | None = field(default=None, repr=False)
@@ -118,10 +121,11 @@ class TextTokenizer:
                 break
         defaults: dict[str, Any] = {k: gcfg[k] for k in ("temperature", "top_p", "top_k", "repetition_penalty")
                                     if k in gcfg}
-        specials = [t.content for t in tok.get_added_tokens_decoder().values() if t.special]
+        added = list(tok.get_added_tokens_decoder().values())
+        specials = [t.content for t in added if t.special]
         return cls(folder=folder, tokenizer=tok, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids,
                    pad_token_id=pad if isinstance(pad, int) else None, context_length=ctx,
-                   generation_defaults=defaults, special_tokens=specials)
+                   generation_defaults=defaults, special_tokens=specials, added_tokens=[t.content for t in added])
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         try:

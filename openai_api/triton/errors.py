@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 
 from tritonclient.utils import InferenceServerException
 
@@ -103,6 +104,34 @@ _CACHE_FULL_WORDS = ("peft cache is full", "no done tasks to evict", "no free lo
 def is_adapter_cache_full(message: str) -> bool:
     """Whether a backend's error message (lower-cased) says its LoRA adapter cache is full (`_CACHE_FULL_WORDS`)."""
     return any(w in message for w in _CACHE_FULL_WORDS) or ("in peft cache" in message and "cache is full" in message)
+
+
+# What a backend says when it cannot compile a request's guide. The reference models and TensorRT-LLM pass on
+# xgrammar's own words ("guided_decoding_guide: the JSON schema cannot be compiled: Cannot find field $defs in
+# #/$defs/Address", "Invalid range: minimum greater than maximum"); vLLM checks the guide first ("Failed to
+# transform json schema into a grammar: ...", "The provided JSON schema contains features not supported by
+# xgrammar.", "Invalid JSON grammar specification.", "Grammar error: ...", "Regex uses unsupported feature
+# for structured outputs: ..."), and the Triton vLLM backend prefixes them ("Error generating stream: ...").
+_GUIDE_WORDS = ("schema", "grammar", "regex", "guide", "structured output", "cannot find field", "invalid range",
+                "integer constraint", "integer exceeds")
+# ... unless it says the server could not try (no grammar engine there, its own crash): not the guide's fault.
+_SERVER_WORDS = ("unavailable", "internal", "out of memory", "cuda", "guided decoding failed")
+# A C++ source location at the start of xgrammar's messages ("[09:14:02] /src/json_schema_converter.cc:512: ",
+# "Check failed: (x) is false: "): internals, never sent.
+_CPP_LOCATION = re.compile(r"\[[0-9:.]+\] \S+\.(?:cc|cpp|h|hpp):\d+: (?:Check failed: \(.*?\) is false: )?")
+_MAX_REASON = 400
+
+
+def guide_refusal(message: str) -> str | None:
+    """The backend's reason, fit for the client (first line, no source locations, at most `_MAX_REASON`
+    characters), when `message` (Triton's error for a request that carried a guide) says the backend could not
+    compile the guide (`_GUIDE_WORDS`); None when it says something else."""
+    lowered = message.lower()
+    if not any(w in lowered for w in _GUIDE_WORDS) or any(w in lowered for w in _SERVER_WORDS):
+        return None
+    line = next((ln.strip() for ln in message.splitlines() if ln.strip()), "")
+    reason = _CPP_LOCATION.sub("", line)
+    return reason if len(reason) <= _MAX_REASON else reason[:_MAX_REASON - 3] + "..."
 
 
 def _is_connection_error(err: BaseException) -> bool:

@@ -16,17 +16,29 @@ TEXT_PROTOCOLS = frozenset({"vllm", "tensorrt_llm_text", "text"})
 
 
 @dataclass(frozen=True, slots=True)
+class GuideOrigin:
+    """Where a part of a guide came from: the part at JSON pointer `at` of the guide's schema (`#`: all of it)
+    is the request's `param` (`tools[1].function.parameters`, `...$defs.Address`), of the tool `tool` ("": none)."""
+
+    at: str
+    param: str
+    tool: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class Guide:
     """What a generation's output must match, enforced token by token by the model's backend.
 
     `kind` and `value`: `json_schema` (the schema as JSON text), `json_object` (any JSON object; no
     value), `regex` (the pattern), `grammar` (EBNF, xgrammar/GBNF dialect, `root ::= ...`), `choice`
-    (a JSON list of the allowed strings). `param` is the request parameter it came from, for errors.
+    (a JSON list of the allowed strings). `param` is the request parameter it came from, for errors;
+    `origins` say which client schema each part of a `json_schema` guide is, for a backend's refusal.
     """
 
     kind: GuideKind
     value: str | None
     param: str = "response_format"
+    origins: tuple[GuideOrigin, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

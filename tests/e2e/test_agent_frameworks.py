@@ -40,6 +40,17 @@ class Report(BaseModel):
     sky: Literal["clear", "rain", "snow"]
 
 
+class Trip(BaseModel):
+    """A nested model: pydantic writes Report once under `$defs` and refers to it (`$ref`) from both fields, the
+    schema shape a forced call's guide once broke (issue #34)."""
+
+    start: Report
+    end: Report
+
+
+NESTED_TOKENS = 100  # a Trip, or a call holding one, is ~40-60 tokens
+
+
 class Wire:
     """Records the JSON body of every request a framework's HTTP client sends (an httpx event hook)."""
 
@@ -107,6 +118,20 @@ async def test_pydantic_ai_tool_output(gateway: GatewayServer, wire: Wire) -> No
              if isinstance(p, ToolCallPart)]
     assert [c.tool_name for c in calls] == ["final_result"]
     assert Report.model_validate(calls[0].args_as_dict()) == result.output
+
+
+async def test_pydantic_ai_tool_output_with_a_nested_model(gateway: GatewayServer, wire: Wire) -> None:
+    """Tool output for a nested model: `final_result`'s parameters hold `$defs` + `$ref`, and with `tool_choice:
+    "required"` the gateway's guide wraps them; the call still comes and validates into a Trip."""
+    from pydantic_ai import Agent
+    from pydantic_ai.settings import ModelSettings
+
+    agent = Agent(_pydantic_ai_model(gateway, wire), output_type=Trip,
+                  model_settings=ModelSettings(max_tokens=NESTED_TOKENS, temperature=0.8, parallel_tool_calls=False))
+    result = await agent.run("Plan a trip from Oslo to Rome.")
+    assert isinstance(result.output, Trip)
+    [body] = wire.bodies
+    assert body["tool_choice"] == "required" and "$defs" in body["tools"][0]["function"]["parameters"]
 
 
 async def test_pydantic_ai_native_output(gateway: GatewayServer, wire: Wire) -> None:
@@ -300,3 +325,50 @@ async def test_agents_sdk_forced_tool_then_structured_output(gateway: GatewaySer
         assert [m["content"] for m in second["messages"] if m["role"] == "tool"] == [f"snow in {seen[0]}"]
     assert "tool_choice" not in second
 
+
+
+async def test_agents_sdk_nested_output_type(gateway: GatewayServer, wire: Wire) -> None:
+    """`output_type` a nested model on the Responses model class: `text.format` holds `$defs` + `$ref` (strict)."""
+    pytest.importorskip("agents")
+    from agents import Agent, ModelSettings, Runner, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    agent = Agent(name="trips", model=OpenAIResponsesModel(model=LLM, openai_client=wire.async_client(gateway)),
+                  output_type=Trip, model_settings=ModelSettings(max_tokens=NESTED_TOKENS, temperature=0.8))
+    result = await Runner.run(agent, "Plan a trip from Oslo to Rome.", max_turns=1)
+    assert isinstance(result.final_output, Trip)
+    [body] = wire.bodies
+    assert "$defs" in body["text"]["format"]["schema"]
+
+
+@pytest.mark.parametrize("api", ["chat_completions", "responses"])
+async def test_agents_sdk_required_tool_taking_a_nested_model(gateway: GatewayServer, wire: Wire, api: str) -> None:
+    """`tool_choice="required"` with one function tool taking a nested model (the SDK's strict schema: `$defs`
+    for Trip and Report): the call comes on both model classes, our function gets a validated Trip, and the
+    SDK stops on that first tool call (`stop_on_first_tool`)."""
+    pytest.importorskip("agents")
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_chatcompletions import OpenAIChatCompletionsModel
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    planned: list[Trip] = []
+
+    def plan_trip(trip: Trip) -> str:
+        """Book a trip."""
+        planned.append(trip)
+        return "booked"
+
+    client = wire.async_client(gateway)
+    model = (OpenAIResponsesModel(model=LLM, openai_client=client) if api == "responses"
+             else OpenAIChatCompletionsModel(model=LLM, openai_client=client))
+    agent = Agent(name="trips", model=model, tools=[function_tool(plan_trip)], tool_use_behavior="stop_on_first_tool",
+                  model_settings=ModelSettings(tool_choice="required", parallel_tool_calls=False,
+                                               max_tokens=NESTED_TOKENS, temperature=0.8))
+    result = await Runner.run(agent, "Plan a trip from Oslo to Rome.", max_turns=1)
+    assert result.final_output == "booked" and len(planned) == 1 and isinstance(planned[0], Trip)
+    [body] = wire.bodies
+    assert body["tool_choice"] == "required"
+    tool = body["tools"][0]
+    assert "$defs" in (tool["parameters"] if api == "responses" else tool["function"]["parameters"])

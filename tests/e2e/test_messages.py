@@ -17,10 +17,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import anthropic
 import pytest
+from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
 from openai_api.config import LLMModel, ModelInfo
@@ -193,6 +194,34 @@ def test_any_tool_choice_always_calls(client: anthropic.Anthropic) -> None:
     r = client.messages.create(model=LLM, max_tokens=60, extra_body={"temperature": 0.8}, messages=QUESTION,
                                tools=[WEATHER], tool_choice={"type": "any", "disable_parallel_tool_use": True})
     assert r.stop_reason == "tool_use" and [b.type for b in r.content] == ["tool_use"]
+
+
+class Stop(BaseModel):
+    city: str = Field(max_length=12)
+    kind: Literal["capital", "town"]
+
+
+class Trip(BaseModel):
+    """Nested: its schema holds `$defs` + `$ref`, which the guide of a forced call wraps (issue #34)."""
+
+    start: Stop
+    end: Stop
+
+
+@pytest.mark.parametrize("choice", [{"type": "any", "disable_parallel_tool_use": True},
+                                    {"type": "tool", "name": "plan_trip"}])
+def test_forced_tools_with_a_nested_schema(client: anthropic.Anthropic, choice: dict[str, Any]) -> None:
+    """`tool_choice` any (once a 500) and tool, with a tool whose input schema is a nested pydantic model's:
+    the call comes, and its input validates."""
+    trip = {"name": "plan_trip", "description": "Plan a trip.", "input_schema": Trip.model_json_schema()}
+    r = client.messages.create(model=LLM, max_tokens=90, extra_body={"temperature": 0.8}, messages=QUESTION,
+                               tools=[trip, WEATHER], tool_choice=choice)  # type: ignore[arg-type]
+    assert r.stop_reason == "tool_use", r
+    [call] = [b for b in r.content if b.type == "tool_use"]
+    if call.name == "plan_trip":
+        Trip.model_validate(call.input)
+    else:
+        assert choice["type"] == "any" and call.name == "get_weather" and set(call.input) == {"city"}  # type: ignore[arg-type]
 
 
 def test_thinking_blocks_on_a_reasoning_model(client: anthropic.Anthropic) -> None:

@@ -62,6 +62,23 @@ class City(BaseModel):
     kind: Literal["capital", "town"]
 
 
+class Stop(BaseModel):
+    city: str = Field(max_length=12)
+    kind: Literal["capital", "town"]
+
+
+class Trip(BaseModel):
+    """Nested: pydantic writes Stop once under `$defs` and refers to it (`$ref`) from both fields, the schema
+    shape instructor, LangChain, pydantic-ai and the Agents SDK send for nested models (issue #34)."""
+
+    start: Stop
+    end: Stop
+
+
+TRIP = Trip.model_json_schema()
+assert "$defs" in TRIP
+
+
 @pytest.fixture(scope="module")
 def client(gateway: GatewayServer) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, timeout=300, max_retries=0) as c:
@@ -163,26 +180,73 @@ def test_structured_objects_validate_on_every_try(aclient: Callable[[], openai.A
 
 
 def test_langchain_with_structured_output_both_methods(gateway: GatewayServer) -> None:
+    """A nested model (`$defs`: `json_schema` sends them; `function_calling` inlines them first)."""
     from langchain_openai import ChatOpenAI
 
     for model in VARIANTS:
         llm = ChatOpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, model=model, temperature=0.8,  # type: ignore[arg-type]
                          max_tokens=120, max_retries=0)
         for method in ("json_schema", "function_calling"):
-            city = llm.with_structured_output(City, method=method).invoke("Tell me about a city you like.")
-            assert isinstance(city, City), (model, method, city)
+            trip = llm.with_structured_output(Trip, method=method).invoke("Plan a trip between two cities.")
+            assert isinstance(trip, Trip), (model, method, trip)
 
 
 def test_instructor_tools_and_json_schema_modes(gateway: GatewayServer) -> None:
+    """A nested model: `TOOLS` forces the named tool (its parameters hold `$defs`), `JSON_SCHEMA` sends them as
+    the response format."""
     import instructor
 
     for mode in (instructor.Mode.TOOLS, instructor.Mode.JSON_SCHEMA):
         client = instructor.from_openai(openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY), mode=mode)
         for model in VARIANTS:
-            city = client.chat.completions.create(model=model, response_model=City, max_retries=0, temperature=0.8,
+            trip = client.chat.completions.create(model=model, response_model=Trip, max_retries=0, temperature=0.8,
                                                   max_tokens=120,
-                                                  messages=[{"role": "user", "content": "Name a big city."}])
-            assert isinstance(city, City), (mode, model, city)
+                                                  messages=[{"role": "user", "content": "Plan a trip."}])
+            assert isinstance(trip, Trip), (mode, model, trip)
+
+
+def test_required_with_a_nested_schema_on_chat_and_responses(aclient: Callable[[], openai.AsyncOpenAI]) -> None:
+    """`tool_choice: "required"` wraps each tool's parameters in the guide (`{"name": ..., "arguments": ...}`);
+    a tool whose parameters hold `$defs` + `$ref` (a pydantic model's nested types) once failed there with 502.
+    Now a valid call on both guided protocols, plain and streamed, and through the Responses API."""
+    trip_tool = {"type": "function", "function": {"name": "plan_trip", "description": "Plan a trip",
+                                                  "parameters": TRIP}}
+
+    async def run() -> tuple[list[dict[str, Any]], Any]:
+        async with aclient() as c:
+            chats = asyncio.gather(*(_call(c, m, PROMPTS[i], stream=bool(i), tools=[trip_tool, WEATHER],
+                                           tool_choice="required", parallel_tool_calls=False, max_tokens=90)
+                                     for m in VARIANTS for i in range(2)))
+            response = c.responses.create(model=LLM, input=PROMPTS[2], tool_choice="required", temperature=0.8,
+                                          max_output_tokens=90, tools=[{"type": "function", "name": "plan_trip",
+                                                                        "parameters": TRIP}])
+            return list(await chats), await response
+
+    chats, response = asyncio.run(run())
+    for r in chats:
+        assert r["finish"] == "tool_calls" and len(r["calls"]) == 1 and not r["content"], r
+        [(name, arguments)] = r["calls"]
+        if name == "plan_trip":
+            Trip.model_validate_json(arguments)
+        else:
+            jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+    [call] = [o for o in response.output if o.type == "function_call"]
+    assert call.name == "plan_trip" and isinstance(Trip.model_validate_json(call.arguments), Trip)
+
+
+@pytest.mark.parametrize("model", VARIANTS)
+def test_a_schema_the_backend_cannot_compile_is_a_400_naming_the_tool(client: openai.OpenAI, model: str) -> None:
+    """A schema the gateway passes but xgrammar refuses (a required property whose schema is `false`): the
+    reference model's refusal comes back as the client's 400 naming the tool's schema, never a 5xx."""
+    never = {"type": "object", "properties": {"a": False}, "required": ["a"]}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8,
+                                       tools=[{"type": "function", "function": {"name": "never", "parameters": never}}],
+                                       tool_choice="required")
+    error = e.value.body
+    assert isinstance(error, dict) and error["code"] == "unsupported_schema", error
+    assert error["param"] == "tools[0].function.parameters" and "'never'" in error["message"], error
+    assert "cannot accept any value" in error["message"], error
 
 
 @pytest.mark.parametrize("model", VARIANTS)

@@ -76,6 +76,15 @@ def test_bad_guide_requests_are_a_400_naming_the_parameter(body: dict[str, Any],
     ({"type": "array", "minItems": 1}, ".minItems"),
     ({"type": "object", "properties": {"a": {}}, "minProperties": 2}, ".minProperties"),
     ({"$defs": {"x": {"type": "object", "dependentRequired": {"a": ["b"]}}}}, ".$defs.x.dependentRequired"),
+    # Bounds no value meets, and integer bounds xgrammar cannot enforce (it refuses to compile each of these).
+    ({"type": "integer", "minimum": 5, "maximum": 1}, ".minimum"),
+    ({"type": "number", "exclusiveMinimum": 5, "exclusiveMaximum": 5}, ".exclusiveMinimum"),
+    ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 6}, ".exclusiveMinimum"),
+    ({"type": "integer", "minimum": 1.5}, ".minimum"),
+    ({"type": ["integer", "null"], "maximum": 2**63}, ".maximum"),
+    ({"type": "string", "minLength": 5.0, "maxLength": 1}, ".minLength"),
+    ({"type": "array", "items": {}, "minItems": 3, "maxItems": 1}, ".minItems"),
+    ({"type": "object", "additionalProperties": {}, "minProperties": 3, "maxProperties": 1}, ".minProperties"),
 ])
 def test_schemas_guided_decoding_cannot_enforce_are_a_400_naming_the_path(schema: dict[str, Any], where: str) -> None:
     with pytest.raises(InvalidRequestError) as e:
@@ -97,6 +106,10 @@ def test_ordinary_schemas_pass() -> None:
                       "required": ["pet"], "additionalProperties": False}
     check_schema(pydantic_style, "p")
     check_schema({"allOf": [{"$ref": "#/$defs/Pet"}], "$defs": pydantic_style["$defs"]}, "p")
+    for bounded in ({"minimum": 5, "maximum": 1}, {"type": "integer", "minimum": 2.0, "maximum": 2**63 - 1},
+                    {"type": "number", "minimum": 1.5, "maximum": 1.5}, {"type": "integer", "exclusiveMinimum": 5,
+                                                                          "exclusiveMaximum": 7}):
+        check_schema(bounded, "p")  # (no type: the bounds apply to no value the schema must take)
 
 
 # --- forced tool calls ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from openai_api.text.parsers import (
     ToolContext,
     detect_family,
     detect_reasoning,
+    detect_tool_format,
     keep_markers,
     make_parser,
 )
@@ -204,6 +205,75 @@ def test_auto_picks_the_family_of_every_vendored_template() -> None:
         seen += 1
     assert seen >= 6
     assert detect_family("{{ messages }}") == "hermes"  # nothing says otherwise: today's default
+
+
+def _added_tokens(family: str) -> list[str]:
+    """Every added token the family's own tokenizer_config.json lists (special or not), as the model ships it."""
+    dec = json.loads((DATA / family / "tokenizer_config.json").read_text(encoding="utf-8"))["added_tokens_decoder"]
+    return [v["content"] for v in dec.values()]
+
+
+def test_auto_reads_the_tokenizer_when_the_model_ships_no_template() -> None:
+    """DeepSeek V3.2 / V4 ship no chat template (and V3-family folders converted for serving often none): the
+    tokenizer's own added tokens (not `special` in DeepSeek's config) name the family; markers several families
+    share leave a guess, which says so."""
+    dsml = detect_tool_format("", _added_tokens("deepseek_dsml"))
+    assert (dsml.family, dsml.evidence, dsml.guess) == ("deepseek_dsml", "tokenizer", False)
+    v3 = detect_tool_format("", _added_tokens("deepseek_v3"))
+    assert (v3.family, v3.evidence, v3.guess) == ("deepseek_v3", "tokenizer", True) and "deepseek_v31" in v3.why
+    qwen = detect_tool_format("", _added_tokens("hermes"))
+    assert (qwen.family, qwen.guess) == ("hermes", True) and "qwen3_xml" in qwen.why
+    assert detect_tool_format("", _added_tokens("mistral")).family == "mistral"
+    nothing = detect_tool_format("{{ messages }}", ["<|im_start|>", "<|im_end|>"])
+    assert (nothing.family, nothing.evidence, nothing.guess) == ("hermes", "none", True)
+    # The template speaks first: DeepSeek V3.1's template with a tokenizer that also has the DSML token.
+    template = (DATA / "deepseek_v31" / "chat_template.jinja").read_text(encoding="utf-8")
+    assert detect_tool_format(template, [*_added_tokens("deepseek_v31"), "\uff5cDSML\uff5c"]).family == "deepseek_v31"
+
+
+def _model_folder(tmp: Path, family: str, template: str | None) -> Path:
+    """A model folder as a DeepSeek release lays it out: tokenizer.json, and the family's own tokenizer_config.json
+    (whose added tokens are the release's), with `template` as its chat template (None: none)."""
+    tok = _tokenizer(family)
+    if tok is None:
+        pytest.skip(f"the {family} tokenizer is not built (scripts/setup.sh)")
+    folder = tmp / family
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    config = json.loads((DATA / family / "tokenizer_config.json").read_text(encoding="utf-8"))
+    config.pop("chat_template", None)
+    if template is not None:
+        (folder / "chat_template.jinja").write_text(template, encoding="utf-8")
+    (folder / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return folder
+
+
+@pytest.mark.parametrize(("family", "template", "expect", "warns"), [
+    ("deepseek_dsml", None, "deepseek_dsml", False),  # V3.2 / V4: no template, the DSML token says it
+    ("hermes", "{{ messages[0].content }}", "hermes", False),  # no tools in the template: the gateway's own prompt
+    ("hermes", "{{ tools | tojson }}{{ messages[0].content }}", "hermes", True),  # tools rendered, format unknown
+])
+def test_auto_warns_when_it_can_only_guess(tmp_path: Path, caplog: pytest.LogCaptureFixture, family: str,
+                                           template: str | None, expect: str, warns: bool) -> None:
+    from openai_api.config import LLMModel
+    from openai_api.services.registry import resolve_parsers
+    from openai_api.text.templates import ChatTemplate
+    from openai_api.text.tokenizer import TextTokenizer
+
+    folder = _model_folder(tmp_path, family, template)
+    tok = TextTokenizer.from_folder(folder)
+    if family == "hermes":  # Qwen's <tool_call> tokens would name hermes themselves: a tokenizer without them
+        tok.added_tokens = [t for t in tok.added_tokens if "tool" not in t]
+    model = LLMModel(name="m", url="127.0.0.1:1", path=folder)
+    with caplog.at_level("INFO", logger="openai_api.services.registry"):
+        tool, *_ = resolve_parsers(model, tok, ChatTemplate.from_tokenizer_dir(folder))
+    assert tool == expect
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    if warns:
+        [message] = warnings
+        assert f"guess {expect!r}" in message and '"tool_parser"' in message and "deepseek_dsml" in message
+    else:
+        assert not warnings, warnings
 
 
 def test_auto_picks_the_reasoning_of_templates_that_think() -> None:
