@@ -116,7 +116,7 @@ def start_triton(slow_delay_ms: int, embeddings: bool) -> tuple[EmbeddedTriton, 
 
 def gateway_config(grpc_url: str, http_url: str) -> dict[str, Any]:
     """The bench-only model config: the synthetic LLMs with SmolLM2's tokenizer and template."""
-    template = str(REPO / "chat_templates" / "smollm2.jinja")
+    template = str(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
     names = (SYNTHETIC, SYNTHETIC_SLOW, SYNTHETIC_PACED)
     llm = [
         {"name": name, "url": grpc_url, "path": str(SMOLLM_TOKENIZER), "triton_model": name, "chat_template": template}

@@ -33,9 +33,11 @@ from openai_api.text.templates import ChatTemplate, TemplateError
 
 logger = logging.getLogger(__name__)
 PACKAGE_ROOT = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_ROOT.parent
-BUNDLED_CONFIG = REPO_ROOT / "model_config.json"
-BUNDLED_TEMPLATES = REPO_ROOT / "chat_templates"
+# Package data (pyproject's package-data), so that `pip install .` carries them and an installed copy finds
+# them where a checkout does. The default config is where the seed system kept it (openai_api/openai_api/);
+# its model folders are the reference models scripts/setup.sh prepares in the checkout's models/.
+BUNDLED_CONFIG = PACKAGE_ROOT / "model_config.json"
+BUNDLED_TEMPLATES = PACKAGE_ROOT / "chat_templates"
 
 Transport = Literal["grpc", "http"]
 LLMProtocol = Literal["auto", "tensorrt_llm", "vllm", "fastertransformer", "tensorrt_llm_text", "text"]

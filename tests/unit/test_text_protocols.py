@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult
 
-from openai_api.config import ConfigError, load_config
+from openai_api.config import BUNDLED_CONFIG, BUNDLED_TEMPLATES, ConfigError, load_config
 from openai_api.errors import BackendError, BackendUnavailableError, InvalidRequestError
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.detect import detect_protocol, protocol_mismatches
@@ -342,7 +342,7 @@ async def test_auto_with_a_text_block_speaks_text_and_a_mismatch_stops_start_up(
 # ------------------------------------------------------------------ the config block
 def _config(tmp_path: Path, **entry: Any) -> Path:
     base = {"name": "m", "url": "127.0.0.1:8001", "path": str(REPO / "models" / "smollm2-135m-instruct"),
-            "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}
+            "chat_template": str(BUNDLED_TEMPLATES / "smollm2.jinja")}
     path = tmp_path / "model_config.json"
     path.write_text(json.dumps({"llm": [{**base, **entry}]}), encoding="utf-8")
     return path
@@ -374,7 +374,7 @@ def test_bad_text_blocks_are_config_errors_naming_the_field(tmp_path: Path, entr
 def test_the_bundled_config_declares_both_reference_text_models() -> None:
     if not (REPO / "models" / "smollm2-135m-instruct").is_dir():
         pytest.skip("the bundled models are not prepared")
-    config = load_config(REPO / "model_config.json")
+    config = load_config(BUNDLED_CONFIG)
     entries = {m.name: m for m in config.llm}
     assert entries["smollm2-135m-instruct-trtllm-text"].protocol == "auto"
     text = entries["smollm2-135m-instruct-text"]
