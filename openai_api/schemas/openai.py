@@ -90,8 +90,9 @@ class _Sampling(_Request):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extensions, typed here so that a wrong type is a 400 like any other field. The guided fields
-    # become a guide (`services.guides`); `ignore_eos` true and `skip_special_tokens` false are refused by
-    # the services (no Triton protocol here carries them), their defaults are accepted.
+    # become a guide (`services.guides`); `ignore_eos` goes to the backend (`triton.llm.GenerationRequest`);
+    # `skip_special_tokens` false is refused by the services (no Triton protocol here carries it), its default
+    # is accepted.
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

@@ -199,6 +199,20 @@ async def test_old_ensemble_gets_uint32_and_its_old_names_and_refuses_what_it_la
     assert not adapter.supports("frequency_penalty") and adapter.supports("seed") and adapter.supports("stop_words")
 
 
+@pytest.mark.parametrize(("config", "name"), [(ENSEMBLE, "min_tokens"), (OLD_ENSEMBLE, "min_length")],
+                         ids=["ensemble", "old-ensemble"])
+async def test_ensemble_ignore_eos_is_a_minimum_length_of_the_whole_budget(config: dict[str, Any], name: str) -> None:
+    client = FakeClient(config, [text_result("Paris")])
+    adapter = make(TensorRTLLMTextAdapter, client, "ensemble")
+    await collect(adapter.generate(request(ignore_eos=True)))
+    assert sent(client.requests[0])[name].tolist() == [[8]]
+    without = copy.deepcopy(config)
+    without["config"]["input"] = [i for i in without["config"]["input"] if i["name"] != name]
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(make(TensorRTLLMTextAdapter, FakeClient(without), "ensemble").generate(request(ignore_eos=True)))
+    assert e.value.param == "ignore_eos"
+
+
 async def test_log_probs_and_token_id_prompts_are_refused_not_dropped() -> None:
     adapter = make(TensorRTLLMTextAdapter, FakeClient(ENSEMBLE), "ensemble")
     assert not adapter.supports("return_logprobs")
