@@ -5,7 +5,7 @@
   repository, so the checked-in repository only holds the one synthetic model.
 * The gateway runs as ``python openai_api_cli.py --config-file <bench config>`` in a subprocess, so
   its CPU time and memory are its own (uvicorn picks uvloop and httptools when installed).
-* The bench-only gateway config is built here; the top-level ``model_config.json`` is not touched.
+* The bench-only gateway config is built here; the bundled ``openai_api/model_config.json`` is not touched.
 """
 
 from __future__ import annotations
