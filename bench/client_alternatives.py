@@ -611,7 +611,7 @@ async def parent_main(a: argparse.Namespace) -> int:
         from bench.board import MESSAGES
 
         tok = TextTokenizer.from_folder(SMOLLM_TOKENIZER)
-        template = ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja")
+        template = ChatTemplate.from_file(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
         prompt = template.render(MESSAGES, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token)
         prompt_ids = tok.encode(prompt)
         end_id = tok.eos_token_ids[0]

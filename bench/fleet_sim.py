@@ -159,7 +159,7 @@ def free_ports(hosts: list[str], n: int) -> list[int]:
 
 
 def gateway_config(fleet: Fleet, routing_extra: dict[str, Any]) -> dict[str, Any]:
-    template = str(REPO / "chat_templates" / "smollm2.jinja")
+    template = str(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
     llm = []
     for p in fleet.policies:
         routing = {"policy": p, "metrics_port": fleet.metrics_port, **routing_extra}

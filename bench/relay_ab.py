@@ -128,13 +128,17 @@ class AB(Bench):
         for name, root in self.sides.items():
             cfg = gateway_config(self.triton.grpc_url, self.triton.http_url)
             for m in cfg["llm"]:
-                m["chat_template"] = str(root / "chat_templates" / "smollm2.jinja")
+                # The templates moved into the package (openai_api/chat_templates); an older checkout has them at
+                # its root.
+                templates = next(d for d in (root / "openai_api" / "chat_templates", root / "chat_templates")
+                                 if d.is_dir())
+                m["chat_template"] = str(templates / "smollm2.jinja")
             gw = CheckoutGateway(root, cfg, self.workdir, name)
             gw.start()
             self.gws[name] = gw
             self.log(f"{name}: gateway pid {gw.pid} from {root}, openai_api from {gw.imports_from()}")
         tok = TextTokenizer.from_folder(SMOLLM_TOKENIZER)
-        template = ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja")
+        template = ChatTemplate.from_file(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
         prompt = template.render(MESSAGES, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token)
         self.prompt_ids = tok.encode(prompt)
         end_id = tok.eos_token_ids[0]

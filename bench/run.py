@@ -214,7 +214,7 @@ class Bench:
         )
         self.log(f"gateway pid {self.gateway.pid} on {self.gateway.url}; Triton gRPC {self.triton.grpc_url}")
         tok = TextTokenizer.from_folder(SMOLLM_TOKENIZER)
-        template = ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja")
+        template = ChatTemplate.from_file(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
         prompt = template.render(MESSAGES, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token)
         self.prompt_ids = tok.encode(prompt)
         end_id = tok.eos_token_ids[0]

@@ -5,7 +5,7 @@
   repository, so the checked-in repository only holds the one synthetic model.
 * The gateway runs as ``python openai_api_cli.py --config-file <bench config>`` in a subprocess, so
   its CPU time and memory are its own (uvicorn picks uvloop and httptools when installed).
-* The bench-only gateway config is built here; the top-level ``model_config.json`` is not touched.
+* The bench-only gateway config is built here; the bundled ``openai_api/model_config.json`` is not touched.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ def start_triton(slow_delay_ms: int, embeddings: bool) -> tuple[EmbeddedTriton, 
 
 def gateway_config(grpc_url: str, http_url: str) -> dict[str, Any]:
     """The bench-only model config: the synthetic LLMs with SmolLM2's tokenizer and template."""
-    template = str(REPO / "chat_templates" / "smollm2.jinja")
+    template = str(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
     names = (SYNTHETIC, SYNTHETIC_SLOW, SYNTHETIC_PACED)
     llm = [
         {"name": name, "url": grpc_url, "path": str(SMOLLM_TOKENIZER), "triton_model": name, "chat_template": template}

@@ -8,7 +8,7 @@ This isolates the part a code change moves: ``ChatService.create(stream=True)`` 
 (detokenizer, stop matcher, stream encoder, output parser when tools are offered, chunk bytes) over a
 scripted backend that yields the synthetic model's 512 tokens one per chunk (the ids of " The quick
 brown fox jumps over the lazy dog", cycled), with the model entry ``smollm2-135m-instruct`` of each
-checkout's own ``model_config.json`` (SmolLM2 tokenizer and template, tool parser hermes). No HTTP,
+bundled ``openai_api/model_config.json`` (SmolLM2 tokenizer and template, tool parser hermes). No HTTP,
 no gRPC, no metrics middleware. Each measurement is a fresh child process
 (``python bench/stream_cpu_ab.py --child``, cwd and ``PYTHONPATH`` = the checkout, so it imports that
 checkout's ``openai_api``; the path is recorded); the side that goes first alternates by repetition.

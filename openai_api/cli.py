@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import signal
@@ -10,14 +11,26 @@ import sys
 import threading
 from types import FrameType
 
+from openai_api import __version__
 from openai_api.config import ConfigError, load_config
 from openai_api.settings import Settings, add_arguments
 
 logger = logging.getLogger("openai_api")
 
+def version() -> str:
+    """The installed distribution's version (the package's own when it runs from a checkout)."""
+    try:
+        return importlib.metadata.version("openai-api-triton")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line: every flag comes from `Settings` (see `openai_api.settings`)."""
-    p = argparse.ArgumentParser(prog="openai-api", description="OpenAI-compatible gateway for NVIDIA Triton.")
+    p = argparse.ArgumentParser(prog="openai-api", description="OpenAI-compatible gateway for NVIDIA Triton.",
+                                epilog="openai-api check-config FILE [--probe]: check a model config and exit "
+                                       "(every problem listed; see openai-api check-config --help).")
+    p.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     add_arguments(p)
     return p.parse_args(argv)
 
@@ -36,6 +49,11 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["check-config"]:
+        from openai_api.checkconfig import main as check_config
+
+        return check_config(argv[1:])
     args = parse_args(argv)
     try:
         settings = Settings.from_args(args)

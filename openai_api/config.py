@@ -15,7 +15,16 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from openai_api.lora import (
     RUNTIME_STATE,
@@ -33,9 +42,11 @@ from openai_api.text.templates import ChatTemplate, TemplateError
 
 logger = logging.getLogger(__name__)
 PACKAGE_ROOT = Path(__file__).resolve().parent
-REPO_ROOT = PACKAGE_ROOT.parent
-BUNDLED_CONFIG = REPO_ROOT / "model_config.json"
-BUNDLED_TEMPLATES = REPO_ROOT / "chat_templates"
+# Package data (pyproject's package-data), so that `pip install .` carries them and an installed copy finds
+# them where a checkout does. The default config is where the seed system kept it (openai_api/openai_api/);
+# its model folders are the reference models scripts/setup.sh prepares in the checkout's models/.
+BUNDLED_CONFIG = PACKAGE_ROOT / "model_config.json"
+BUNDLED_TEMPLATES = PACKAGE_ROOT / "chat_templates"
 
 Transport = Literal["grpc", "http"]
 LLMProtocol = Literal["auto", "tensorrt_llm", "vllm", "fastertransformer", "tensorrt_llm_text", "text"]
@@ -58,11 +69,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class ModelInfo(BaseModel):
-    """Generation defaults for one LLM (seed `model_infos`). Unknown keys are kept, not rejected:
-    the seed system's configs carry backend-specific keys (`mask_positions`) we do not use."""
-
-    model_config = ConfigDict(extra="allow")
+class ModelInfo(_Strict):
+    """Generation defaults for one LLM (seed `model_infos`), keyed by the name of an `llm` entry. As in a model
+    entry, an unknown key is an error (a typo such as "temprature" would otherwise be a silent default)."""
 
     name: str
     start_id: int | None = None
@@ -80,6 +89,9 @@ class ModelInfo(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     max_tokens: int | None = Field(default=None, gt=0, description="default completion budget")
+    # The seed system's FasterTransformer ChatGLM key (the [gMASK] position): accepted so that its configs load
+    # unchanged; no Triton protocol here takes it.
+    mask_positions: int | None = None
 
 
 RoutingPolicy = Literal["least_outstanding", "round_robin", "least_load", "prefix_affinity"]
@@ -350,6 +362,8 @@ class GatewayConfig(_Strict):
     # embedded Triton's endpoints once `with_triton_endpoint` applied them (a reloaded config gets them too).
     _digest: str | None = PrivateAttr(default=None)
     _triton_endpoint: tuple[str, str] | None = PrivateAttr(default=None)
+    # Where each model entry stood in the file, when entries that failed validation were left out (`check_config`).
+    _positions: dict[str, list[int]] | None = PrivateAttr(default=None)
 
     @property
     def digest(self) -> str | None:
@@ -359,38 +373,25 @@ class GatewayConfig(_Strict):
     def triton_endpoint(self) -> tuple[str, str] | None:
         return self._triton_endpoint
 
-    @field_validator("llm", "embedding", "rerank", "model_infos")
-    @classmethod
-    def _unique_names(cls, models: list[Any]) -> list[Any]:
-        seen: set[str] = set()
-        for m in models:
-            if m.name in seen:
-                raise ValueError(f"duplicate model name {m.name!r}")
-            seen.add(m.name)
-        return models
-
     @model_validator(mode="after")
-    def _unique_across_kinds(self) -> GatewayConfig:
-        seen: dict[str, str] = {}
-        for kind in ("llm", "embedding", "rerank"):
-            for m in getattr(self, kind):
-                if m.name in seen:
-                    raise ValueError(f"model name {m.name!r} is used by both {seen[m.name]} and {kind}")
-                seen[m.name] = kind
-        return self
-
-    @model_validator(mode="after")
-    def _unique_aliases(self) -> GatewayConfig:
-        seen = {m.name for m in self.all_models()}
-        for m in self.llm:
-            for alias in m.aliases:
-                if not alias or alias in seen:
-                    raise ValueError(f"alias {alias!r} of model {m.name!r} is empty or already names a model or alias")
-                seen.add(alias)
+    def _names_across_entries(self, info: ValidationInfo) -> GatewayConfig:
+        # A config built in code is checked here; `load_config` checks a file's itself, naming each field.
+        if not (info.context or {}).get("names_checked_by_loader"):
+            problems = naming_problems(self)
+            if problems:
+                raise ValueError(problems[0][1])
         return self
 
     def all_models(self) -> list[LLMModel | EmbeddingModel | RerankModel]:
         return [*self.llm, *self.embedding, *self.rerank]
+
+    def entries(self) -> list[tuple[str, LLMModel | EmbeddingModel | RerankModel]]:
+        """Every model entry with the field it is in the file (`llm[2]`), for messages that name it."""
+        out: list[tuple[str, LLMModel | EmbeddingModel | RerankModel]] = []
+        for kind in ("llm", "embedding", "rerank"):
+            for i, m in enumerate(getattr(self, kind)):
+                out.append((f"{kind}[{self._positions[kind][i] if self._positions else i}]", m))
+        return out
 
     def model_info(self, name: str) -> ModelInfo:
         for info in self.model_infos:
@@ -404,6 +405,35 @@ class GatewayConfig(_Strict):
             m.url = grpc_url if m.transport == "grpc" else http_url
         self._triton_endpoint = (grpc_url, http_url)
         return self
+
+
+def naming_problems(config: GatewayConfig, llm_names: set[str] | None = None) -> list[tuple[str, str]]:
+    """(field, reason) of every naming rule across entries a config breaks: a name used twice within a kind
+    (the list's own validator reports it first) or across kinds, an alias that is empty or already a name, and a
+    `model_infos` entry that names no `llm` entry (`llm_names`: those names, when entries failed validation)."""
+    problems: list[tuple[str, str]] = []
+    for kind in ("model_infos", "llm", "embedding", "rerank"):
+        names = [m.name for m in getattr(config, kind)]
+        problems += [(kind, f"duplicate model name {n!r}") for n in sorted({n for n in names if names.count(n) > 1})]
+    seen: dict[str, str] = {}
+    for kind in ("llm", "embedding", "rerank"):
+        for m in getattr(config, kind):
+            if m.name in seen and seen[m.name] != kind:
+                problems.append(("", f"model name {m.name!r} is used by both {seen[m.name]} and {kind}"))
+            seen.setdefault(m.name, kind)
+    taken = set(seen)
+    for m in config.llm:
+        for alias in m.aliases:
+            if not alias or alias in taken:
+                problems.append(("", f"alias {alias!r} of model {m.name!r} is empty or already names a model or alias"))
+            taken.add(alias)
+    llms = {m.name for m in config.llm} if llm_names is None else llm_names
+    for i, info in enumerate(config.model_infos):
+        if info.name not in llms:
+            at = config._positions["model_infos"][i] if config._positions else i
+            problems.append((f"model_infos[{at}].name", f"{info.name!r} names no llm entry (model_infos hold the "
+                                                      f"generation defaults of llm entries: {sorted(llms)})"))
+    return problems
 
 
 def _field_path(loc: tuple[Any, ...], data: Any) -> str:
@@ -437,69 +467,147 @@ def _resolve_template(base: Path, value: Path) -> Path | None:
     return next((c.resolve() for c in candidates if c.is_file()), None)
 
 
+class _Problems:
+    """Where the loader puts what it finds: `load_config` stops at the first (raised), `check_config` keeps
+    going and lists them all."""
+
+    def __init__(self, strict: bool) -> None:
+        self.strict = strict
+        self.found: list[ConfigError] = []
+
+    def add(self, file: Path, field: str, reason: str) -> None:
+        error = ConfigError(file, field, reason)
+        if self.strict:
+            raise error from None  # one line: never the exception the problem was found in
+        self.found.append(error)
+
+
+# The loader checks the naming rules across entries itself (`naming_problems`), so that each names its field.
+_LOADER = {"names_checked_by_loader": True}
+_ENTRY_MODELS: dict[str, type[BaseModel]] = {"model_infos": ModelInfo, "llm": LLMModel, "embedding": EmbeddingModel,
+                                              "rerank": RerankModel}
+
+
 def load_config(path: Path | str) -> GatewayConfig:
-    """Read, validate and resolve a config file; raise `ConfigError` naming file, field and reason."""
-    path = Path(path)
+    """Read, validate and resolve a config file; raise `ConfigError` naming file, field and reason (the first
+    problem found: `check_config` lists every one)."""
+    config = _load(Path(path), _Problems(strict=True))
+    assert config is not None  # a strict load raises instead
+    return config
+
+
+def check_config(path: Path | str) -> tuple[GatewayConfig | None, list[ConfigError]]:
+    """Every problem `load_config` would stop at, in file order (a bad entry's own problems, then the
+    checks across entries, then each valid entry's files), and the config of the entries that passed (None
+    when the file itself cannot be read as a config)."""
+    problems = _Problems(strict=False)
+    config = _load(Path(path), problems)
+    return config, problems.found
+
+
+def _validation_reason(err: Any) -> str:
+    if err["type"] == "missing":
+        return "missing required field"
+    if err["type"] == "extra_forbidden":
+        return "unknown field"
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def _valid_entries(data: dict[str, Any]) -> GatewayConfig:
+    """The entries of `data` that validate on their own (what a config with errors can still be checked for)."""
+    kept: dict[str, list[Any]] = {}
+    positions: dict[str, list[int]] = {}
+    for kind, model in _ENTRY_MODELS.items():
+        entries = data.get(kind)
+        kept[kind], positions[kind] = [], []
+        for i, entry in enumerate(entries if isinstance(entries, list) else []):
+            try:
+                kept[kind].append(model.model_validate(entry))
+            except ValidationError:
+                continue  # reported already, with the whole config's errors
+            positions[kind].append(i)
+    config = GatewayConfig.model_construct(model_infos=kept["model_infos"], llm=kept["llm"],
+                                           embedding=kept["embedding"], rerank=kept["rerank"])
+    config._positions = positions
+    return config
+
+
+def _load(path: Path, problems: _Problems) -> GatewayConfig | None:
     if not path.is_file():
-        raise ConfigError(path, "", "config file not found")
+        problems.add(path, "", "config file not found")
+        return None
     try:
         raw = path.read_bytes()
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
-        raise ConfigError(path, "", f"not UTF-8 text ({e.reason})") from None
+        problems.add(path, "", f"not UTF-8 text ({e.reason})")
+        return None
     except json.JSONDecodeError as e:
-        raise ConfigError(path, "", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        problems.add(path, "", f"invalid JSON at line {e.lineno} column {e.colno}: {e.msg}")
+        return None
     if not isinstance(data, dict):
-        raise ConfigError(path, "", "the top level must be a JSON object with model_infos/llm/embedding/rerank")
-    for key in data:
+        problems.add(path, "", "the top level must be a JSON object with model_infos/llm/embedding/rerank")
+        return None
+    for key in list(data):
         if key not in GatewayConfig.model_fields or key == "source":
-            raise ConfigError(path, key, "unknown model kind (expected model_infos, llm, embedding or rerank)")
+            problems.add(path, key, "unknown model kind (expected model_infos, llm, embedding or rerank)")
+            del data[key]
+    llm_names: set[str] | None = None
     try:
-        config = GatewayConfig.model_validate(data)
+        config = GatewayConfig.model_validate(data, context=_LOADER)
     except ValidationError as e:
-        err = e.errors()[0]
-        field = _field_path(tuple(err["loc"]), data)
-        reason = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            reason = "missing required field"
-        elif err["type"] == "extra_forbidden":
-            reason = "unknown field"
-        raise ConfigError(path, field, reason) from None
+        for err in e.errors():
+            problems.add(path, _field_path(tuple(err["loc"]), data), _validation_reason(err))
+        config = _valid_entries(data)
+        entries = data.get("llm")
+        llm_names = {e["name"] for e in entries if isinstance(e, dict) and isinstance(e.get("name"), str)} \
+            if isinstance(entries, list) else set()
+    for field, reason in naming_problems(config, llm_names):
+        problems.add(path, field, reason)
 
     base = path.resolve().parent
     config.source = path.resolve()
     config._digest = hashlib.sha256(raw).hexdigest()
-    for kind in ("llm", "embedding", "rerank"):
-        for i, m in enumerate(getattr(config, kind)):
-            m.path = _resolve(base, m.path)
-            if not m.path.is_dir():
-                raise ConfigError(path, f"{kind}[{i}].path", f"tokenizer folder not found: {m.path}")
-            if not (m.path / "tokenizer.json").is_file():
-                raise ConfigError(path, f"{kind}[{i}].path", f"no tokenizer.json in {m.path}")
-            if isinstance(m, EmbeddingModel) and m.token_ids == "cl100k_base" and not m.accept_token_ids:
-                from openai_api.text.cl100k import VocabularyUnavailable, cl100k
-
-                try:  # loaded here so that a missing vocabulary stops start-up with one line
-                    cl100k()
-                except VocabularyUnavailable as e:
-                    raise ConfigError(path, f"{kind}[{i}].token_ids", f"{e}; or set token_ids to 'refuse' or "
-                                                                      "'accept_token_ids'") from None
-            if isinstance(m, LLMModel):
-                if m.chat_template is not None:
-                    found = _resolve_template(base, m.chat_template)
-                    if found is None:
-                        raise ConfigError(path, f"{kind}[{i}].chat_template",
-                                          f"template file not found: {m.chat_template}")
-                    m.chat_template = found
-                try:  # compiled here so that a broken template stops start-up with one line
-                    if m.chat_template is not None:
-                        ChatTemplate.from_file(m.chat_template)
-                    else:
-                        ChatTemplate.from_tokenizer_dir(m.path)
-                except TemplateError as e:
-                    raise ConfigError(path, f"{kind}[{i}].chat_template", str(e)) from None
-    resolve_adapters(config, path)  # the adapters' files are read once, here
+    for where, m in config.entries():
+        _resolve_files(path, base, where, m, problems)
+    resolve_adapters(config, path, problems)  # the adapters' files are read once, here
     return config
+
+
+def _resolve_files(path: Path, base: Path, where: str, m: LLMModel | EmbeddingModel | RerankModel,
+                   problems: _Problems) -> None:
+    """One entry's files made absolute and checked: its tokenizer folder, and what is built from files at
+    start-up (the chat template compiled, the cl100k_base vocabulary loaded), so that each stops start-up with
+    one line instead of failing later."""
+    m.path = _resolve(base, m.path)
+    if not m.path.is_dir():
+        problems.add(path, f"{where}.path", f"tokenizer folder not found: {m.path}")
+    elif not (m.path / "tokenizer.json").is_file():
+        problems.add(path, f"{where}.path", f"no tokenizer.json in {m.path}")
+    if isinstance(m, EmbeddingModel) and m.token_ids == "cl100k_base" and not m.accept_token_ids:
+        from openai_api.text.cl100k import VocabularyUnavailable, cl100k
+
+        try:
+            cl100k()
+        except VocabularyUnavailable as e:
+            problems.add(path, f"{where}.token_ids", f"{e}; or set token_ids to 'refuse' or 'accept_token_ids'")
+    if not isinstance(m, LLMModel):
+        return
+    if m.chat_template is not None:
+        found = _resolve_template(base, m.chat_template)
+        if found is None:
+            problems.add(path, f"{where}.chat_template", f"template file not found: {m.chat_template}")
+            return
+        m.chat_template = found
+    elif not m.path.is_dir():
+        return  # the tokenizer folder's template: its folder is reported already
+    try:
+        if m.chat_template is not None:
+            ChatTemplate.from_file(m.chat_template)
+        else:
+            ChatTemplate.from_tokenizer_dir(m.path)
+    except TemplateError as e:
+        problems.add(path, f"{where}.chat_template", str(e))
 
 
 def _load_entry(m: LLMModel, entry: LoraAdapterEntry, shape: BaseShape | None) -> LoraAdapter:
@@ -516,15 +624,17 @@ def _load_entry(m: LLMModel, entry: LoraAdapterEntry, shape: BaseShape | None) -
     return adapter
 
 
-def resolve_adapters(config: GatewayConfig, file: Path) -> None:
+def resolve_adapters(config: GatewayConfig, file: Path, problems: _Problems | None = None) -> None:
     """Read, check and attach every LLM's adapters (listed, and found in its `adapters_dir`); a problem, or an
-    adapter name that is already a model's, an alias or another adapter's, is a `ConfigError` naming both."""
+    adapter name that is already a model's, an alias or another adapter's, is a `ConfigError` naming both
+    (raised, or each added to `problems`)."""
+    problems = problems or _Problems(strict=True)
     base = file.resolve().parent
     taken: dict[str, str] = {m.name: f"model {m.name!r}" for m in config.all_models()}
     for m in config.llm:
         for alias in m.aliases:
             taken.setdefault(alias, f"alias {alias!r} of model {m.name!r}")
-    for i, m in enumerate(config.llm):
+    for llm, m in ((where, m) for where, m in config.entries() if isinstance(m, LLMModel)):
         entries = [e.model_copy(update={"source": abs_path(base, e.source) if e.source is not None else None})
                    for e in m.adapters]
         if m.adapters_dir is not None:
@@ -532,29 +642,32 @@ def resolve_adapters(config: GatewayConfig, file: Path) -> None:
             try:
                 scanned = scan_dir(m.adapters_dir)
             except AdapterError as e:
-                raise ConfigError(file, f"llm[{i}].adapters_dir", str(e)) from None
+                problems.add(file, f"{llm}.adapters_dir", str(e))
+                scanned = []
             listed = {e.name for e in entries}
             entries += [LoraAdapterEntry(name=n, source=src, lora_name=None if ln == n else ln)
                         for n, src, ln in scanned if n not in listed]
         runtime: dict[str, str] = {}
         if m.persist_adapters:
             if m.adapters_dir is None:
-                raise ConfigError(file, f"llm[{i}].persist_adapters",
-                                  "needs adapters_dir (where runtime loads are read from and recorded)")
-            runtime, unloaded = read_runtime_state(m.adapters_dir)
-            entries = [e for e in entries if e.name not in unloaded and e.name not in runtime]
+                problems.add(file, f"{llm}.persist_adapters",
+                             "needs adapters_dir (where runtime loads are read from and recorded)")
+            else:
+                runtime, unloaded = read_runtime_state(m.adapters_dir)
+                entries = [e for e in entries if e.name not in unloaded and e.name not in runtime]
         shape = BaseShape.from_folder(m.path) if entries or runtime else None
         loaded = []
         for j, entry in enumerate(entries):
-            where = f"llm[{i}].adapters[{j}]" if j < len(m.adapters) else f"llm[{i}].adapters_dir"
+            where = f"{llm}.adapters[{j}]" if j < len(m.adapters) else f"{llm}.adapters_dir"
             if entry.name in taken:
-                raise ConfigError(file, where, f"adapter {entry.name!r} of model {m.name!r} has the same name as "
-                                               f"{taken[entry.name]}")
+                problems.add(file, where, f"adapter {entry.name!r} of model {m.name!r} has the same name as "
+                                          f"{taken[entry.name]}")
+                continue
             taken[entry.name] = f"adapter {entry.name!r} of model {m.name!r}"
             try:
                 loaded.append(_load_entry(m, entry, shape))
             except AdapterError as e:
-                raise ConfigError(file, where, str(e)) from None
+                problems.add(file, where, str(e))
         if runtime:
             loaded += _restore_runtime(m, runtime, shape, taken)
         m._lora = loaded

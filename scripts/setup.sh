@@ -63,4 +63,19 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "$want" > "$STAMP"
 fi
 
+# The image's venv for tests/e2e/test_installed_package.py: a venv of its own made as docker/Dockerfile makes
+# /opt/venv (`pip install .` of this checkout, no extras), so that the test command runs the package as shipped.
+# The test re-installs the project alone (--no-deps, from a wheel built offline) so that it is the current code;
+# here its dependencies come from the package index, again whenever pyproject.toml or this script changes.
+IMAGE_VENV="${IMAGE_VENV:-.venv-image}"
+if [ "$(cat "$IMAGE_VENV/.setup-stamp" 2>/dev/null)" != "$want" ] || [ ! -x "$IMAGE_VENV/bin/openai-api" ]; then
+  echo "setup: creating $IMAGE_VENV (pip install . with no extras, as docker/Dockerfile does)"
+  "$PYTHON" -m venv --clear "$IMAGE_VENV"
+  if ! "$PY" -m uv pip install -q --python "$IMAGE_VENV/bin/python" .; then
+    echo "setup: uv could not install $IMAGE_VENV; using pip"
+    "$IMAGE_VENV/bin/python" -m pip install -q .
+  fi
+  echo "$want" > "$IMAGE_VENV/.setup-stamp"
+fi
+
 "$PY" -m openai_api.embedded.prepare >/dev/null

@@ -93,6 +93,7 @@ def write_config(folder: Path, grpc_url: str, http_url: str, vision: bool = Fals
     wanted = {"llm": LLM, "embedding": EMBEDDING, "rerank": RERANK}
     for kind in ("llm", "embedding", "rerank"):
         data[kind] = [e for e in data.get(kind, []) if e["name"] == wanted[kind]]
+        data["model_infos"] = [i for i in data.get("model_infos", []) if i["name"] == LLM]  # those of llm kept only
         for entry in data[kind]:
             for key in ("path", "chat_template"):
                 if entry.get(key):

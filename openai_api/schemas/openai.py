@@ -5,14 +5,16 @@ working; fields we know but cannot honour are refused with a 400 naming them by 
 
 Every known field has a strict JSON type (pydantic strict mode, `STRICT`): no integer for a boolean, no
 string for a number, no boolean for an integer; an integer is a number (OpenAI takes `"temperature": 1`).
-A wrong type is a 400 naming the field (`http.responses.validation_error`), never a silent coercion.
+A wrong type is a 400 naming the field (`http.responses.validation_error`), never a silent coercion. Two
+documented exceptions keep the seed system's clients working: `stream` of chat and completions takes the
+strings "true" / "false" (`StreamFlag`), and rerank's `top_n` a numeric string.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 # Token counts and top-k travel as INT32 in every Triton LLM protocol (and vLLM turns them into int32 tensors).
@@ -21,6 +23,17 @@ _INT32_MAX = 2**31 - 1
 
 # Strict on every request model, nested ones included: strictness is per model, not inherited by fields.
 STRICT = ConfigDict(extra="allow", strict=True)
+
+
+def _stream_flag(value: Any) -> Any:
+    """`"stream": "true"` / `"false"` as the booleans they spell: the seed system's manual sends the string
+    (shared seeds 002, `POST /v1/completions`), and the scripts of teams migrating from it do. Only these two
+    strings, and only here: every other field stays strict (`"stream": "1"` or `1` is still a 400)."""
+    return {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value
+
+
+# `stream` of chat and completions (the seed system's generation routes).
+StreamFlag = Annotated[bool, BeforeValidator(_stream_flag)]
 
 
 class _Request(BaseModel):
@@ -65,7 +78,7 @@ class _Sampling(_Request):
     top_k: int | None = Field(default=None, ge=-1, le=_INT32_MAX)
     seed: int | None = Field(default=None, ge=0, lt=2**64)
     stop: str | list[str] | None = None
-    stream: bool = False
+    stream: StreamFlag = False
     stream_options: StreamOptions | None = None
     # OpenAI's own cap; the in-flight limits bound prompts x n further (see http.limits.Ticket).
     n: int = Field(default=1, ge=1, le=128)
@@ -77,8 +90,9 @@ class _Sampling(_Request):
     user: str | None = None
     logit_bias: dict[str, float] | None = None
     # vLLM's extensions, typed here so that a wrong type is a 400 like any other field. The guided fields
-    # become a guide (`services.guides`); `ignore_eos` true and `skip_special_tokens` false are refused by
-    # the services (no Triton protocol here carries them), their defaults are accepted.
+    # become a guide (`services.guides`); `ignore_eos` goes to the backend (`triton.llm.GenerationRequest`);
+    # `skip_special_tokens` false is refused by the services (no Triton protocol here carries it), its default
+    # is accepted.
     guided_json: str | dict[str, Any] | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None

@@ -73,7 +73,9 @@ class SequenceText:
 
     def __init__(self, rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> None:
         self._detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids, drop_ids=rt.drop_ids)
-        self._matcher = StopStringMatcher([*rt.stop_strings, *stops])
+        # `ignore_eos`: the end tokens' text is no stop (a backend that keeps special tokens may write it).
+        own = [t for t in rt.stop_strings if t not in rt.eos_texts] if greq.ignore_eos else rt.stop_strings
+        self._matcher = StopStringMatcher([*own, *stops])
         self._tokenizer = rt.tokenizer
         self._max_tokens = greq.max_tokens
         self._want_lp = greq.return_logprobs
@@ -306,11 +308,9 @@ def _first(*values: Any) -> Any:
 
 
 def refuse_vllm_extensions(req: _Sampling) -> None:
-    """400 for vLLM's `ignore_eos: true` / `skip_special_tokens: false`: the Triton protocols here carry
-    neither (their defaults, which many vLLM clients always send, are what every request gets)."""
-    if req.ignore_eos:
-        raise InvalidRequestError("ignore_eos is not supported: the model's Triton backend always stops at its "
-                                  "end token.", param="ignore_eos", code="unsupported_parameter")
+    """400 for vLLM's `skip_special_tokens: false`: the Triton protocols here do not carry it (its default,
+    which many vLLM clients always send, is what every request gets). `ignore_eos` is carried: see
+    `build_generation_request`."""
     if not req.skip_special_tokens:
         raise InvalidRequestError("skip_special_tokens=false is not supported: special tokens are always left "
                                   "out of the text.", param="skip_special_tokens", code="unsupported_parameter")
@@ -339,6 +339,12 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
     seed = req.seed
     if seed is not None and choice_index:
         seed = (seed + choice_index) % 2**64  # n > 1 with a seed: reproducible, yet distinct choices
+    stop_words, stop_texts = rt.stop_token_words, [*rt.stop_strings, *req.stop_list()]
+    if req.ignore_eos:
+        # As vLLM: past every end-of-sequence token (the config's stop words that are one, as the seed's
+        # `stop_words: [[2]]` often is, and their text), to max_tokens; other stop words and strings still stop.
+        stop_words = [w for w in stop_words if not (len(w) == 1 and w[0] in rt.eos_ids)]
+        stop_texts = [t for t in rt.stop_strings if t not in rt.eos_texts] + req.stop_list()
     return GenerationRequest(
         prompt_ids=prompt_ids,
         prompt_text=prompt_text,
@@ -355,9 +361,10 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         presence_penalty=_first(req.presence_penalty, info.presence_penalty),
         frequency_penalty=_first(req.frequency_penalty, info.frequency_penalty),
         min_tokens=req.min_tokens or None,
-        stop_words=rt.stop_token_words,
+        ignore_eos=req.ignore_eos,
+        stop_words=stop_words,
         bad_words=rt.bad_token_words,
-        stop_texts=[*rt.stop_strings, *req.stop_list()],
+        stop_texts=stop_texts,
         bad_texts=rt.bad_strings,
         timeout_s=rt.config.timeout_s,
         session=session_key(rt.config.routing, req.user, _cache_key(req)),

@@ -62,6 +62,10 @@ class LLMRuntime:
     drop_ids: frozenset[int] | None = None
     # The families' markers that are special tokens here: removed from a call that falls back to content.
     control_markers: frozenset[str] = frozenset()
+    # The model's end-of-sequence ids (end_id and the tokenizer's EOS ids) and their texts: what a request's
+    # `ignore_eos` takes out of the stop words and stop strings (`services.generation`).
+    eos_ids: frozenset[int] = frozenset()
+    eos_texts: frozenset[str] = frozenset()
     # A LoRA adapter served as a model: its base model's runtime with this set (and a backend that sends it).
     adapter: LoraAdapter | None = None
     # Where its rendered prompts may be cut for the prompt cache (`text.prompt_cache`): the template's markers
@@ -150,6 +154,9 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend, tok: TextTokeni
         # A text-out backend told to keep special tokens may write the EOS token's text at the end.
         stop_strings += [t for t in (tok.eos_token, *(tok.decode([i], skip_special_tokens=False)
                                                       for i in tok.eos_token_ids)) if t and t not in control]
+    eos_ids = frozenset(i for i in (end_id, *tok.eos_token_ids) if i is not None)
+    eos_texts = frozenset(t for t in (tok.eos_token, *(tok.decode([i], skip_special_tokens=False) for i in eos_ids))
+                          if t)
     context = info.max_len or tok.context_length or DEFAULT_CONTEXT_LENGTH
     bad_words = _words(tok, info.bad_words)
     bad_strings = [s for s in (w if isinstance(w, str) else tok.decode(w, skip_special_tokens=False)
@@ -160,7 +167,8 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend, tok: TextTokeni
                       context_length=context, end_id=end_id, pad_id=pad_id, stop_token_words=stop_words,
                       stop_strings=sorted(set(stop_strings)), bad_token_words=bad_words, bad_strings=bad_strings,
                       tool_parser=tool_parser, reasoning_parser=reasoning_parser, drop_ids=drop_ids,
-                      control_markers=control, prompt_boundaries=boundaries)
+                      control_markers=control, eos_ids=eos_ids, eos_texts=eos_texts,
+                      prompt_boundaries=boundaries)
 
 
 def _stamp(folder: Path) -> tuple[tuple[int, int], ...]:

@@ -4,6 +4,7 @@ RPCs of its Triton, and the one way a request parameter becomes a model input or
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncGenerator, Mapping
 
 from openai_api.errors import InvalidRequestError
@@ -77,6 +78,19 @@ class SpecAdapter:
         return InvalidRequestError(
             f"The model {self.model!r} (Triton model {self.triton_model!r}, {self.protocol} protocol) does not "
             f"accept '{param}'{why}.", param=param, code="unsupported_parameter")
+
+    def eos_ignored(self, req: GenerationRequest) -> GenerationRequest:
+        """`req` with vLLM's `ignore_eos` in a protocol that has no such switch: a minimum length of the whole
+        budget (`min_tokens` = `max_tokens`), under which the backend masks the end token until `max_tokens`
+        (TensorRT-LLM's `min_tokens` / `min_length`, FasterTransformer's `min_length`; genai-perf asks
+        TensorRT-LLM for fixed-length outputs the same way, its `end_id` being no off switch). A model with no
+        minimum-length input cannot honour it: a 400 naming `ignore_eos`."""
+        if not req.ignore_eos:
+            return req
+        if not self.supports("min_tokens"):
+            raise self.refuse("ignore_eos", ": its Triton config has no minimum-length input (min_tokens or "
+                                            "min_length) to hold the end token back until max_tokens")
+        return dataclasses.replace(req, min_tokens=req.max_tokens)
 
     def input_name(self, param: str) -> str:
         """The model's input that carries `param` (the first of `param_inputs` it declares), else a 400."""

@@ -104,6 +104,7 @@ class FasterTransformerAdapter(SpecAdapter):
     param_inputs = _PARAM_INPUTS
 
     def build_request(self, req: GenerationRequest) -> InferRequest:
+        req = self.eos_ignored(req)
         spec = self.spec
         names = spec.inputs
         r = InferRequest(self.triton_model, self.version, req.request_id)

@@ -79,6 +79,11 @@ class GenerationRequest:
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     min_tokens: int | None = None
+    # vLLM's `ignore_eos`: generation goes on past the end-of-sequence token, to `max_tokens` (stop words other
+    # than the model's end tokens, and stop strings, still stop it). The vLLM backend takes it as is
+    # (`sampling_parameters.ignore_eos`); protocols without it get a minimum length of the whole budget
+    # (`SpecAdapter.eos_ignored`); a model with neither refuses it.
+    ignore_eos: bool = False
     stop_words: list[list[int]] = field(default_factory=list)
     bad_words: list[list[int]] = field(default_factory=list)
     # The same words as text, for protocols that take words as strings (the TensorRT-LLM ensemble's

@@ -114,6 +114,7 @@ class TensorRTLLMAdapter(SpecAdapter):
         return GUIDE_KINDS if _GUIDE_TYPE in self.spec.inputs and _GUIDE in self.spec.inputs else frozenset()
 
     def _request(self, req: GenerationRequest, streaming: bool, lora_weights: bool = False) -> InferRequest:
+        req = self.eos_ignored(req)
         spec = self.spec
         names = spec.inputs
         r = InferRequest(self.triton_model, self.version, req.request_id)

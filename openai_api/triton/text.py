@@ -293,6 +293,7 @@ class TextAdapter(SpecAdapter):
 
     def build_request(self, req: GenerationRequest, streaming: bool,
                       extra: Sequence[tuple[str, Any]] = ()) -> InferRequest:
+        req = self.eos_ignored(req)
         spec, wire = self.spec, self.wire
         if req.return_logprobs:
             raise self.refuse("logprobs", ": its text interface returns no token ids to pair log-probabilities with")

@@ -26,7 +26,9 @@ no images (`supports("images")` is false, and the services refuse image parts by
 
 Stop strings are matched by the gateway on the text (and the stream closed, which cancels the
 request); single-token stop words and `end_id` go to vLLM as `stop_token_ids`. Token-id bad words
-cannot be expressed in SamplingParams, so a model with bad words configured refuses requests.
+cannot be expressed in SamplingParams, so a model with bad words configured refuses requests. A request's
+`ignore_eos` is `sampling_parameters.ignore_eos` (as Triton's own OpenAI frontend passes it), and `end_id`
+is then not sent as a stop token id, which vLLM would still stop at.
 
 LoRA: a request on an adapter carries `sampling_parameters.lora_name` (where vllm_backend reads it; the
 adapter must be in the backend's `multi_lora.json`). The backend's refusal of a name it does not serve is a
@@ -74,7 +76,11 @@ def sampling_parameters(req: GenerationRequest) -> dict[str, Any]:
     if params.get("top_k") == 0:
         params["top_k"] = -1  # "off": 0 is TensorRT-LLM's spelling, older vLLM rejects it
     stop_ids = [w[0] for w in req.stop_words if len(w) == 1]
-    if req.end_id is not None and req.end_id >= 0:
+    if req.ignore_eos:
+        # vLLM then stops at neither the model's EOS nor generation_config's extra EOS ids; its explicit
+        # stop_token_ids still stop it, so the end id is not sent as one (the services left out the others).
+        params["ignore_eos"] = True
+    elif req.end_id is not None and req.end_id >= 0:
         stop_ids.insert(0, req.end_id)
     if stop_ids:
         params["stop_token_ids"] = list(dict.fromkeys(stop_ids))
@@ -195,7 +201,7 @@ class VLLMAdapter(SpecAdapter):
             # Alternatives come in the same output, as many as `sampling_parameters.logprobs` asks for.
             return "return_logprobs" in spec.inputs and "logprobs" in spec.outputs and (
                 param == "return_logprobs" or "sampling_parameters" in spec.inputs)
-        if param in _SAMPLING_KEYS or param in ("stop_words", "lora"):
+        if param in _SAMPLING_KEYS or param in ("stop_words", "lora", "ignore_eos"):
             return "sampling_parameters" in spec.inputs
         return False
 

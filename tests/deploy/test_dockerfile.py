@@ -157,12 +157,16 @@ def test_gateway_workers_from_the_environment(gateway: Dockerfile) -> None:
     assert Settings.from_args(parse_args(gateway.entrypoint()[1:]), env).workers == 1
 
 
-def test_gateway_keeps_bundled_chat_templates(gateway: Dockerfile) -> None:
-    # Bare template names in a config fall back to <site-packages>/chat_templates in an installed copy.
-    copies = [ins.args for ins in gateway.all("COPY")]
-    assert any(c.startswith("chat_templates ") and c.endswith("/site-packages/chat_templates") for c in copies)
-    py = re.search(r"python:(3\.\d+)", gateway.base_images()[0])
-    assert py and f"/python{py.group(1)}/site-packages" in " ".join(copies), "site-packages path vs base image"
+def test_gateway_image_is_the_package_as_pip_installs_it(gateway: Dockerfile) -> None:
+    # What the gateway reads besides code (default config, chat templates, the cl100k_base vocabulary) is package
+    # data that `pip install .` carries: nothing is copied next to site-packages, and no other package is
+    # installed for a file it ships (litellm once was, for the vocabulary).
+    copies = [ins.args for ins in gateway.all("COPY") if "--from" not in ins.args]
+    assert all("site-packages" not in c for c in copies), copies
+    assert any(c.split()[0] == "openai_api" for c in copies), "the package is not in the build context"
+    runs = " ".join(ins.args for ins in gateway.all("RUN"))
+    installs = [part.strip() for part in re.split(r"&&|;", runs) if "pip install" in part]
+    assert installs == ["/opt/venv/bin/pip install --no-cache-dir ."], installs
 
 
 # ---------------------------------------------------------------------------------------- triton

@@ -27,7 +27,7 @@ from openai_api.embedded.launcher import EmbeddedTriton, TritonLaunchError
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
-from tests.helpers import REPO, derived_model, free_port
+from tests.helpers import MODELS, REPO, derived_model, free_port
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
@@ -241,6 +241,36 @@ def gateway_config(triton: EmbeddedTriton) -> GatewayConfig:
                    chat_template=BUNDLED_TEMPLATES / "smollm2.jinja")
           for name in (VISION_TRTLLM, VISION_TRTLLM_PIXELS))]
     return config.with_triton_endpoint(triton.grpc_url, triton.http_url)
+
+
+def seed_shaped_config(triton: EmbeddedTriton, names: dict[str, str] | None = None) -> dict[str, Any]:
+    """The example config of the seed system's manual (shared/seeds/002, "3.3 配置文件"): its four arrays, its
+    keys and its values (model_infos' start/end ids, max_len, bad and stop words by token id, temperature,
+    repetition_penalty, mask_positions; the rerank input/output config), with the url and path of each entry
+    pointing at this Triton and the prepared reference models. An entry is named as its Triton model (the seed
+    format has no `triton_model`), unless `names` maps kind -> another name for it (then `triton_model` keeps
+    it on the reference model). SmolLM2's id 2 is its end token, as ChatGLM2's is; the bad words are the seed's."""
+    names = names or {}
+    models = [("llm", LLM, "smollm2-135m-instruct", "grpc"), ("embedding", "all-minilm-l6-v2", "all-minilm-l6-v2",
+              "http"), ("rerank", "minilm-rerank", "all-minilm-l6-v2", "http")]
+    entries: dict[str, dict[str, Any]] = {}
+    for kind, triton_model, folder, transport in models:
+        entry: dict[str, Any] = {"name": names.get(kind, triton_model),
+                                 "url": triton.grpc_url if transport == "grpc" else triton.http_url,
+                                 "path": str(MODELS / folder)}
+        if entry["name"] != triton_model:
+            entry["triton_model"] = triton_model
+        entries[kind] = entry
+    entries["llm"]["chat_template"] = "smollm2.jinja"  # a bare name, as the seed's "chatglm2.jinja"
+    entries["embedding"]["max_tokens"] = 512
+    entries["rerank"].update(max_tokens=512,
+                             input_config={"input_ids": "input_ids", "attention_mask": "attention_mask"},
+                             output_config={"name": "logits", "process": "normalize"})
+    info = {"name": entries["llm"]["name"], "start_id": -1, "end_id": -2, "max_len": 2048,
+            "bad_words": [[7768, 3908], [1, 2]], "stop_words": [[2], [2]], "temperature": 1, "repetition_penalty": 1,
+            "mask_positions": 1}
+    return {"model_infos": [info], "llm": [entries["llm"]], "embedding": [entries["embedding"]],
+            "rerank": [entries["rerank"]]}
 
 
 @pytest.fixture(scope="session")

@@ -11,10 +11,11 @@ import openai
 import orjson
 import pytest
 
+from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.text.templates import ChatTemplate
 from openai_api.text.tokenizer import TextTokenizer
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
-from tests.helpers import MODELS, REPO
+from tests.helpers import MODELS
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -30,7 +31,7 @@ def tokenizer() -> TextTokenizer:
 
 
 def prompt_tokens(tokenizer: TextTokenizer, messages: list[dict[str, Any]]) -> int:
-    prompt = ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja").render(messages)
+    prompt = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja").render(messages)
     return len(tokenizer.encode(prompt))
 
 

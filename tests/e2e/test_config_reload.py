@@ -79,8 +79,9 @@ class Gateway:
             llm.append(entry(SLOW, slow_url, PACED, self.template))
         if added:
             llm.append(entry(ADDED, self.triton.grpc_url, FAST, self.template))
-        self.write_text(json.dumps({"model_infos": [{"name": n, "end_id": -1, "max_len": 8192}
-                                                    for n in (FAST, SLOW, ADDED)], "llm": llm}))
+        # model_infos for the entries written only: one naming no llm entry is a config error.
+        self.write_text(json.dumps({"model_infos": [{"name": e["name"], "end_id": -1, "max_len": 8192}
+                                                    for e in llm], "llm": llm}))
 
     def write_text(self, text: str) -> None:
         tmp = self.config.with_suffix(".tmp")  # replaced at once, as a ConfigMap's symlink swap is

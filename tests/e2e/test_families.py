@@ -33,7 +33,7 @@ import openai
 import pytest
 from pydantic import ValidationError
 
-from openai_api.config import GatewayConfig, LLMModel
+from openai_api.config import BUNDLED_TEMPLATES, GatewayConfig, LLMModel
 from openai_api.embedded.launcher import EmbeddedTriton
 from tests.e2e.conftest import API_KEY, GatewayServer
 from tests.helpers import PREPARED_MODELS, REPO
@@ -42,7 +42,7 @@ CORPUS = REPO / "tests" / "data" / "families" / "corpus"
 FAMILIES_DIR = PREPARED_MODELS / "families"
 # Families also served over the vLLM text interface (special tokens kept with skip_special_tokens false).
 VLLM_FAMILIES = ("hermes", "qwen3_xml", "mistral", "harmony")
-FALLBACK_TEMPLATE = REPO / "chat_templates" / "chatml.jinja"
+FALLBACK_TEMPLATE = BUNDLED_TEMPLATES / "chatml.jinja"
 
 
 def _load(path: Path) -> dict[str, Any]:

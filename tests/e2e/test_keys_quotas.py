@@ -31,11 +31,11 @@ import httpx
 import openai
 import pytest
 
-from openai_api.config import BUNDLED_CONFIG
+from openai_api.config import BUNDLED_CONFIG, BUNDLED_TEMPLATES
 from openai_api.embedded.launcher import EmbeddedTriton
 from tests.e2e.test_reliability_shutdown import KEY as CLI_KEY
 from tests.e2e.test_reliability_shutdown import start_cli, stop, wait_healthy
-from tests.helpers import MODELS, REPO, free_port, requires_models
+from tests.helpers import MODELS, free_port, requires_models
 
 pytestmark = requires_models("smollm2-135m-instruct", "all-minilm-l6-v2")
 
@@ -146,7 +146,7 @@ def write_config(folder: Path, triton: EmbeddedTriton) -> Path:
         "model_infos": [{"name": LLM, "end_id": -1, "max_len": 32768},
                         *(i for i in data.get("model_infos", []) if i.get("name") == SLOW)],
         "llm": [{"name": LLM, "url": triton.grpc_url, "path": str(MODELS / "smollm2-135m-instruct"),
-                 "triton_model": LLM, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}, real],
+                 "triton_model": LLM, "chat_template": str(BUNDLED_TEMPLATES / "smollm2.jinja")}, real],
         **encoders}), encoding="utf-8")
     return path
 

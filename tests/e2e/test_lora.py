@@ -25,6 +25,7 @@ from openai_api.embedded.adapters import CODE_WORD, CODEWORD, CODEWORD_TRTLLM, U
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import API_KEY, GatewayServer, read_ref_stats
+from tests.helpers import MODELS
 
 TRT = "smollm2-135m-instruct"  # TensorRT-LLM interface: adapters from adapters_dir, weights sent per request
 VLLM = "smollm2-135m-instruct-vllm"  # vLLM interface: the backend's multi_lora.json, by name
@@ -91,7 +92,7 @@ def oracle(adapters_root: Path) -> dict[str, str]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base_dir = BUNDLED_CONFIG.parent / "models" / TRT
+    base_dir = MODELS / TRT
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

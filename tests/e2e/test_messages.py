@@ -24,12 +24,12 @@ import pytest
 from pydantic import BaseModel, Field
 from tokenizers import Tokenizer
 
-from openai_api.config import LLMModel, ModelInfo
+from openai_api.config import BUNDLED_TEMPLATES, LLMModel, ModelInfo
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.anthropic_events import check_stream, parse_sse, validate
 from tests.e2e.conftest import API_KEY, LLM, REASONING, GatewayServer, gateway_config, read_ref_stats
-from tests.helpers import MODELS, REPO
+from tests.helpers import MODELS
 
 ALIAS = "claude-sonnet-4-5"
 # SmolLM2 served as a thinking model, by the Triton model serving it (token ids; the vLLM interface, text).
@@ -88,10 +88,10 @@ def gateway(triton: EmbeddedTriton, tmp_path_factory: pytest.TempPathFactory) ->
     next(m for m in config.llm if m.name == LLM).aliases = [ALIAS]
     config.model_infos.append(ModelInfo(name=REASONING, end_id=-1, max_len=4096))
     config.llm.append(LLMModel(name=REASONING, url=triton.grpc_url, path=MODELS / LLM,
-                               chat_template=REPO / "chat_templates" / "smollm2.jinja",
+                               chat_template=BUNDLED_TEMPLATES / "smollm2.jinja",
                                reasoning_parser="deepseek_r1"))
     template = tmp_path_factory.mktemp("thinks") / "smollm2-thinks.jinja"
-    own = (REPO / "chat_templates" / "smollm2.jinja").read_text(encoding="utf-8")
+    own = (BUNDLED_TEMPLATES / "smollm2.jinja").read_text(encoding="utf-8")
     template.write_text(own.replace("'<|im_start|>assistant\\n'", "'<|im_start|>assistant\\n<think>\\n'"),
                         encoding="utf-8")
     assert "<think>" in template.read_text(encoding="utf-8")

@@ -31,6 +31,8 @@ def write_config(folder: Path, triton: EmbeddedTriton | None, kinds: tuple[str, 
         if kind not in kinds:
             data[kind] = []
         data[kind] = [e for e in data.get(kind, []) if kind != "llm" or e["name"] == LLM]
+    data["model_infos"] = [i for i in data.get("model_infos", []) if i["name"] in {e["name"] for e in data["llm"]}]
+    for kind in ("llm", "embedding", "rerank"):
         for entry in data.get(kind, []):
             for key in ("path", "chat_template"):
                 if entry.get(key):

@@ -20,11 +20,11 @@ import openai
 import pytest
 from pydantic import Field
 
-from openai_api.config import LLMModel, ModelInfo
+from openai_api.config import BUNDLED_TEMPLATES, LLMModel, ModelInfo
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import API_KEY, LLM, REASONING, GatewayServer, gateway_config
-from tests.helpers import MODELS, REPO, openai_validator
+from tests.helpers import MODELS, openai_validator
 
 TIME_TOOL = {"type": "function", "name": "get_time", "description": "Time in a timezone",
              "parameters": {"type": "object", "properties": {"tz": {"type": "string", "maxLength": 12}},
@@ -38,7 +38,7 @@ def gateway(triton: EmbeddedTriton) -> Iterator[GatewayServer]:
     config = gateway_config(triton)
     config.model_infos.append(ModelInfo(name=REASONING, end_id=-1, max_len=4096))
     config.llm.append(LLMModel(name=REASONING, url=triton.grpc_url, path=MODELS / LLM,
-                               chat_template=REPO / "chat_templates" / "smollm2.jinja",
+                               chat_template=BUNDLED_TEMPLATES / "smollm2.jinja",
                                reasoning_parser="deepseek_r1"))
     settings = Settings(config_file=Path("."), api_keys=[API_KEY], responses_store=64)
     server = GatewayServer(config, [API_KEY], settings).start()

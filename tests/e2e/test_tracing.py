@@ -22,11 +22,11 @@ from collections.abc import Callable, Iterator
 import httpx
 import pytest
 
-from openai_api.config import load_config
+from openai_api.config import BUNDLED_TEMPLATES, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import GatewayServer
-from tests.helpers import MODELS, REPO, requires_models
+from tests.helpers import MODELS, requires_models
 from tests.otlp import OTLPReceiver, Span
 
 pytestmark = requires_models("smollm2-135m-instruct")
@@ -62,7 +62,7 @@ def gateway(traced_triton: EmbeddedTriton, receiver: OTLPReceiver, tmp_path_fact
     config.write_text(json.dumps({
         "model_infos": [{"name": LLM, "end_id": -1, "max_len": 32768}],
         "llm": [{"name": LLM, "url": urls, "path": str(MODELS / "smollm2-135m-instruct"),
-                 "triton_model": LLM, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}],
+                 "triton_model": LLM, "chat_template": str(BUNDLED_TEMPLATES / "smollm2.jinja")}],
         # Over HTTP: the encoder's trace context travels as a header there (gRPC metadata for the LLM above).
         "embedding": [{"name": EMB, "url": traced_triton.http_url, "transport": "http", "path": str(MODELS / EMB),
                        "max_tokens": 256}]}),

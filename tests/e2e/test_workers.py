@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.embedded.launcher import EmbeddedTriton
 from tests.e2e.test_reliability_observability import metric
 from tests.e2e.test_reliability_shutdown import AUTH, start_cli, stop, wait_healthy
@@ -40,7 +41,7 @@ def write_config(folder: Path, triton: EmbeddedTriton) -> Path:
     path.write_text(json.dumps({
         "model_infos": [{"name": MODEL, "end_id": -1, "max_len": 32768}],
         "llm": [{"name": MODEL, "url": triton.grpc_url, "path": str(MODELS / "smollm2-135m-instruct"),
-                 "triton_model": MODEL, "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}],
+                 "triton_model": MODEL, "chat_template": str(BUNDLED_TEMPLATES / "smollm2.jinja")}],
         "embedding": [], "rerank": []}), encoding="utf-8")
     return path
 

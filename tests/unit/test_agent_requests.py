@@ -19,6 +19,7 @@ import pytest
 from fastapi import FastAPI
 
 from openai_api.app import create_app
+from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.chat import place_system_messages, template_messages
 from openai_api.services.context_edits import CLEARED_RESULT, apply_edits, parse_edits
@@ -287,7 +288,7 @@ async def test_claude_codes_recorded_request_under_a_served_name_is_answered(app
 
 async def test_a_system_message_inside_messages_is_folded_for_a_template_that_takes_one(app: FastAPI) -> None:
     rt = app.state.gateway.services.registry.llm(MODEL)
-    rt.template = ChatTemplate.from_file(REPO / "chat_templates" / "mistral.jinja")
+    rt.template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "mistral.jinja")
     assert not rt.template.renders_system_anywhere
     fake = script(app, "ok")
     body = {"model": MODEL, "max_tokens": 8, "system": "Be brief.",
@@ -301,8 +302,8 @@ async def test_a_system_message_inside_messages_is_folded_for_a_template_that_ta
 
 def test_system_messages_stay_in_place_or_fold_by_what_the_template_renders() -> None:
     msgs = [{"role": "system", "content": "A"}, {"role": "user", "content": "u"}, {"role": "system", "content": "B"}]
-    chatml = ChatTemplate.from_file(REPO / "chat_templates" / "chatml.jinja")
-    mistral = ChatTemplate.from_file(REPO / "chat_templates" / "mistral.jinja")
+    chatml = ChatTemplate.from_file(BUNDLED_TEMPLATES / "chatml.jinja")
+    mistral = ChatTemplate.from_file(BUNDLED_TEMPLATES / "mistral.jinja")
     assert place_system_messages(msgs, chatml) == msgs
     assert place_system_messages(msgs, mistral) == [{"role": "system", "content": "A\n\nB"},
                                                     {"role": "user", "content": "u"}]

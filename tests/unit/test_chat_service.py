@@ -318,6 +318,40 @@ async def test_bundled_model_infos_defaults_reach_the_backend(make_service: Runt
                                                               rt.info.repetition_penalty)
 
 
+async def test_ignore_eos_takes_the_end_tokens_out_of_the_stops_and_keeps_the_rest(
+        make_service: RuntimeFactory) -> None:
+    # The seed's own model_infos stop at the EOS token by id (`stop_words: [[2], [2]]`); with ignore_eos that stop
+    # goes (vLLM stops neither at EOS nor at generation_config's EOS ids), a stop word that is no end token stays.
+    tok = make_service([])[1].tokenizer
+    eos = tok.eos_token_ids[0]
+    other = tok.encode(" Paris")
+    svc, _, fake = make_service([], stop_words=[[eos], [eos], other, "Rome"])
+    await svc.create(chat(max_tokens=5), "plain")
+    await svc.create(chat(max_tokens=5, ignore_eos=True, stop=["Lyon"]), "ignoring")
+    plain, ignoring = fake.requests
+    assert not plain.ignore_eos and [eos] in plain.stop_words and ignoring.ignore_eos
+    assert ignoring.stop_words == [other, tok.encode("Rome")] and ignoring.end_id == plain.end_id == eos
+    eos_text = tok.decode([eos], skip_special_tokens=False)
+    assert eos_text in plain.stop_texts and eos_text not in ignoring.stop_texts
+    assert {"Rome", "Lyon", tok.decode(other, skip_special_tokens=False)} <= set(ignoring.stop_texts)
+
+
+async def test_ignore_eos_generation_is_not_cut_at_the_end_token_text(make_service: RuntimeFactory) -> None:
+    # A backend that writes the end token's text (special tokens kept) goes on past it; without ignore_eos the
+    # same text ends the answer.
+    tok = make_service([])[1].tokenizer
+    eos = tok.eos_token_ids[0]
+    script = [tok.encode("Yes."), [eos], tok.encode(" And more.")]
+    svc, rt, _ = make_service(script, stop_words=[[eos]])
+    rt.drop_ids = frozenset()  # keep special tokens in the text, as a family with special-token markers does
+    plain = await svc.create(chat(max_tokens=16), "a")
+    ignoring = await svc.create(chat(max_tokens=16, ignore_eos=True), "b")
+    assert isinstance(plain, dict) and isinstance(ignoring, dict)
+    assert plain["choices"][0]["message"]["content"] == "Yes."
+    assert ignoring["choices"][0]["message"]["content"].startswith("Yes.")
+    assert ignoring["choices"][0]["message"]["content"].endswith("And more.")
+
+
 async def test_request_sampling_values_win_over_config_defaults(make_service: RuntimeFactory) -> None:
     svc, _, fake = make_service([], temperature=0.9, top_p=0.9, top_k=5, repetition_penalty=1.2)
     await svc.create(chat(max_tokens=5, temperature=0.2, top_p=0.5, top_k=40, seed=7, presence_penalty=0.3), "r")

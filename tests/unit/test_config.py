@@ -13,7 +13,7 @@ import pytest
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 
-from openai_api.config import BUNDLED_TEMPLATES, ConfigError, GatewayConfig, load_config
+from openai_api.config import BUNDLED_TEMPLATES, ConfigError, GatewayConfig, check_config, load_config
 from tests.helpers import REPO
 
 # The example config of the seed system's manual (shared/seeds/002), verbatim but for the `path`s,
@@ -113,7 +113,7 @@ def test_seed_example_config_loads_unchanged(tmp_path: Path, seed_config: dict[s
     assert info.bad_words == [[7768, 3908], [1, 2]]
     assert info.stop_words == [[2], [2]]
     assert info.temperature == 1 and info.repetition_penalty == 1
-    assert info.model_extra == {"mask_positions": 1}  # backend-specific keys are kept, not rejected
+    assert info.mask_positions == 1  # the seed's FasterTransformer key: declared, so the seed config loads
 
     (llm,) = config.llm
     assert (llm.name, llm.url, llm.kind) == ("chatglm2-6b", "127.0.0.1:8001", "llm")
@@ -270,6 +270,57 @@ def test_duplicate_model_names_across_kinds_are_reported(tmp_path: Path, seed_co
     err = config_error(path)
     assert str(path) in str(err)
     assert "bge_large_zh_v1_5" in err.reason and "embedding" in err.reason and "rerank" in err.reason
+
+
+def test_unknown_key_in_a_model_infos_entry_is_reported(tmp_path: Path, seed_config: dict[str, Any]) -> None:
+    seed_config["model_infos"][0]["temprature"] = 0.2  # a typo must not silently leave the default
+    path = write(tmp_path, seed_config)
+    assert_names(config_error(path), path, "model_infos[0].temprature", "unknown field")
+
+
+def test_a_model_infos_entry_naming_no_llm_is_reported(tmp_path: Path, seed_config: dict[str, Any]) -> None:
+    seed_config["model_infos"].append({"name": "chatglm2-6B", "max_len": 4096})  # the llm is "chatglm2-6b"
+    path = write(tmp_path, seed_config)
+    assert_names(config_error(path), path, "model_infos[1].name", "'chatglm2-6B' names no llm entry", "chatglm2-6b")
+    # An embedding or rerank name is no llm either: model_infos hold generation defaults.
+    seed_config["model_infos"][1]["name"] = "bge-reranker"
+    assert_names(config_error(write(tmp_path, seed_config)), path, "model_infos[1].name", "names no llm entry")
+
+
+def test_a_config_built_in_code_keeps_the_naming_rules() -> None:
+    with pytest.raises(ValueError, match="names no llm entry"):
+        GatewayConfig.model_validate({"model_infos": [{"name": "ghost"}]})
+    with pytest.raises(ValueError, match="used by both llm and embedding"):
+        GatewayConfig.model_validate({"llm": [{"name": "a", "url": "h:1", "path": "x"}],
+                                      "embedding": [{"name": "a", "url": "h:1", "path": "x"}]})
+
+
+def test_check_config_lists_every_problem_in_file_order(tmp_path: Path, seed_config: dict[str, Any]) -> None:
+    seed_config["extra_kind"] = []
+    seed_config["model_infos"][0]["temprature"] = 0.2
+    seed_config["model_infos"].append({"name": "ghost"})
+    seed_config["llm"].append({"name": "second", "url": "h:1", "path": seed_config["llm"][0]["path"],
+                               "chat_templte": "x.jinja"})  # invalid: left out, yet the third llm keeps its index
+    seed_config["llm"].append({"name": "third", "url": "h:1", "path": str(tmp_path / "gone"),
+                               "chat_template": "no-such.jinja"})
+    seed_config["embedding"][0]["max_tokens"] = "lots"
+    seed_config["rerank"][0]["name"] = "third"
+    path = write(tmp_path, seed_config)
+    config, problems = check_config(path)
+    found = [(p.field, p.reason) for p in problems]
+    assert [f for f, _ in found] == ["extra_kind", "model_infos[0].temprature", "llm[1].chat_templte",
+                                     "embedding[0].max_tokens", "", "model_infos[1].name", "llm[2].path",
+                                     "llm[2].chat_template"], found
+    assert "used by both llm and rerank" in found[4][1] and "tokenizer folder not found" in found[6][1]
+    assert all(str(path) in str(p) and "\n" not in str(p) for p in problems)
+    assert config is not None and [m.name for m in config.llm] == ["chatglm2-6b", "third"]
+    # load_config stops at the first of them.
+    assert (config_error(path).field, config_error(path).reason) == found[0]
+
+
+def test_check_config_of_a_good_config_finds_nothing(tmp_path: Path, seed_config: dict[str, Any]) -> None:
+    config, problems = check_config(write(tmp_path, seed_config))
+    assert problems == [] and config is not None and len(config.all_models()) == 3
 
 
 # --- the command line ------------------------------------------------------------------------------------

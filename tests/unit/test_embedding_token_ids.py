@@ -5,12 +5,16 @@ The oracle for the decoded text is tiktoken's own cl100k_base encoding of the te
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 import tiktoken
+import tiktoken.registry
 
 from openai_api.config import BUNDLED_CONFIG, ConfigError, EmbeddingModel, load_config
 from openai_api.errors import InvalidRequestError
@@ -24,19 +28,38 @@ EMB = "all-minilm-l6-v2"
 TEXTS = ["How do rivers form?", "Ünïcödé, emoji 🚀 and <|endoftext|> as plain text", " leading space\n\nand lines"]
 
 
+LITELLM_COPY = "litellm_core_utils/tokenizers"  # where litellm (a dev dependency) ships the same published file
+URL = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"  # where tiktoken fetches it
+
+
 @pytest.fixture(scope="module")
-def reference() -> tiktoken.Encoding:
-    """cl100k_base as the test loads it itself (tiktoken from the same offline file), not the code under test."""
-    try:
-        enc = cl100k.cl100k()
-    except cl100k.VocabularyUnavailable as e:
-        pytest.skip(str(e))
-    folder = next(f for f in cl100k._folders() if (f / cl100k.CACHE_NAME).is_file())
-    ranks = tiktoken.load.load_tiktoken_bpe(str(folder / cl100k.CACHE_NAME), expected_hash=cl100k.SHA256)
-    own = tiktoken.Encoding("cl100k-test", pat_str=enc._pat_str, mergeable_ranks=ranks,
-                            special_tokens=dict(enc._special_tokens))
-    assert own.encode_ordinary("Hello world") == [9906, 1917]  # OpenAI's documented ids for this text
-    return own
+def reference(tmp_path_factory: pytest.TempPathFactory) -> tiktoken.Encoding:
+    """tiktoken's own cl100k_base (tiktoken_ext.openai_public's definition), reading the published file from
+    litellm's copy through tiktoken's cache: neither the code under test nor the file the package ships."""
+    spec = importlib.util.find_spec("litellm")
+    roots = [Path(r) / LITELLM_COPY for r in (spec.submodule_search_locations or [])] if spec else []
+    name = hashlib.sha1(URL.encode()).hexdigest()  # tiktoken's cache file name for the URL
+    source = next((r / name for r in roots if (r / name).is_file()), None)
+    if source is None:
+        pytest.skip("litellm (the dev extra) is not installed: no independent copy of cl100k_base")
+    cache = tmp_path_factory.mktemp("tiktoken-cache")
+    shutil.copyfile(source, cache / name)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+        mp.setattr(tiktoken.registry, "ENCODINGS", {})  # not one an earlier test loaded from elsewhere
+        enc = tiktoken.get_encoding("cl100k_base")
+    assert enc.encode_ordinary("Hello world") == [9906, 1917]  # OpenAI's documented ids for this text
+    return enc
+
+
+def test_the_shipped_vocabulary_is_tiktokens_cl100k_base(reference: tiktoken.Encoding) -> None:
+    ours = cl100k.cl100k()
+    assert hashlib.sha256(cl100k.VOCABULARY.read_bytes()).hexdigest() == cl100k.SHA256
+    assert (ours._pat_str, ours._special_tokens, ours.n_vocab) == \
+        (reference._pat_str, reference._special_tokens, reference.n_vocab)
+    assert ours._mergeable_ranks == reference._mergeable_ranks
+    for text in TEXTS:
+        assert ours.encode(text, allowed_special="all") == reference.encode(text, allowed_special="all")
 
 
 def test_cl100k_ids_decode_to_the_exact_text(reference: tiktoken.Encoding) -> None:
@@ -47,15 +70,20 @@ def test_cl100k_ids_decode_to_the_exact_text(reference: tiktoken.Encoding) -> No
         assert cl100k.decode(bad) is None, bad
 
 
-def test_a_missing_vocabulary_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(cl100k, "_folders", lambda: [tmp_path])
-    (tmp_path / cl100k.CACHE_NAME).write_bytes(b"not the vocabulary")  # wrong hash: never used (nor deleted)
+@pytest.mark.parametrize("content", [None, b"not the vocabulary"], ids=["missing", "altered"])
+def test_a_missing_or_altered_vocabulary_is_one_clear_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                          content: bytes | None) -> None:
+    path = tmp_path / "cl100k_base.tiktoken"
+    if content is not None:
+        path.write_bytes(content)
+    monkeypatch.setattr(cl100k, "VOCABULARY", path)
     cl100k.cl100k.cache_clear()
     try:
         with pytest.raises(cl100k.VocabularyUnavailable) as e:
             cl100k.cl100k()
-        assert "\n" not in str(e.value) and "cl100k_base" in str(e.value) and str(tmp_path) in str(e.value)
-        assert (tmp_path / cl100k.CACHE_NAME).read_bytes() == b"not the vocabulary"
+        assert "\n" not in str(e.value) and "cl100k_base" in str(e.value) and str(path) in str(e.value)
+        if content is not None:
+            assert path.read_bytes() == content  # never rewritten
     finally:
         cl100k.cl100k.cache_clear()
 

@@ -25,6 +25,7 @@ from openai_api.lora import (
     to_trtllm,
 )
 from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter
+from tests.helpers import MODELS
 from tests.unit.test_protocol_adapters import TRTLLM_CONFIG, FakeClient, make, pb_result, request, sent, tensor
 
 # A tiny Llama-shaped base: hidden 8, 2 heads of 4 (q 8), 1 KV head (k, v 4), MLP 12, 3 layers.
@@ -167,14 +168,15 @@ def config_with(tmp_path: Path, llm_extra: dict[str, Any]) -> Path:
             if m.get("chat_template"):
                 m["chat_template"] = str((BUNDLED_CONFIG.parent / m["chat_template"]).resolve())
     data["llm"] = [data["llm"][0] | llm_extra, data["llm"][1]]
+    data["model_infos"] = [i for i in data["model_infos"] if i["name"] in {m["name"] for m in data["llm"]}]
     path = tmp_path / "config.json"
     path.write_text(json.dumps(data))
     return path
 
 
-needs_base = pytest.mark.skipif(not (BUNDLED_CONFIG.parent / "models/smollm2-135m-instruct/config.json").is_file(),
+needs_base = pytest.mark.skipif(not (MODELS / "smollm2-135m-instruct" / "config.json").is_file(),
                                 reason="the prepared SmolLM2 folder (scripts/setup.sh)")
-SMOL = BaseShape.from_folder(BUNDLED_CONFIG.parent / "models/smollm2-135m-instruct")
+SMOL = BaseShape.from_folder(MODELS / "smollm2-135m-instruct")
 
 
 @needs_base

@@ -23,13 +23,14 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
+from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.embedded.families import DATA_DIR, has_tokenizer, prepare_families
 from openai_api.schemas.openai import ChatMessage
 from openai_api.services.chat import template_messages
 from openai_api.text.prompt_cache import Boundaries, PromptTokenCache, find_boundaries, template_markers
 from openai_api.text.templates import ChatTemplate, TemplateError
 from openai_api.text.tokenizer import TextTokenizer
-from tests.helpers import MODELS, REPO
+from tests.helpers import MODELS
 
 SMOLLM2 = MODELS / "smollm2-135m-instruct"
 TEMPLATES = sorted(t for t in DATA_DIR.glob("*/*.jinja") if has_tokenizer(t.parent.name))
@@ -48,7 +49,7 @@ def _tok(folder: Path) -> TextTokenizer:
 def _cases(folders: dict[str, Path]) -> list[tuple[str, TextTokenizer, ChatTemplate]]:
     out = [(f"{t.parent.name}/{t.name}", _tok(folders[t.parent.name]), ChatTemplate.from_file(t)) for t in TEMPLATES]
     if (SMOLLM2 / "tokenizer.json").exists():
-        out.append(("smollm2", _tok(SMOLLM2), ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja")))
+        out.append(("smollm2", _tok(SMOLLM2), ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")))
     return out
 
 
@@ -215,7 +216,7 @@ def test_a_later_turn_tokenizes_only_what_it_adds() -> None:
     if not (SMOLLM2 / "tokenizer.json").exists():
         pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
     tok = _tok(SMOLLM2)
-    template = ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja")
+    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
     b = _boundaries(tok, template)
     cache = PromptTokenCache(64 * 1024 * 1024)
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent. " * 400}]
@@ -239,7 +240,7 @@ def test_eviction_keeps_the_budget_and_the_answers() -> None:
     if not (SMOLLM2 / "tokenizer.json").exists():
         pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
     tok = _tok(SMOLLM2)
-    template = ChatTemplate.from_file(REPO / "chat_templates" / "smollm2.jinja")
+    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
     b = _boundaries(tok, template)
     cache = PromptTokenCache(64 * 1024)
     rnd = random.Random(7)

@@ -392,6 +392,62 @@ async def test_vllm_refuses_token_id_bad_words() -> None:
     assert e.value.param == "bad_words"
 
 
+# ------------------------------------------------------------------ ignore_eos, per protocol
+def test_vllm_takes_ignore_eos_and_no_longer_sends_the_end_id_as_a_stop() -> None:
+    # vLLM stops at explicit stop_token_ids even with ignore_eos: the end id must not be one of them.
+    assert sampling_parameters(request(ignore_eos=True, stop_words=[[9]])) == \
+        {"max_tokens": 8, "ignore_eos": True, "stop_token_ids": [9]}
+    assert sampling_parameters(request(ignore_eos=True)) == {"max_tokens": 8, "ignore_eos": True}
+    client = FakeClient(VLLM_CONFIG, [])
+    adapter = make(VLLMAdapter, client, "vllm")
+    assert adapter.supports("ignore_eos")
+    params = json.loads(sent(adapter.build_request(request(ignore_eos=True), False))["sampling_parameters"][0])
+    assert params["ignore_eos"] is True and "min_tokens" not in params
+
+
+def test_vllm_without_sampling_parameters_refuses_ignore_eos() -> None:
+    cfg = json.loads(json.dumps(VLLM_CONFIG))
+    cfg["config"]["input"] = [i for i in cfg["config"]["input"] if i["name"] != "sampling_parameters"]
+    adapter = make(VLLMAdapter, FakeClient(cfg), "vllm")
+    assert not adapter.supports("ignore_eos")
+    with pytest.raises(InvalidRequestError) as e:
+        adapter.build_request(request(ignore_eos=True), False)
+    assert (e.value.param, e.value.code) == ("ignore_eos", "unsupported_parameter")
+
+
+def _with(config: dict[str, Any], *inputs: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(config))
+    out["config"]["input"] += list(inputs)
+    return out
+
+
+@pytest.mark.parametrize(("cls", "config", "name"), [
+    (TensorRTLLMAdapter, _with(TRTLLM_CONFIG, tensor("min_tokens", "INT32", [1], True)), "min_tokens"),
+    (TensorRTLLMAdapter, OLD_TRTLLM_CONFIG, "min_length"),
+    (FasterTransformerAdapter, _with(FT_CONFIG, tensor("min_length", "UINT32", [1], True)), "min_length"),
+], ids=["tensorrt_llm", "tensorrt_llm-old", "fastertransformer"])
+def test_token_protocols_hold_the_end_token_back_for_the_whole_budget(cls: type[Any], config: dict[str, Any],
+                                                                       name: str) -> None:
+    # TensorRT-LLM has no ignore_eos: a minimum length of max_tokens masks the end token until then.
+    adapter = make(cls, FakeClient(config), "m")
+    greq = request(ignore_eos=True, min_tokens=3)
+    built = adapter._request(greq, streaming=False) if cls is TensorRTLLMAdapter else adapter.build_request(greq)
+    t = sent(built)
+    assert t[name].reshape(-1).tolist() == [8] and t["end_id"].reshape(-1).tolist() == [2]
+    assert greq.min_tokens == 3  # the request itself is left as it was
+
+
+@pytest.mark.parametrize(("cls", "config"), [(TensorRTLLMAdapter, TRTLLM_CONFIG),
+                                             (FasterTransformerAdapter, FT_CONFIG)], ids=["tensorrt_llm", "ft"])
+async def test_a_model_without_a_minimum_length_input_refuses_ignore_eos(cls: type[Any],
+                                                                         config: dict[str, Any]) -> None:
+    adapter = make(cls, FakeClient(config), "m")
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(adapter.generate(request(ignore_eos=True)))
+    assert (e.value.param, e.value.code) == ("ignore_eos", "unsupported_parameter")
+    assert "min_tokens or min_length" in e.value.message
+
+
 # ------------------------------------------------------------------ detection and mismatches
 @pytest.mark.parametrize(("config", "protocol"), [
     (TRTLLM_CONFIG, "tensorrt_llm"),

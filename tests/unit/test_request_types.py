@@ -134,6 +134,33 @@ async def test_stream_options_with_stream_or_null_are_accepted(client: httpx.Asy
     assert r.status_code == 200, r.text
 
 
+# --- "stream": "true", as the seed system's manual sends it -------------------------------------------------
+
+
+@pytest.mark.parametrize("content_type", CONTENT_TYPES)
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+async def test_stream_takes_the_strings_true_and_false(client: httpx.AsyncClient, path: str,
+                                                       content_type: str) -> None:
+    streamed = await post(client, path, {**BASES[path], "stream": "true"}, content_type)
+    assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+    assert streamed.text.rstrip().endswith("data: [DONE]"), streamed.text
+    body = {k: v for k, v in BASES[path].items() if k != "stream_options"}
+    plain = await post(client, path, {**body, "stream": "false"}, content_type)
+    assert plain.status_code == 200 and plain.headers["content-type"] == "application/json", plain.text
+    assert plain.json()["choices"], plain.text
+    # "false" is false: stream_options with it is the same client bug as with `false`.
+    err = error_of(await post(client, path, {**BASES[path], "stream": "false"}, content_type), 400)
+    assert err["param"] == "stream_options"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+@pytest.mark.parametrize("value", ["True", "1", "yes", "", 1, 0])
+async def test_stream_takes_no_other_string_or_number(client: httpx.AsyncClient, path: str, value: Any) -> None:
+    for content_type in CONTENT_TYPES:
+        err = error_of(await post(client, path, {**BASES[path], "stream": value}, content_type), 400)
+        assert err["param"] == "stream"
+
+
 # --- the wrong-type walk ---------------------------------------------------------------------------------------
 
 
@@ -294,6 +321,8 @@ async def test_vllm_extension_fields_are_typed(client: httpx.AsyncClient, path: 
 async def test_vllm_extension_defaults_are_taken_and_the_rest_refused(client: httpx.AsyncClient, path: str) -> None:
     r = await post(client, path, {**BASES[path], "ignore_eos": False, "skip_special_tokens": True}, CONTENT_TYPES[0])
     assert r.status_code == 200, r.text
-    for field, value in (("ignore_eos", True), ("skip_special_tokens", False)):
-        err = error_of(await post(client, path, {**BASES[path], field: value}, CONTENT_TYPES[0]), 400)
-        assert (err["param"], err["code"]) == (field, "unsupported_parameter")
+    # ignore_eos goes to the backend, which honours it or refuses it (tests/unit/test_protocol_adapters.py).
+    r = await post(client, path, {**BASES[path], "ignore_eos": True}, CONTENT_TYPES[0])
+    assert r.status_code == 200, r.text
+    err = error_of(await post(client, path, {**BASES[path], "skip_special_tokens": False}, CONTENT_TYPES[0]), 400)
+    assert (err["param"], err["code"]) == ("skip_special_tokens", "unsupported_parameter")

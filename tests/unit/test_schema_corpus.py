@@ -26,6 +26,7 @@ import pytest
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services import messages, responses
 from openai_api.services.guides import request_guide
+from openai_api.services.response_tools import ResponseTools
 from openai_api.services.tools import plan_tools
 from openai_api.triton.llm import Guide
 from tests.reference_guides import accepts, compile_error
@@ -125,8 +126,9 @@ def _as_chat(case: dict[str, Any]) -> dict[str, Any]:
     """A captured body as the chat request its route makes of it (the dialects' own translation)."""
     body = case["body"]
     if case["path"] == "/v1/responses":
-        req = SimpleNamespace(tools=body.get("tools"))
-        return {"tools": responses.chat_tools(req), "tool_choice": responses.chat_tool_choice(body.get("tool_choice")),  # type: ignore[arg-type]
+        tools = ResponseTools(body.get("tools"))
+        choice = tools.choice(body.get("tool_choice"))  # before `tools.chat`: allowed_tools narrows it
+        return {"tools": tools.chat, "tool_choice": choice if tools.chat else None,
                 "response_format": responses.response_format(body.get("text"))}
     if case["path"] == "/v1/messages":
         choice, parallel = messages.chat_tool_choice(body.get("tool_choice"))

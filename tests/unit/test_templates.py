@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.text.templates import ChatTemplate, RenderLimits, TemplateBudgetError, TemplateError
-from tests.helpers import MODELS, REPO, requires_models
+from tests.helpers import MODELS, requires_models
 
-TEMPLATES = REPO / "chat_templates"
+TEMPLATES = BUNDLED_TEMPLATES
 SMOLLM2_DIR = MODELS / "smollm2-135m-instruct"
 
 # Verbatim copy of HuggingFaceTB/SmolLM2-135M-Instruct's chat_template.jinja, so the parity test runs

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import InferResult
 
-from openai_api.config import ConfigError, load_config
+from openai_api.config import BUNDLED_CONFIG, BUNDLED_TEMPLATES, ConfigError, load_config
 from openai_api.errors import BackendError, BackendUnavailableError, InvalidRequestError
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.detect import detect_protocol, protocol_mismatches
@@ -199,6 +199,20 @@ async def test_old_ensemble_gets_uint32_and_its_old_names_and_refuses_what_it_la
     assert not adapter.supports("frequency_penalty") and adapter.supports("seed") and adapter.supports("stop_words")
 
 
+@pytest.mark.parametrize(("config", "name"), [(ENSEMBLE, "min_tokens"), (OLD_ENSEMBLE, "min_length")],
+                         ids=["ensemble", "old-ensemble"])
+async def test_ensemble_ignore_eos_is_a_minimum_length_of_the_whole_budget(config: dict[str, Any], name: str) -> None:
+    client = FakeClient(config, [text_result("Paris")])
+    adapter = make(TensorRTLLMTextAdapter, client, "ensemble")
+    await collect(adapter.generate(request(ignore_eos=True)))
+    assert sent(client.requests[0])[name].tolist() == [[8]]
+    without = copy.deepcopy(config)
+    without["config"]["input"] = [i for i in without["config"]["input"] if i["name"] != name]
+    with pytest.raises(InvalidRequestError) as e:
+        await collect(make(TensorRTLLMTextAdapter, FakeClient(without), "ensemble").generate(request(ignore_eos=True)))
+    assert e.value.param == "ignore_eos"
+
+
 async def test_log_probs_and_token_id_prompts_are_refused_not_dropped() -> None:
     adapter = make(TensorRTLLMTextAdapter, FakeClient(ENSEMBLE), "ensemble")
     assert not adapter.supports("return_logprobs")
@@ -342,7 +356,7 @@ async def test_auto_with_a_text_block_speaks_text_and_a_mismatch_stops_start_up(
 # ------------------------------------------------------------------ the config block
 def _config(tmp_path: Path, **entry: Any) -> Path:
     base = {"name": "m", "url": "127.0.0.1:8001", "path": str(REPO / "models" / "smollm2-135m-instruct"),
-            "chat_template": str(REPO / "chat_templates" / "smollm2.jinja")}
+            "chat_template": str(BUNDLED_TEMPLATES / "smollm2.jinja")}
     path = tmp_path / "model_config.json"
     path.write_text(json.dumps({"llm": [{**base, **entry}]}), encoding="utf-8")
     return path
@@ -374,7 +388,7 @@ def test_bad_text_blocks_are_config_errors_naming_the_field(tmp_path: Path, entr
 def test_the_bundled_config_declares_both_reference_text_models() -> None:
     if not (REPO / "models" / "smollm2-135m-instruct").is_dir():
         pytest.skip("the bundled models are not prepared")
-    config = load_config(REPO / "model_config.json")
+    config = load_config(BUNDLED_CONFIG)
     entries = {m.name: m for m in config.llm}
     assert entries["smollm2-135m-instruct-trtllm-text"].protocol == "auto"
     text = entries["smollm2-135m-instruct-text"]
