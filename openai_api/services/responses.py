@@ -19,9 +19,12 @@ and their `.done` events, `response.output_item.done`, and finally `response.com
 `sequence_number`. There is no `[DONE]`.
 
 `store` defaults to false. Past responses are kept only when the gateway runs with a response store
-(`--responses-store N`, an in-memory LRU of N responses) and the request asks `store: true`; then
-`previous_response_id` continues that conversation and `GET /v1/responses/{id}` returns it. Without a
-store, `previous_response_id` is a 400 that says how to enable one.
+(`--responses-store N`; `services.stored_responses`) and the request asks `store: true`; then
+`previous_response_id` continues that conversation, `GET /v1/responses/{id}` returns it, `DELETE` forgets it
+and `GET /v1/responses/{id}/input_items` lists its input, each for the key that made it only (any other key,
+or one whose allow-list no longer has its model, gets the 404 of an id never issued). Response ids are made
+here (`resp_` + 192 random bits), never from the request id. Without a store, `previous_response_id` is a
+400 that says how to enable one.
 """
 
 from __future__ import annotations
@@ -29,7 +32,6 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -37,35 +39,19 @@ import orjson
 from pydantic import ValidationError
 
 from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError
+from openai_api.observability import current_stats
+from openai_api.quota.caller import Caller
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService, PreparedChat, collect_plain
 from openai_api.services.generation import TextEvent
 from openai_api.services.output import Delta, assemble
+from openai_api.services.stored_responses import ResponseStore, StoredResponse, input_item_resources, page
 from openai_api.services.streaming import sse_stream
+from openai_api.stored.base import new_id
 
 # Responses request fields that pass through to the chat request as they are (sampling extensions too).
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_tokens",
            "repetition_penalty", "presence_penalty", "frequency_penalty", "stop")
-
-
-class ResponseStore:
-    """The last `capacity` stored responses and their conversations, in memory (LRU)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
-
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._items[response["id"]] = (response, conversation)
-        self._items.move_to_end(response["id"])
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        item = self._items.get(response_id)
-        if item is not None:
-            self._items.move_to_end(response_id)
-        return item
 
 
 def _text_of(content: Any, where: str) -> Any:
@@ -193,14 +179,31 @@ class ResponsesService:
         self.chat = chat
         self.store = store
 
-    def get(self, response_id: str) -> dict[str, Any]:
-        item = self.store.get(response_id) if self.store is not None else None
+    async def _stored(self, response_id: str, caller: Caller) -> StoredResponse:
+        item = await self.store.get(caller, response_id) if self.store is not None else None
         if item is None:
             raise NotFoundError(f"No response with id {response_id!r} (only stored responses can be retrieved).",
                                 param="response_id")
-        return item[0]
+        return item
 
-    def _conversation(self, req: ResponsesRequest, origins: list[str] | None = None) -> list[dict[str, Any]]:
+    async def get(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        """`GET /v1/responses/{id}`: the caller's stored response, else a 404."""
+        return (await self._stored(response_id, caller)).response
+
+    async def delete(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        """`DELETE /v1/responses/{id}`: `{id, object: "response", deleted: true}`, else a 404."""
+        if self.store is None or not await self.store.delete(caller, response_id):
+            raise NotFoundError(f"No response with id {response_id!r} (only stored responses can be deleted).",
+                                param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def input_items(self, response_id: str, caller: Caller, after: str | None = None, limit: int = 20,
+                          order: str = "desc") -> dict[str, Any]:
+        """`GET /v1/responses/{id}/input_items`: a page of the stored response's input items, else a 404."""
+        return page((await self._stored(response_id, caller)).input_items, after, limit, order)
+
+    async def _conversation(self, req: ResponsesRequest, caller: Caller,
+                            origins: list[str] | None = None) -> list[dict[str, Any]]:
         prior: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             if self.store is None:
@@ -208,19 +211,21 @@ class ResponsesService:
                     "previous_response_id needs the gateway's response store, which is off: start the gateway with "
                     "--responses-store N (and send store: true), or send the whole conversation as input.",
                     param="previous_response_id", code="response_store_disabled")
-            item = self.store.get(req.previous_response_id)
-            if item is None:
-                raise InvalidRequestError(f"Previous response with id {req.previous_response_id!r} not found.",
-                                          param="previous_response_id", code="previous_response_not_found")
-            prior = item[1]
+            item = await self.store.get(caller, req.previous_response_id)
+            if item is None:  # OpenAI's answer: a 404 naming the field
+                raise NotFoundError(f"Previous response with id {req.previous_response_id!r} not found.",
+                                    param="previous_response_id", code="previous_response_not_found")
+            prior = item.conversation
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         if origins is not None:
             origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
         return [*system, *prior, *input_messages(req, origins)]
 
-    async def create(self, req: ResponsesRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, req: ResponsesRequest, request_id: str,
+                     caller: Caller) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        """A response for `caller` (who owns it when it is stored); `request_id` is Triton's request id."""
         origins: list[str] = []
-        messages = self._conversation(req, origins)
+        messages = await self._conversation(req, caller, origins)
         body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": chat_tools(req),
                                 "tool_choice": chat_tool_choice(req.tool_choice),
                                 "max_tokens": req.max_output_tokens, "response_format": response_format(req.text)}
@@ -239,21 +244,31 @@ class ResponsesService:
             prepared = await self.chat.prepare(chat_req, request_id)
         except InvalidRequestError as e:
             raise input_error(e, origins) from None
-        resp = ResponseBuilder(req, request_id, prepared, [m for m in messages if m.get("role") != "system"],
+        resp = ResponseBuilder(req, prepared, [m for m in messages if m.get("role") != "system"],
                                stored=self.store is not None and bool(req.store))
+        stats = current_stats()
+        if stats is not None:  # the access log and the trace name it beside the request id
+            stats.object_id = resp.id
         if req.stream:
-            encoder = ResponsesStreamEncoder(resp, self._keep)
-            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id)
+            encoder = ResponsesStreamEncoder(resp)
+
+            async def keep() -> None:  # before the final event: a follow-up may name this response at once
+                if encoder.result is not None:
+                    await self._keep(resp, encoder.result, caller)
+
+            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
+                              before_end=keep)
         [(text, finish, produced, _, _)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
         resp.add(resp.output.push(text, last=True, cut=finish == "length"))
         resp.output.reasoning_tokens = await self.chat.count_reasoning(prepared.rt, resp.output, text)
         result = resp.finish(finish, produced)
-        self._keep(resp, result)
+        await self._keep(resp, result, caller)
         return result
 
-    def _keep(self, resp: ResponseBuilder, result: dict[str, Any]) -> None:
+    async def _keep(self, resp: ResponseBuilder, result: dict[str, Any], caller: Caller) -> None:
         if self.store is not None and resp.req.store:
-            self.store.put(result, resp.conversation_after())
+            await self.store.put(caller, resp.req.model, StoredResponse(result, resp.conversation_after(),
+                                                                        input_item_resources(resp.req.input)))
 
 
 def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -267,11 +282,11 @@ class ResponseBuilder:
     """One response's output items, built from a choice's deltas (plain: all at once; streamed: as they
     come, with the events `ResponsesStreamEncoder` sends for each)."""
 
-    def __init__(self, req: ResponsesRequest, request_id: str, prepared: PreparedChat,
-                 conversation: list[dict[str, Any]], stored: bool) -> None:
+    def __init__(self, req: ResponsesRequest, prepared: PreparedChat, conversation: list[dict[str, Any]],
+                 stored: bool) -> None:
         self.req = req
         self.stored = stored
-        self.id = f"resp_{request_id or uuid.uuid4().hex}"
+        self.id = new_id("resp_")  # made here, never from a header: see the module docstring
         self.created = int(time.time())
         self.prepared = prepared
         self.conversation = conversation
@@ -338,9 +353,9 @@ class ResponseBuilder:
 class ResponsesStreamEncoder:
     """The Responses API's typed SSE events for one streamed response (see the module docstring)."""
 
-    def __init__(self, resp: ResponseBuilder, keep: Any) -> None:
+    def __init__(self, resp: ResponseBuilder) -> None:
         self.resp = resp
-        self.keep = keep
+        self.result: dict[str, Any] | None = None  # the whole response, once `end` built it
         self.seq = 0
         self.open: str | None = None  # "reasoning", "message" or "call": the item being streamed
         self.index = -1  # its output_index
@@ -431,7 +446,6 @@ class ResponsesStreamEncoder:
         return self._event("error", code=err.code, message=err.message, param=err.param)
 
     def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        result = self.resp.finish(self.finish_reason, completion_tokens)
-        self.keep(self.resp, result)
+        result = self.result = self.resp.finish(self.finish_reason, completion_tokens)
         kind = "response.incomplete" if result["status"] == "incomplete" else "response.completed"
         return self._event(kind, response=result)
