@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from openai_api.config import EmbeddingModel
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.quota.caller import first_usable
 from openai_api.schemas.dialects import TEIEmbedRequest
 from openai_api.schemas.openai import EmbeddingRequest
 from openai_api.services.encoding import Truncation, infer_chunked, nim_truncation, special_wrap, tei_truncation
@@ -133,9 +134,10 @@ class EmbeddingsService:
         """A request's model, or (TEI serves one model and names none) the first embedding model."""
         if name:
             return name
-        if not self.registry.embeddings:
-            raise ModelNotFoundError("No embedding model is configured.", param="model")
-        return next(iter(self.registry.embeddings))
+        first = first_usable(self.registry.embeddings)
+        if first is None:
+            raise ModelNotFoundError("No embedding model is configured (that this key may use).", param="model")
+        return first
 
     def _tokenize(self, rt: EncoderRuntime[EmbeddingModel], texts: list[str] | None, ids: list[list[int]] | None,
                   kind: InputType | None, mode: Truncation, param: str) -> list[list[int]]:
