@@ -123,7 +123,8 @@ class EmbeddingsService:
             return req
         for kind in ("query", "passage"):
             base = req.model.removesuffix(f"-{kind}")
-            if base != req.model and base in self.registry.embeddings:
+            # (a base the key may not use stays unresolved: the allow-list's 404 names the client's own string)
+            if base != req.model and base in self.registry.embeddings and first_usable([base]) is not None:
                 if input_type(req.input_type) not in (None, kind):
                     raise InvalidRequestError(f"The model name {req.model!r} says input_type {kind!r}, but the "
                                               f"request says {req.input_type!r}.", param="input_type")
