@@ -13,6 +13,7 @@ the 404 of an unknown model."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import LLM, GatewayServer, gateway_config
 from tests.helpers import REPO, openai_validator, requires_models
+from tests.image_samples import solid
 
 pytestmark = requires_models(LLM, "all-minilm-l6-v2")
 
@@ -164,7 +166,8 @@ def test_one_model_that_cannot_load_leaves_the_gateway_ready(gateway: GatewaySer
 
 def test_an_image_to_a_model_the_key_may_not_use_is_an_unknown_model(gateway: GatewayServer) -> None:
     claude = anthropic.Anthropic(base_url=gateway.url, api_key="sk-a-embed", max_retries=0, timeout=60)
-    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}}
+    png = base64.b64encode(solid(4, 4, "red")).decode()  # inline: nothing is ever fetched
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
     for model in (LLM, "no-such-model"):
         with pytest.raises(anthropic.NotFoundError):
             claude.messages.create(model=model, max_tokens=8,

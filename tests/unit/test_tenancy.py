@@ -7,6 +7,7 @@ scripted fake; `tests/e2e/test_tenancy.py` proves the same through the `openai` 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import AsyncIterator
@@ -20,6 +21,7 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.settings import Settings
 from tests.helpers import openai_validator
+from tests.image_samples import solid
 from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
 
 validate = openai_validator()
@@ -132,9 +134,13 @@ async def test_readiness_and_models_name_only_what_the_key_may_use(client: httpx
     assert r.status_code == 503 and r.json() == {"status": "unhealthy"}
 
 
-async def test_messages_check_the_allow_list_before_the_model(client: httpx.AsyncClient) -> None:
+async def test_messages_check_the_allow_list_before_the_model(app: FastAPI, client: httpx.AsyncClient,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """An image to a model the key may not use: the 404 of an unknown model, not "this model takes no images"."""
-    image = {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}
+    backend = app.state.gateway.services.registry.llm(MODEL).backend
+    monkeypatch.setattr(backend, "supports", lambda param: param != "images")  # a text-only model, as SmolLM2
+    png = base64.b64encode(solid(4, 4, "red")).decode()  # inline: nothing is ever fetched
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
     body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [image]}]}
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         denied = await client.post(path, headers=EMBED, json=body)
