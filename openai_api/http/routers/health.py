@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from openai_api.http.deps import CallerDep, HealthSvc, app_state
 from openai_api.http.middleware import AUTHORIZED_KEY
+from openai_api.http.openapi import PING_RESPONSES
 from openai_api.http.responses import json_response
 from openai_api.quota.caller import Caller
 
@@ -30,8 +31,8 @@ async def ready(request: Request, health: HealthSvc, caller: CallerDep) -> Respo
     return json_response(_visible(report, caller), status=200 if report["ready"] else 503)
 
 
-@router.get("/ping", tags=["health"])
-@router.post("/ping", tags=["health"], include_in_schema=False)  # (one operation in the docs)
+@router.get("/ping", tags=["health"], responses=PING_RESPONSES)
+@router.post("/ping", tags=["health"], responses=PING_RESPONSES, include_in_schema=False)  # (one in the docs)
 async def ping(request: Request, health: HealthSvc) -> Response:
     """SageMaker's health check (and vLLM's, which serves it for SageMaker): the verdict of /health/ready, 200
     `{"status": "healthy"}` or 503 `{"status": "unhealthy"}`, open without a key and naming no model."""
