@@ -78,6 +78,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         # rather than on the first request. Triton being down is not fatal: /health/ready says so.
         # Bounded: a hung (not dead) Triton must not keep the gateway from starting.
         await check_models(svc)
+        await svc.start()
         await quota.start()
         await reloader.start()  # the replica prober; SIGHUP and the config file's poll (after the keys' handler)
         yield

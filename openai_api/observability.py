@@ -212,7 +212,7 @@ class RequestStats:
     that left mid-response (499) from one that closed after reading everything."""
 
     __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "headers", "model",
-                 "prompt_tokens", "request_id", "start", "status")
+                 "object_id", "prompt_tokens", "request_id", "start", "status")
 
     def __init__(self, start: float, request_id: str = "") -> None:
         self.start = start
@@ -224,6 +224,8 @@ class RequestStats:
         self.status = 0
         self.complete = False
         self.event_stream = False  # the response is text/event-stream (set with `status`)
+        # The id the gateway gave what this request made (a response's `resp_...`): logged beside the request id.
+        self.object_id = ""
         # The request's headers as ASGI gives them (lower-case names): routing reads a session header from them.
         self.headers: list[tuple[bytes, bytes]] = []
 

@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal, get_args, get_origin
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from openai_api.config import BUNDLED_CONFIG
+from openai_api.stored.factory import store_kind
 
 ENV_PREFIX = "OPENAI_API_"
 UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
@@ -92,7 +93,7 @@ class Settings(BaseModel):
         metavar="SECONDS")] = Field(default=30.0, ge=0)
     api_keys: Annotated[list[str], Option(
         "accept this API key (repeatable; the environment takes a comma-separated list). With keys set, every "
-        "route except /health and /health/ready needs `Authorization: Bearer KEY`", flag="--api-key",
+        "route except /health, /health/ready and /ping needs `Authorization: Bearer KEY`", flag="--api-key",
         metavar="KEY", env="OPENAI_API_KEYS")] = Field(default_factory=list)
     cors_origins: Annotated[list[str], Option(
         "allow cross-origin requests from ORIGIN (repeatable)", flag="--cors-origin", metavar="ORIGIN",
@@ -188,9 +189,26 @@ class Settings(BaseModel):
 
     # --- APIs -----------------------------------------------------------------------------------------------
     responses_store: Annotated[int, Option(
-        "keep this many /v1/responses answers (with store: true) in memory, for previous_response_id and GET "
-        "/v1/responses/{id}; 0 = no store (previous_response_id is then a 400). The store lives in one "
-        "process's memory, so it needs --workers 1", group="server", metavar="N")] = Field(default=0, ge=0)
+        "keep up to this many /v1/responses answers (with store: true), each owned by the key that made it, for "
+        "previous_response_id, GET and DELETE /v1/responses/{id} and its input_items; 0 = no store "
+        "(previous_response_id is then a 400). Oldest evicted first", group="server", metavar="N")] = Field(
+        default=0, ge=0)
+    responses_store_url: Annotated[str | None, Option(
+        "where the stored responses live: memory (this process), sqlite:///DIR (a file in DIR shared by every "
+        "worker of this host, kept across restarts) or redis://HOST:PORT/DB (shared by every gateway using it)",
+        group="server", metavar="URL",
+        shown_default="memory; with --workers > 1 an SQLite file in the supervisor's run directory")] = None
+    responses_store_max_bytes: Annotated[int, Option(
+        "the stored responses' total size (their JSON); oldest evicted first past it", group="server",
+        metavar="N")] = Field(default=256 * 1024 * 1024, gt=0)
+    responses_store_ttl_s: Annotated[float, Option(
+        "a stored response is forgotten this long after it was made (OpenAI keeps them 30 days)", group="server",
+        flag="--responses-store-ttl", metavar="SECONDS", shown_default="2592000 (30 days)")] = Field(
+        default=30 * 86400.0, gt=0)
+    ready_models: Annotated[Literal["any", "all", "none"], Option(
+        "what /health/ready (and /ping) need besides a loaded config and no drain: any = at least one configured "
+        "model ready (vLLM and NIM serve one model: ready when it is), all = every model, none = the gateway "
+        "alone. Per-model readiness is in /v1/models and /metrics", group="server")] = "any"
     keep_billing_header: Annotated[bool, Option(
         "keep Claude Code's `x-anthropic-billing-header: ...` system line in /v1/messages prompts; by default it is "
         "left out, since its hash changes with every request and no prompt or KV cache could then hit",
@@ -257,6 +275,13 @@ class Settings(BaseModel):
     # included: Prometheus sends the key with `authorization: {credentials: KEY}`). Not a setting.
     open_paths: frozenset[str] = Field(default=frozenset({"/health", "/health/ready", "/ping"}), exclude=True)
 
+    @field_validator("responses_store_url")
+    @classmethod
+    def _store_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            store_kind(value)  # ValueError naming what is accepted
+        return value or None
+
     @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, value: Any) -> Any:
@@ -264,12 +289,13 @@ class Settings(BaseModel):
 
     @model_validator(mode="after")
     def _normalise(self) -> Settings:
-        if self.workers > 1 and self.responses_store:
+        if self.workers > 1 and self.responses_store and self.responses_store_url is not None and \
+                store_kind(self.responses_store_url) == "memory":
             # Refused rather than documented: with a shared listening socket any worker may take the
             # follow-up request, so previous_response_id would fail at random (N-1 times in N).
-            raise ValueError(f"--responses-store keeps answers in one process's memory; with --workers "
-                             f"{self.workers} a previous_response_id would reach another worker. Use --workers 1 "
-                             f"with a store, or no store")
+            raise ValueError(f"--responses-store-url memory keeps answers in one process's memory; with --workers "
+                             f"{self.workers} a previous_response_id would reach another worker. Use sqlite:///DIR "
+                             f"or redis://..., or leave it unset (the workers then share an SQLite file)")
         if self.stream_idle_timeout_s is not None and self.stream_idle_timeout_s <= 0:
             object.__setattr__(self, "stream_idle_timeout_s", None)
         if self.log_prompts and not self.verbose:

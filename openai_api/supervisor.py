@@ -201,6 +201,10 @@ class Supervisor:
             # Private (0700): it holds the pickled settings, API keys included.
             self._run_dir = Path(tempfile.mkdtemp(prefix="openai-api-workers-"))
             self.metrics_dir.mkdir()
+            if s.responses_store and s.responses_store_url is None:
+                # The workers' one Responses store: an SQLite file here, alive while the gateway runs (a URL keeps
+                # it across restarts, or shares it between hosts).
+                s = self.settings = s.model_copy(update={"responses_store_url": f"sqlite://{self._run_dir}/responses"})
             with open(self._run_dir / HANDOFF, "wb") as f:
                 pickle.dump((self.config, self.settings), f)
             if s.keys_file is not None and not s.redis_url:

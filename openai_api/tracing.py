@@ -10,7 +10,8 @@ the sampler (default: parent-based, always on). The provider is this app's own, 
 **Spans** (what `TracingMiddleware` and the Triton RPCs create):
 - a SERVER span per HTTP request, `POST /v1/chat/completions` (method and path), continuing an incoming W3C
   `traceparent`; set when the response is over: `http.request.method`, `url.path`,
-  `http.response.status_code`, `gen_ai.request.model`, `gen_ai.usage.prompt_tokens`,
+  `http.response.status_code`, `gen_ai.request.model`, `gen_ai.response.id` (a response's `resp_` id),
+  `gen_ai.usage.prompt_tokens`,
   `gen_ai.usage.completion_tokens`, `gen_ai.latency.time_to_first_token` (s, streamed and not), and who called:
   `openai_api.key.name`, `openai_api.key.team` (the keys file's names, never the key itself);
 - `chat template` (rendering the messages and tokenizing the prompt: `gen_ai.request.model`, the prompt's
@@ -193,6 +194,8 @@ class TracingMiddleware:
                     span.set_status(Status(StatusCode.ERROR))
             if stats.model:
                 attrs["gen_ai.request.model"] = stats.model
+            if stats.object_id:
+                attrs["gen_ai.response.id"] = stats.object_id
             if stats.prompt_tokens or stats.completion_tokens:
                 attrs["gen_ai.usage.prompt_tokens"] = stats.prompt_tokens
                 attrs["gen_ai.usage.completion_tokens"] = stats.completion_tokens

@@ -15,10 +15,11 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
+from openai_api.http.keys import presented_key
 from openai_api.http.limits import Admission, InFlightLimiter, Lifecycle, request_ticket
 from openai_api.observability import Metrics
 from openai_api.quota.caller import Caller
-from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME
+from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, api_key_digest
 from openai_api.quota.service import QuotaService
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
@@ -81,10 +82,15 @@ def request_context(request: Request) -> RequestContext:
 
 
 def caller(request: Request) -> Caller:
-    """Who is calling: the key the keys middleware found (`--api-key` keys and no keys: unlimited)."""
+    """Who is calling: the key the keys middleware found; without a keys file an `--api-key` key (unlimited, told
+    apart by a digest of the key, which `APIKeyMiddleware` already checked) or, without keys, the anonymous one."""
     found = request.scope.get("state", {}).get("caller")
-    return found if isinstance(found, Caller) else Caller(API_KEY_NAME if app_state(request).settings.api_keys
-                                                          else ANONYMOUS)
+    if isinstance(found, Caller):
+        return found
+    if not app_state(request).settings.api_keys:
+        return Caller(ANONYMOUS)
+    secret = presented_key(request.scope)
+    return Caller(API_KEY_NAME, key_digest=api_key_digest(secret) if secret else "")
 
 
 def services(request: Request) -> Services:

@@ -61,8 +61,10 @@ class KeysMiddleware:
         secret = presented_key(scope)
         caller = quota.identify(secret)
         state = scope.setdefault("state", {})
-        if scope["path"] in self.open_paths:
+        if scope["path"] in self.open_paths:  # open, but what it says may depend on the key: never counted
             state[AUTHORIZED_KEY] = caller is not None
+            if caller is not None:
+                state[CALLER_KEY] = caller
             await self.app(scope, receive, send)
             return
         if caller is None:

@@ -166,13 +166,20 @@ class Admission:
         self.ticket = ticket
         self.settings = settings
 
-    def _admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+    @staticmethod
+    def allowed(model: str) -> None:
+        """The key's allow-list alone (with a keys file): a model it may not use does not exist for it, the same 404
+        as an unknown one. Every `_admit` checks it; a route that must look at the model before it can be admitted
+        (Anthropic's Messages: whether the model takes images) calls this first, so nothing it answers tells
+        whether a model it may not use exists."""
         caller = current_caller()
-        share = 1.0
-        if caller is not None:  # a keys file: the key's allow-list (a model it may not use does not exist for it)
-            if not caller.allows(model):
-                raise ModelNotFoundError(f"The model {model!r} does not exist.", param="model")
-            share = caller.share
+        if caller is not None and not caller.allows(model):
+            raise ModelNotFoundError(f"The model {model!r} does not exist.", param="model")
+
+    def _admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+        self.allowed(model)
+        caller = current_caller()
+        share = caller.share if caller is not None else 1.0
         stats = current_stats()
         if stats is not None and not stats.model and (self.ticket is None or model in self.ticket.limiter.models):
             stats.model = model

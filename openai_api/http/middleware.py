@@ -187,6 +187,8 @@ class RequestRecorder:
             return
         parts = [f"method={scope['method']}", f"path={_kv(scope['path'])}", f"status={label}",
                  f"duration_ms={duration * 1000:.1f}", f"request_id={_kv(stats.request_id)}"]
+        if stats.object_id:
+            parts.append(f"object_id={_kv(stats.object_id)}")
         if stats.model:
             parts.append(f"model={_kv(stats.model)}")
         if stats.prompt_tokens or stats.completion_tokens:

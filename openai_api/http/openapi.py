@@ -48,3 +48,13 @@ HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
     **{k: v for k, v in ERROR_RESPONSES.items() if k != 503},
     503: {"model": ReadinessReport, "description": "Triton or a model is not ready, or the gateway is draining"},
 }
+
+
+class PingReport(BaseModel):
+    status: str  # healthy | unhealthy
+
+
+# /ping (SageMaker's readiness) answers 503 with `{"status": "unhealthy"}`.
+PING_RESPONSES: dict[int | str, dict[str, Any]] = {
+    503: {"model": PingReport, "description": "Not ready (as /health/ready), or the gateway is draining"},
+}

@@ -9,7 +9,7 @@ request's prompt tokens and `max_tokens` are first known), and it imports neithe
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from contextvars import ContextVar, Token
 from dataclasses import dataclass, field
 from typing import Literal
@@ -30,6 +30,11 @@ class Policy:
     tokens_per_month: int | None = None
     priority: Priority = "normal"
     admin: bool = False
+    metrics: bool = False  # may read /metrics (admin keys may too): a key for Prometheus
+
+    @property
+    def reads_metrics(self) -> bool:
+        return self.admin or self.metrics
 
     def allows(self, model: str) -> bool:
         """Whether the key may use `model` (exact names or shell-style globs: `smollm2-*`)."""
@@ -56,9 +61,17 @@ class Caller:
     policy: Policy = UNLIMITED
     share: float = 1.0  # of --max-in-flight this key may fill (its priority's share)
     meter: TokenMeter | None = None
+    key_digest: str = ""  # an `--api-key` key's: which of them (they all share one name)
 
     def allows(self, model: str) -> bool:
         return self.policy.allows(model)
+
+    @property
+    def owner(self) -> str:
+        """Whose the objects this caller stores are (`openai_api.stored`): a keys file's key by its name (a new
+        secret under the same name keeps them), an `--api-key` key by a digest of the key (two such keys never
+        share), `key:anonymous` on a gateway without keys."""
+        return f"key:{self.name}" + (f":{self.key_digest}" if self.key_digest else "")
 
 
 Reserve = Callable[[int], Awaitable[object]]
@@ -107,6 +120,13 @@ def current_caller() -> Caller | None:
 def current_meter() -> TokenMeter | None:
     caller = _CALLER.get()
     return caller.meter if caller is not None else None
+
+
+def first_usable(names: Iterable[str]) -> str | None:
+    """The first of `names` the request's key may use (any, without a keys file): the model of a route whose
+    client names none (TEI's, vLLM's tokenize), so it never picks, nor names in an error, one the key may not use."""
+    caller = _CALLER.get()
+    return next((n for n in names if caller is None or caller.allows(n)), None)
 
 
 def bind_caller(caller: Caller) -> Token[Caller | None]:

@@ -15,7 +15,8 @@ keys:
     tokens_per_day: 5000000
     tokens_per_month: 100000000
     priority: normal                     # high | normal | low
-    admin: false                         # may read GET /v1/admin/usage
+    admin: false                         # may read GET /v1/admin/usage (and /metrics)
+    metrics: false                       # may read /metrics (a key for Prometheus: give it `models: []`)
 ```
 
 Secrets are never logged, not even a wrong one: `load_keys` errors name the key entry and the field.
@@ -55,6 +56,7 @@ class KeyEntry(BaseModel):
     tokens_per_month: PositiveInt | None = None
     priority: Priority = "normal"
     admin: bool = False
+    metrics: bool = False
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
@@ -109,6 +111,12 @@ class KeyTable:
         return Caller(name, team, policy, self.shares.get(policy.priority, 1.0))
 
 
+def api_key_digest(secret: bytes) -> str:
+    """Which `--api-key` key a caller presented, as its stored objects' owner names it (`Caller.key_digest`):
+    the first 24 hex digits of its SHA-256, never the key."""
+    return hashlib.sha256(secret).hexdigest()[:24]
+
+
 def sha256_hex(secret: str) -> str:
     """What to write as `secret_sha256` for a key (as `printf %s KEY | sha256sum` prints it)."""
     return hashlib.sha256(secret.encode()).hexdigest()
@@ -138,7 +146,7 @@ def parse_keys(data: Any, source: str, environ: Mapping[str, str] | None = None)
         policy = Policy(models=tuple(k.models), requests_per_minute=k.requests_per_minute,
                         tokens_per_minute=k.tokens_per_minute, max_concurrent=k.max_concurrent,
                         tokens_per_day=k.tokens_per_day, tokens_per_month=k.tokens_per_month,
-                        priority=k.priority, admin=k.admin)
+                        priority=k.priority, admin=k.admin, metrics=k.metrics)
         by_digest[digest] = (k.name, k.team, policy)
         policies[k.name] = policy
     shares: dict[str, float] = {**DEFAULT_SHARES, **{str(k): v for k, v in model.priority_shares.items()}}

@@ -23,7 +23,7 @@ from prometheus_client import Counter
 from openai_api.errors import GatewayError
 from openai_api.observability import Metrics
 from openai_api.quota.caller import UNLIMITED, Caller, TokenMeter
-from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, KeysFileError, KeyTable, load_keys
+from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, KeysFileError, KeyTable, api_key_digest, load_keys
 from openai_api.quota.store import Decision, Limits, MemoryStore, QuotaStoreUnavailableError, Store
 
 logger = logging.getLogger("openai_api.keys")
@@ -161,7 +161,7 @@ class QuotaService:
         ok = False
         for key in self.api_keys:  # every comparison runs: timing reveals neither which key nor how much matched
             ok |= hmac.compare_digest(secret, key)
-        return Caller(API_KEY_NAME, policy=UNLIMITED) if ok else None
+        return Caller(API_KEY_NAME, policy=UNLIMITED, key_digest=api_key_digest(secret)) if ok else None
 
     def limits(self, caller: Caller) -> Limits:
         window = self.table.window_s if self.table is not None else 60.0

@@ -15,9 +15,11 @@ from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import ModelRegistry
 from openai_api.services.rerank import RerankService
-from openai_api.services.responses import ResponsesService, ResponseStore
+from openai_api.services.responses import ResponsesService
+from openai_api.services.stored_responses import ResponseStore
 from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
+from openai_api.stored.factory import build_object_store
 from openai_api.text.prompt_cache import PromptTokenCache
 from openai_api.text.templates import RenderLimits
 from openai_api.text.workers import CPUWorkers
@@ -38,11 +40,19 @@ class Services:
     tokenize: TokenizeService
     messages: MessagesService
 
+    async def start(self) -> None:
+        """At the process's start: the Responses store opens (an unusable folder fails the start)."""
+        if self.responses.store is not None:
+            await self.responses.store.start()
+
     async def close(self) -> None:
-        """At the process's end: the process-lifetime parts (CPU workers, image fetching, Triton clients)."""
+        """At the process's end: the process-lifetime parts (CPU workers, image fetching, Triton clients, the
+        Responses store)."""
         self.preprocess.workers.close()
         self.chat.images.close()
         await self.registry.pool.close()
+        if self.responses.store is not None:
+            await self.responses.store.close()
 
 
 def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
@@ -53,7 +63,9 @@ def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
     cache = PromptTokenCache(int(settings.prompt_cache_mb * 1024 * 1024)) if settings.prompt_cache_mb > 0 else None
     pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                        RenderLimits(settings.template_timeout_s, settings.template_max_chars), cache)
-    store = ResponseStore(settings.responses_store) if settings.responses_store else None
+    store = ResponseStore(build_object_store(
+        settings.responses_store_url, settings.responses_store, settings.responses_store_max_bytes,
+        settings.responses_store_ttl_s, settings.redis_timeout_s)) if settings.responses_store else None
     return _assemble(registry, pre, ImageService.from_settings(settings, metrics), store, settings)
 
 

@@ -26,6 +26,7 @@ from numpy.typing import NDArray
 
 from openai_api.config import EmbeddingModel
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.quota.caller import first_usable
 from openai_api.schemas.dialects import TEIEmbedRequest
 from openai_api.schemas.openai import EmbeddingRequest
 from openai_api.services.encoding import Truncation, infer_chunked, nim_truncation, special_wrap, tei_truncation
@@ -122,7 +123,8 @@ class EmbeddingsService:
             return req
         for kind in ("query", "passage"):
             base = req.model.removesuffix(f"-{kind}")
-            if base != req.model and base in self.registry.embeddings:
+            # (a base the key may not use stays unresolved: the allow-list's 404 names the client's own string)
+            if base != req.model and base in self.registry.embeddings and first_usable([base]) is not None:
                 if input_type(req.input_type) not in (None, kind):
                     raise InvalidRequestError(f"The model name {req.model!r} says input_type {kind!r}, but the "
                                               f"request says {req.input_type!r}.", param="input_type")
@@ -133,9 +135,10 @@ class EmbeddingsService:
         """A request's model, or (TEI serves one model and names none) the first embedding model."""
         if name:
             return name
-        if not self.registry.embeddings:
-            raise ModelNotFoundError("No embedding model is configured.", param="model")
-        return next(iter(self.registry.embeddings))
+        first = first_usable(self.registry.embeddings)
+        if first is None:
+            raise ModelNotFoundError("No embedding model is configured (that this key may use).", param="model")
+        return first
 
     def _tokenize(self, rt: EncoderRuntime[EmbeddingModel], texts: list[str] | None, ids: list[list[int]] | None,
                   kind: InputType | None, mode: Truncation, param: str) -> list[list[int]]:

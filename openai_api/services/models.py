@@ -64,7 +64,13 @@ class HealthService:
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
-    async def readiness(self) -> dict[str, Any]:
+    async def readiness(self, require: str = "any", details: bool = True) -> dict[str, Any]:
+        """`{ready, models: {name: "ready" | "not ready"}, replicas?}`. `ready` says whether this process can serve
+        (`--ready-models`): `any` = at least one configured model is ready, `all` = every one, `none` = always
+        (the process runs, its config loaded: it was built from it). Without `details`, `{ready}` alone, and with
+        `none` no model is probed."""
+        if require == "none" and not details:
+            return {"ready": True}
         models = self.registry.config.all_models()
         pool = self.registry.pool
         # A model is ready while at least one of its replicas is.
@@ -80,7 +86,10 @@ class HealthService:
             ready[m.name] = ready[m.name] or ok
             if m.name in sets:
                 replicas.setdefault(m.name, {})[u] = "ready" if ok else "not ready"
-        report: dict[str, Any] = {"ready": all(ready.values()),
+        verdict = {"any": any(ready.values()), "all": all(ready.values()), "none": True}[require]
+        if not details:
+            return {"ready": verdict}
+        report: dict[str, Any] = {"ready": verdict,
                                   "models": {n: ("ready" if ok else "not ready") for n, ok in ready.items()}}
         if replicas:
             report["replicas"] = replicas

@@ -24,6 +24,7 @@ from tokenizers import Tokenizer
 
 from openai_api.config import RerankModel
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.quota.caller import first_usable
 from openai_api.schemas.dialects import RankingRequest, RootRerankRequest
 from openai_api.schemas.openai import RerankRequest
 from openai_api.services.encoding import Truncation, infer_chunked, nim_truncation, tei_truncation
@@ -74,9 +75,10 @@ class RerankService:
         """A request's model, or (TEI serves one model and names none) the first rerank model."""
         if name:
             return name
-        if not self.registry.rerankers:
-            raise ModelNotFoundError("No rerank model is configured.", param="model")
-        return next(iter(self.registry.rerankers))
+        first = first_usable(self.registry.rerankers)
+        if first is None:
+            raise ModelNotFoundError("No rerank model is configured (that this key may use).", param="model")
+        return first
 
     def _pair_tokenizer(self, rt: EncoderRuntime[RerankModel], mode: Truncation) -> Tokenizer:
         if mode == "none":

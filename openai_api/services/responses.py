@@ -24,17 +24,18 @@ events, `response.output_item.done`, and finally `response.completed` (or
 `sequence_number`. There is no `[DONE]`.
 
 `store` defaults to false. Past responses are kept only when the gateway runs with a response store
-(`--responses-store N`, an in-memory LRU of N responses) and the request asks `store: true`; then
-`previous_response_id` continues that conversation and `GET /v1/responses/{id}` returns it. Without a
-store, `previous_response_id` is a 400 that says how to enable one.
+(`--responses-store N`; `services.stored_responses`) and the request asks `store: true`; then
+`previous_response_id` continues that conversation, `GET /v1/responses/{id}` returns it, `DELETE` forgets it
+and `GET /v1/responses/{id}/input_items` lists its input, each for the key that made it only (any other key,
+or one whose allow-list no longer has its model, gets the 404 of an id never issued). Response ids are made
+here (`resp_` + 192 random bits), never from the request id. Without a store, `previous_response_id` is a
+400 that says how to enable one.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections import OrderedDict
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -42,6 +43,8 @@ import orjson
 from pydantic import ValidationError
 
 from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError
+from openai_api.observability import current_stats
+from openai_api.quota.caller import Caller
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService, PreparedChat, collect_plain
 from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
@@ -49,7 +52,9 @@ from openai_api.services.generation import TextEvent
 from openai_api.services.output import Delta, assemble
 from openai_api.services.response_input import encrypt_reasoning, input_error, input_messages, loaded_tools
 from openai_api.services.response_tools import ResponseTools
+from openai_api.services.stored_responses import ResponseStore, StoredResponse, input_item_resources, page
 from openai_api.services.streaming import sse_stream
+from openai_api.stored.base import new_id
 
 logger = logging.getLogger(__name__)
 
@@ -57,26 +62,6 @@ logger = logging.getLogger(__name__)
 # (`prompt_cache_key` names the session for prefix-affinity routing, as chat's does: `routing.session_key`.)
 _PASSED = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "top_k", "min_tokens",
            "repetition_penalty", "presence_penalty", "frequency_penalty", "stop", "prompt_cache_key")
-
-
-class ResponseStore:
-    """The last `capacity` stored responses and their conversations, in memory (LRU)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = OrderedDict()
-
-    def put(self, response: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
-        self._items[response["id"]] = (response, conversation)
-        self._items.move_to_end(response["id"])
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def get(self, response_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]] | None:
-        item = self._items.get(response_id)
-        if item is not None:
-            self._items.move_to_end(response_id)
-        return item
 
 
 def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -115,14 +100,31 @@ class ResponsesService:
         self.chat = chat
         self.store = store
 
-    def get(self, response_id: str) -> dict[str, Any]:
-        item = self.store.get(response_id) if self.store is not None else None
+    async def _stored(self, response_id: str, caller: Caller) -> StoredResponse:
+        item = await self.store.get(caller, response_id) if self.store is not None else None
         if item is None:
             raise NotFoundError(f"No response with id {response_id!r} (only stored responses can be retrieved).",
                                 param="response_id")
-        return item[0]
+        return item
 
-    def _conversation(self, req: ResponsesRequest, origins: list[str] | None = None) -> list[dict[str, Any]]:
+    async def get(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        """`GET /v1/responses/{id}`: the caller's stored response, else a 404."""
+        return (await self._stored(response_id, caller)).response
+
+    async def delete(self, response_id: str, caller: Caller) -> dict[str, Any]:
+        """`DELETE /v1/responses/{id}`: `{id, object: "response", deleted: true}`, else a 404."""
+        if self.store is None or not await self.store.delete(caller, response_id):
+            raise NotFoundError(f"No response with id {response_id!r} (only stored responses can be deleted).",
+                                param="response_id")
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def input_items(self, response_id: str, caller: Caller, after: str | None = None, limit: int = 20,
+                          order: str = "desc") -> dict[str, Any]:
+        """`GET /v1/responses/{id}/input_items`: a page of the stored response's input items, else a 404."""
+        return page((await self._stored(response_id, caller)).input_items, after, limit, order)
+
+    async def _conversation(self, req: ResponsesRequest, caller: Caller,
+                            origins: list[str] | None = None) -> list[dict[str, Any]]:
         prior: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             if self.store is None:
@@ -130,23 +132,25 @@ class ResponsesService:
                     "previous_response_id needs the gateway's response store, which is off: start the gateway with "
                     "--responses-store N (and send store: true), or send the whole conversation as input.",
                     param="previous_response_id", code="response_store_disabled")
-            item = self.store.get(req.previous_response_id)
-            if item is None:
-                raise InvalidRequestError(f"Previous response with id {req.previous_response_id!r} not found.",
-                                          param="previous_response_id", code="previous_response_not_found")
-            prior = item[1]
+            item = await self.store.get(caller, req.previous_response_id)
+            if item is None:  # OpenAI's answer: a 404 naming the field
+                raise NotFoundError(f"Previous response with id {req.previous_response_id!r} not found.",
+                                    param="previous_response_id", code="previous_response_not_found")
+            prior = item.conversation
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         if origins is not None:
             origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
         return [*system, *prior, *input_messages(req, origins)]
 
-    async def create(self, req: ResponsesRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, req: ResponsesRequest, request_id: str,
+                     caller: Caller) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        """A response for `caller` (who owns it when it is stored); `request_id` is Triton's request id."""
         check_fields(req)
         tools = ResponseTools(req.tools, loaded_tools(req))
         if tools.omitted:
             logger.info("responses %s: left out tools the gateway cannot run: %s", request_id, ", ".join(tools.omitted))
         origins: list[str] = []
-        messages = self._conversation(req, origins)
+        messages = await self._conversation(req, caller, origins)
         tool_choice = tools.choice(req.tool_choice)  # before `tools.chat`: allowed_tools narrows it
         body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": tools.chat,
                                 "tool_choice": tool_choice if tools.chat else None,
@@ -172,21 +176,31 @@ class ResponsesService:
             prepared = await self.chat.prepare(chat_req, request_id)
         except InvalidRequestError as e:
             raise input_error(e, origins) from None
-        resp = ResponseBuilder(req, request_id, prepared, [m for m in messages if m.get("role") != "system"],
+        resp = ResponseBuilder(req, prepared, [m for m in messages if m.get("role") != "system"],
                                stored=self.store is not None and bool(req.store), tools=tools)
+        stats = current_stats()
+        if stats is not None:  # the access log and the trace name it beside the request id
+            stats.object_id = resp.id
         if req.stream:
-            encoder = ResponsesStreamEncoder(resp, self._keep)
-            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id)
+            encoder = ResponsesStreamEncoder(resp)
+
+            async def keep() -> None:  # before the final event: a follow-up may name this response at once
+                if encoder.result is not None:
+                    await self._keep(resp, encoder.result, caller)
+
+            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
+                              before_end=keep)
         [(text, finish, produced, _, _)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
         resp.add(resp.output.push(text, last=True, cut=finish == "length"))
         resp.output.reasoning_tokens = await self.chat.count_reasoning(prepared.rt, resp.output, text)
         result = resp.finish(finish, produced)
-        self._keep(resp, result)
+        await self._keep(resp, result, caller)
         return result
 
-    def _keep(self, resp: ResponseBuilder, result: dict[str, Any]) -> None:
+    async def _keep(self, resp: ResponseBuilder, result: dict[str, Any], caller: Caller) -> None:
         if self.store is not None and resp.req.store:
-            self.store.put(result, resp.conversation_after())
+            await self.store.put(caller, resp.req.model, StoredResponse(result, resp.conversation_after(),
+                                                                        input_item_resources(resp.req.input)))
 
 
 def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
@@ -200,8 +214,8 @@ class ResponseBuilder:
     """One response's output items, built from a choice's deltas (plain: all at once; streamed: as they
     come, with the events `ResponsesStreamEncoder` sends for each)."""
 
-    def __init__(self, req: ResponsesRequest, request_id: str, prepared: PreparedChat,
-                 conversation: list[dict[str, Any]], stored: bool, tools: ResponseTools | None = None) -> None:
+    def __init__(self, req: ResponsesRequest, prepared: PreparedChat, conversation: list[dict[str, Any]],
+                 stored: bool, tools: ResponseTools | None = None) -> None:
         self.req = req
         self.stored = stored
         self.tools = tools if tools is not None else ResponseTools(req.tools)
@@ -209,7 +223,7 @@ class ResponseBuilder:
         # client to hand back (`response_input.encrypt_reasoning`). Other `include` values name what hosted
         # tools or logprobs would add; there is nothing of them to include here.
         self.encrypted = "reasoning.encrypted_content" in (req.include or ())
-        self.id = f"resp_{request_id or uuid.uuid4().hex}"
+        self.id = new_id("resp_")  # made here, never from a header: see the module docstring
         self.created = int(time.time())
         self.prepared = prepared
         self.conversation = conversation
@@ -286,9 +300,9 @@ class ResponseBuilder:
 class ResponsesStreamEncoder:
     """The Responses API's typed SSE events for one streamed response (see the module docstring)."""
 
-    def __init__(self, resp: ResponseBuilder, keep: Any) -> None:
+    def __init__(self, resp: ResponseBuilder) -> None:
         self.resp = resp
-        self.keep = keep
+        self.result: dict[str, Any] | None = None  # the whole response, once `end` built it
         self.seq = 0
         self.open: str | None = None  # "reasoning", "message", or the call's kind: the item being streamed
         self.index = -1  # its output_index
@@ -387,7 +401,6 @@ class ResponsesStreamEncoder:
         return self._event("error", code=err.code, message=err.message, param=err.param)
 
     def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        result = self.resp.finish(self.finish_reason, completion_tokens)
-        self.keep(self.resp, result)
+        result = self.result = self.resp.finish(self.finish_reason, completion_tokens)
         kind = "response.incomplete" if result["status"] == "incomplete" else "response.completed"
         return self._event(kind, response=result)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
 import orjson
@@ -49,12 +49,14 @@ class StreamEncoder(Protocol):
 
 
 async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], encoder: StreamEncoder,
-                     prompt_tokens: int, stream_id: str = "") -> AsyncGenerator[bytes, None]:
+                     prompt_tokens: int, stream_id: str = "",
+                     before_end: Callable[[], Awaitable[None]] | None = None) -> AsyncGenerator[bytes, None]:
     """The SSE bytes of `greqs` (the request's choices) as `encoder` spells them.
 
     Nothing is yielded before a sequence produced text or finished, so a backend error before that is
     raised to the caller (a proper status code); after it, it ends the stream with `encoder.error`.
-    Closing this iterator cancels every Triton request still running.
+    Closing this iterator cancels every Triton request still running. `before_end` is awaited once, after
+    `encoder.end` and before its bytes go out (a stored response is kept before the client reads its end).
     """
     produced = [0] * len(greqs)
     started = False
@@ -102,7 +104,10 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
         logger.warning("stream %s ended by backend error: %s", stream_id, e.message)
         yield encoder.error(e)
         return
-    yield encoder.end(prompt_tokens, sum(produced))
+    end = encoder.end(prompt_tokens, sum(produced))
+    if before_end is not None:
+        await before_end()
+    yield end
 
 
 async def merge_choices(streams: list[AsyncGenerator[TextEvent, None]]

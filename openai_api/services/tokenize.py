@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.quota.caller import first_usable
 from openai_api.schemas.dialects import DetokenizeRequest, TokenizeRequest
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.chat import ChatService
@@ -55,9 +56,9 @@ class TokenizeService:
             if self.registry.kind_of(name) is None:
                 raise ModelNotFoundError(f"The model {name!r} does not exist.", param="model")
             return name
-        first = next(iter([*self.registry.llms, *self.registry.encoders]), None)
+        first = first_usable([*self.registry.llms, *self.registry.encoders])
         if first is None:
-            raise ModelNotFoundError("No model is configured.", param="model")
+            raise ModelNotFoundError("No model is configured (that this key may use).", param="model")
         return first
 
     def _tokenizer(self, name: str) -> tuple[TextTokenizer, int]:

@@ -7,26 +7,27 @@ lines carry the process id with workers."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import openai
 import psutil
+import pytest
 
 from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.embedded.launcher import EmbeddedTriton
 from tests.e2e.test_reliability_observability import metric
 from tests.e2e.test_reliability_shutdown import AUTH, start_cli, stop, wait_healthy
 from tests.e2e.test_reliability_shutdown import write_config as write_shutdown_config
-from tests.helpers import MODELS, REPO, free_port, requires_models
+from tests.helpers import MODELS, free_port, requires_models
 
 pytestmark = requires_models("smollm2-135m-instruct")
 
@@ -189,10 +190,60 @@ def test_two_workers_share_the_port_add_up_metrics_survive_a_kill_and_drain_on_s
                 psutil.Process(int(pid[1])).kill()
 
 
-def test_the_cli_refuses_a_responses_store_with_workers() -> None:
-    out = subprocess.run([sys.executable, "openai_api_cli.py", "--workers", "2",
-                          "--responses-store", "10"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--responses-store keeps answers in one process's memory" in out.stderr
+def test_stored_responses_are_shared_by_the_workers_and_owned_by_their_key(
+        triton: EmbeddedTriton, tmp_path: Path) -> None:
+    """`--workers 2 --responses-store N` (no URL: the supervisor gives the workers one SQLite file): a response
+    made on one worker is read and continued by its key on the other, and another key gets the 404 of an id never
+    issued whichever worker it reaches. Each call is a new connection (SO_REUSEPORT spreads them by hash); which
+    worker answered comes from the access log."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [
+        {"name": "team-a", "secret_sha256": hashlib.sha256(b"sk-team-a").hexdigest()},
+        {"name": "team-b", "secret_sha256": hashlib.sha256(b"sk-team-b").hexdigest()}]}), encoding="utf-8")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "cli.log"
+    proc = start_cli(["--port", str(port), "--config-file", str(write_config(tmp_path, triton)), "--workers", "2",
+                      "--keys-file", str(keys), "--responses-store", "100"], log)
+
+    def call(key: str, rid: str) -> openai.OpenAI:  # a new client: a new connection, the request id set
+        return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60,
+                             default_headers={"X-Request-Id": rid})
+
+    try:
+        wait_healthy(proc, url, log, timeout=60)
+        until(lambda: len(workers(log)) == 2, log, "two workers")
+        made: dict[str, str] = {}  # request id -> response id
+        crossed = 0  # reads by the owner on the worker that did not make the response
+        for i in range(40):
+            rid = f"make-{i}"
+            made[rid] = call("sk-team-a", rid).responses.create(model=MODEL, input="Hi", store=True,
+                                                                 max_output_tokens=4).id
+            for j in range(2):
+                assert call("sk-team-a", f"read-{i}-{j}").responses.retrieve(made[rid]).id == made[rid]
+                with pytest.raises(openai.NotFoundError):
+                    call("sk-team-b", f"deny-{i}-{j}").responses.retrieve(made[rid])
+                with pytest.raises(openai.NotFoundError):
+                    call("sk-team-b", f"cont-{i}-{j}").responses.create(
+                        model=MODEL, input="Go on", previous_response_id=made[rid], max_output_tokens=4)
+            last = f"cont-{i}-1"
+            until(lambda last=last: last in served_by(log), log, "the access-log lines")
+            pids = served_by(log)
+            crossed += sum(pids[f"read-{i}-{j}"] != pids[f"make-{i}"] for j in range(2))
+            denied_on = {pids[f"deny-{k}-{j}"] for k in range(i + 1) for j in range(2)}
+            if crossed >= 2 and len(denied_on) == 2 and i >= 3:
+                break
+        assert crossed >= 2 and len(denied_on) == 2, (crossed, denied_on)
+        rid = next(iter(made))
+        follow = call("sk-team-a", "follow").responses.create(model=MODEL, input="Go on", max_output_tokens=4,
+                                                               previous_response_id=made[rid])
+        assert follow.previous_response_id == made[rid]
+        assert f"object_id={made[rid]}" in log.read_text()  # the log ties the response to its request id
+    finally:
+        stop(proc)
+        for pid in STARTED.findall(log.read_text(errors="replace")):
+            if psutil.pid_exists(int(pid[1])):
+                psutil.Process(int(pid[1])).kill()
 
 
 def test_the_embedded_triton_is_started_once_and_shared_by_the_workers(tmp_path: Path) -> None:

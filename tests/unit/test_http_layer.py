@@ -151,7 +151,7 @@ async def test_readiness_is_open_without_a_key_and_503_without_triton(client: ht
 
 
 async def test_every_other_route_requires_the_key(app: FastAPI, client: httpx.AsyncClient) -> None:
-    open_paths = {"/health", "/health/ready"}
+    open_paths = {"/health", "/health/ready", "/ping"}
     checked: set[str] = set()
     for path, methods in all_routes(app.routes):
         if path in open_paths:

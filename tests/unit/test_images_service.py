@@ -15,6 +15,8 @@ import pytest
 from openai_api.errors import ContextLengthExceededError, InvalidRequestError
 from openai_api.images import ImageRefused
 from openai_api.observability import Metrics
+from openai_api.quota.caller import Caller
+from openai_api.quota.keys import ANONYMOUS
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService
 from openai_api.services.images import ImageLimits, ImageService, ImageSource
@@ -304,12 +306,13 @@ def test_responses_input_image_becomes_an_image_and_a_refusal_names_the_input_fi
     ok = ResponsesRequest.model_validate({"model": MODEL, "instructions": "be brief", "input": [
         {"role": "user", "content": [{"type": "input_text", "text": "what?"},
                                      {"type": "input_image", "image_url": data_url(RED), "detail": "auto"}]}]})
+    messages = asyncio.run(responses._conversation(ok, Caller(ANONYMOUS)))
     prepared = asyncio.run(svc.prepare(ChatCompletionRequest.model_validate(
-        {"model": MODEL, "messages": responses._conversation(ok)}), "r9"))
+        {"model": MODEL, "messages": messages}), "r9"))
     assert [(i.width, i.height) for i in prepared.greqs[0].images] == [(64, 48)]
     bad = ResponsesRequest.model_validate({"model": MODEL, "instructions": "be brief", "input": [
         {"role": "user", "content": "hello"},
         {"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]})
     with pytest.raises(InvalidRequestError) as info:
-        asyncio.run(responses.create(bad, "r10"))
+        asyncio.run(responses.create(bad, "r10", Caller(ANONYMOUS)))
     assert info.value.param == "input[1].content[0]" and "(reason: scheme)" in info.value.message

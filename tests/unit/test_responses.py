@@ -145,7 +145,8 @@ async def test_previous_response_id_needs_the_store_and_continues_the_conversati
         assert (await c.get(f"/v1/responses/{first['id']}")).json()["id"] == first["id"]
         assert (await c.get("/v1/responses/resp_nope")).status_code == 404
     unknown = await post(app, {"input": "x", "previous_response_id": "resp_nope"})
-    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "previous_response_id"
+    assert unknown.status_code == 404 and unknown.json()["error"]["param"] == "previous_response_id"
+    assert unknown.json()["error"]["code"] == "previous_response_not_found"  # OpenAI's status and code
     no_store = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path))
     script(no_store, "x")
     r = await post(no_store, {"input": "x", "previous_response_id": first["id"]})

@@ -73,8 +73,24 @@ def test_workers_take_a_number_or_auto_from_the_flag_or_the_environment() -> Non
         settings(["--workers", "many"])
 
 
-def test_a_responses_store_is_refused_with_several_workers() -> None:
-    """The store is one process's memory: behind several workers previous_response_id would fail at random."""
-    with pytest.raises(ValueError, match=r"^--responses-store keeps answers in one process's memory"):
-        settings(["--workers", "2", "--responses-store", "100"])
+def test_a_responses_store_in_memory_is_refused_with_several_workers_and_shared_otherwise() -> None:
+    """One process's memory behind several workers would make previous_response_id fail at random; unset, the
+    workers share an SQLite file (the supervisor names it); a URL of another kind is refused with the kinds."""
+    with pytest.raises(ValueError, match=r"^--responses-store-url memory keeps answers in one process's memory"):
+        settings(["--workers", "2", "--responses-store", "100", "--responses-store-url", "memory"])
+    assert settings(["--workers", "2", "--responses-store", "100"]).responses_store_url is None
+    assert settings(["--workers", "2", "--responses-store", "9", "--responses-store-url", "sqlite:///var/x"]
+                    ).responses_store == 9
+    assert settings([], {"OPENAI_API_RESPONSES_STORE_URL": "redis://127.0.0.1:6379/0"}).responses_store_url \
+        == "redis://127.0.0.1:6379/0"
+    with pytest.raises(ValueError, match="is not a store URL: memory, sqlite:///DIR"):
+        settings(["--responses-store-url", "postgres://x"])
+    with pytest.raises(ValueError, match="names no folder"):
+        settings(["--responses-store-url", "sqlite:"])
     assert settings(["--workers", "1", "--responses-store", "100"]).responses_store == 100
+
+
+def test_readiness_asks_for_one_ready_model_unless_told_otherwise() -> None:
+    assert settings([]).ready_models == "any"
+    assert settings(["--ready-models", "all"]).ready_models == "all"
+    assert settings([], {"OPENAI_API_READY_MODELS": "none"}).ready_models == "none"

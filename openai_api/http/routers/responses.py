@@ -1,9 +1,11 @@
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Literal
+
+from fastapi import APIRouter, Query
 from starlette.responses import Response
 
-from openai_api.http.deps import AdmissionDep, Ctx, ResponsesSvc
+from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
 from openai_api.http.responses import json_response, service_response
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.response_tools import OMITTED_TOOLS_HEADER, omitted_tools
@@ -17,13 +19,28 @@ async def create_response(body: ResponsesRequest, service: ResponsesSvc, admissi
     """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set. Tools the
     gateway cannot run (hosted ones) are left out and named in the `x-omitted-tools` header."""
     admission.responses(body)
-    response = await service_response(await service.create(body, ctx.request_id), ctx.flush_interval_s)
+    response = await service_response(await service.create(body, ctx.request_id, ctx.caller), ctx.flush_interval_s)
     if omitted := omitted_tools(body.tools):
         response.headers[OMITTED_TOOLS_HEADER] = ",".join(omitted)
     return response
 
 
 @router.get("/v1/responses/{response_id}", tags=["responses"])
-async def get_response(response_id: str, service: ResponsesSvc) -> Response:
-    """A stored response (the gateway keeps them only with --responses-store and store: true)."""
-    return json_response(service.get(response_id))
+async def get_response(response_id: str, service: ResponsesSvc, caller: CallerDep) -> Response:
+    """A stored response of the caller's key (kept only with --responses-store and store: true); else 404."""
+    return json_response(await service.get(response_id, caller))
+
+
+@router.delete("/v1/responses/{response_id}", tags=["responses"])
+async def delete_response(response_id: str, service: ResponsesSvc, caller: CallerDep) -> Response:
+    """Forget a stored response of the caller's key: `{id, object: "response", deleted: true}`; else 404."""
+    return json_response(await service.delete(response_id, caller))
+
+
+@router.get("/v1/responses/{response_id}/input_items", tags=["responses"])
+async def list_input_items(response_id: str, service: ResponsesSvc, caller: CallerDep,
+                           after: str | None = None, limit: int = Query(20),
+                           order: Literal["asc", "desc"] = "desc") -> Response:
+    """The input items of a stored response of the caller's key, OpenAI's list page (`include` is accepted and
+    changes nothing: no item here has more to include); else 404."""
+    return json_response(await service.input_items(response_id, caller, after, limit, order))
