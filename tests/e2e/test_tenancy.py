@@ -24,11 +24,11 @@ import httpx
 import openai
 import pytest
 
-from openai_api.config import GatewayConfig, LLMModel
+from openai_api.config import BUNDLED_TEMPLATES, GatewayConfig, LLMModel
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import LLM, GatewayServer, gateway_config
-from tests.helpers import REPO, openai_validator, requires_models
+from tests.helpers import openai_validator, requires_models
 from tests.image_samples import solid
 
 pytestmark = requires_models(LLM, "all-minilm-l6-v2")
@@ -53,7 +53,7 @@ def config_with_a_broken_model(triton: EmbeddedTriton) -> GatewayConfig:
     config = gateway_config(triton)
     smollm2 = next(m for m in config.llm if m.name == LLM)
     config.llm.append(LLMModel(name=BROKEN, url=triton.grpc_url, path=smollm2.path, triton_model="no-such-model",
-                               chat_template=REPO / "chat_templates" / "smollm2.jinja"))
+                               chat_template=BUNDLED_TEMPLATES / "smollm2.jinja"))
     return config
 
 
