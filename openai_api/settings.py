@@ -136,9 +136,20 @@ class Settings(BaseModel):
         "a connection whose request line and headers are not complete this long after it opened (or began its "
         "next request) is closed, so silent and slow-header connections cannot pile up; 0 = never",
         group="limits", flag="--header-timeout", metavar="SECONDS")] = 10.0
+    max_header_bytes: Annotated[int, Option(
+        "largest request line and headers together; a 431 past it, counted as the bytes arrive (the HTTP "
+        "parser's cost grows faster than a header's size); 0 = no cap", group="limits",
+        metavar="N")] = Field(default=64 * 1024, ge=0)
+    body_timeout_s: Annotated[float, Option(
+        "a request body must be complete this long after its headers, plus one second per 64 KiB received (a big "
+        "upload that keeps coming is never cut, a trickle is); past it a 408, and the connection is closed, "
+        "also after an early answer such as a 401; 0 = never", group="limits", flag="--body-timeout",
+        metavar="SECONDS")] = Field(default=30.0, ge=0)
     max_connections: Annotated[int, Option(
-        "open connections beyond this are closed at once (kept below the open-files limit, which is raised to "
-        "fit); 0 = no cap. Per worker", group="limits", metavar="N")] = 10000
+        "open connections at most (kept below the open-files limit, which is raised to fit): a new one past it "
+        "replaces the connection that has waited longest without being served (reading a request, or idle), or "
+        "is closed at once when every connection is being served; 0 = no cap. Per worker", group="limits",
+        metavar="N")] = 10000
     cpu_workers: Annotated[int, Option(
         "threads that render chat templates and tokenize big inputs off the event loop; bounded so a burst of "
         "big requests cannot take every core from it. Per worker", group="limits", metavar="N",
