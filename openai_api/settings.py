@@ -212,6 +212,11 @@ class Settings(BaseModel):
         "link-local (repeatable; the environment takes a comma-separated list)", group="images",
         flag="--image-allowed-hosts", metavar="HOST", shown_default="none: public addresses only")] = Field(
         default_factory=list)
+    image_fetch: Annotated[Literal["public", "allowed_only", "off"], Option(
+        "which image URLs are fetched: public = public addresses and --image-allowed-hosts; allowed_only = only "
+        "the hosts and networks in --image-allowed-hosts (a name not listed is refused unresolved, unless "
+        "addresses or networks are listed); "
+        "off = none: images come as data URLs only", group="images")] = "public"
     image_allow_private: Annotated[bool, Option(
         "fetch image URLs from private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7); loopback, "
         "link-local and cloud metadata stay refused unless named in --image-allowed-hosts",
@@ -273,6 +278,9 @@ class Settings(BaseModel):
             raise ValueError(f"--responses-store keeps answers in one process's memory; with --workers "
                              f"{self.workers} a previous_response_id would reach another worker. Use --workers 1 "
                              f"with a store, or no store")
+        if self.image_fetch == "allowed_only" and not self.image_allowed_hosts:
+            raise ValueError("--image-fetch allowed_only fetches only from --image-allowed-hosts, and none is given: "
+                             "name the hosts, or use --image-fetch off for data URLs only")
         if self.stream_idle_timeout_s is not None and self.stream_idle_timeout_s <= 0:
             object.__setattr__(self, "stream_idle_timeout_s", None)
         if self.log_prompts and not self.verbose:

@@ -78,3 +78,10 @@ def test_a_responses_store_is_refused_with_several_workers() -> None:
     with pytest.raises(ValueError, match=r"^--responses-store keeps answers in one process's memory"):
         settings(["--workers", "2", "--responses-store", "100"])
     assert settings(["--workers", "1", "--responses-store", "100"]).responses_store == 100
+
+
+def test_allowed_only_image_fetching_needs_allowed_hosts() -> None:
+    with pytest.raises(ValueError, match="--image-allowed-hosts"):
+        settings(["--image-fetch", "allowed_only"])
+    s = settings(["--image-fetch", "allowed_only", "--image-allowed-hosts", "images.internal"])
+    assert s.image_fetch == "allowed_only" and settings([], {"OPENAI_API_IMAGE_FETCH": "off"}).image_fetch == "off"
