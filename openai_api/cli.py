@@ -10,6 +10,7 @@ import sys
 import threading
 from types import FrameType
 
+from openai_api import logs
 from openai_api.config import ConfigError, load_config
 from openai_api.settings import Settings, add_arguments
 
@@ -25,6 +26,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def setup_logging(verbose: bool, *, with_pid: bool = False) -> None:
     """The gateway's log format; `with_pid` (--workers > 1) names the process on every line, so an access-log
     line says which worker served the request."""
+    logs.install()  # control characters a client sent never reach a log line
     level = os.environ.get("LOG_LEVEL", "DEBUG" if verbose else "INFO").upper()
     pid = " [%(process)d]" if with_pid else ""
     logging.basicConfig(level=level if level in logging.getLevelNamesMapping() else "INFO",
