@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     setup_logging(settings.verbose, with_pid=settings.workers > 1)
+    for warning in settings.start_warnings():
+        logger.warning("%s", warning)
     triton = None
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
@@ -87,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         from openai_api.server import serve
 
         app = create_app(config, settings)
-        logger.info("gateway listening on http://%s:%d/v1 (%d models, API keys %s)", settings.host, settings.port,
-                    len(config.all_models()), "required" if settings.api_keys else "off")
+        logger.info("gateway listening on http://%s:%d/v1 (%d models, %s)", settings.host, settings.port,
+                    len(config.all_models()), settings.auth_mode())
         # uvicorn's own access log is off: the gateway writes one structured line per request instead.
         serve(app, settings)
         logger.info("gateway stopped")
