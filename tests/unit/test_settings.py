@@ -159,6 +159,12 @@ def test_the_cli_keeps_a_key_file_out_of_ps_and_logs_its_auth_mode(tmp_path: Pat
         cmdline = Path(f"/proc/{proc.pid}/cmdline").read_bytes()
         assert key.encode() not in cmdline and b"--api-key-file" in cmdline
         url = f"http://127.0.0.1:{port}/v1/models"
+        while time.monotonic() < deadline:  # the line comes just before the socket is bound
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
         assert httpx.get(url, timeout=10).status_code == 401
         assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
     finally:
