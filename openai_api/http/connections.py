@@ -22,7 +22,8 @@ protocol class with these rules added (`EdgeLimits`):
   `body=N,MinRate=R`): a big upload that keeps coming is never cut, a trickle is. Past it the request is
   answered 408 (`request_timeout`) when no response has started, and the connection is closed in any case:
   also after an early answer (a 401 to a body still trickling in, which uvicorn would otherwise read for as
-  long as it kept coming). Time the gateway itself stops reading (its buffer full) is not counted.
+  long as it kept coming). A deadline that falls while the gateway itself has stopped reading (its buffer
+  full, the app not yet reading) is put off.
 * **connection cap** (`max_connections`): when that many connections are open, a new one takes the place
   of the open connection that has waited longest without being served (reading a request's head or body,
   or idle between requests), which is closed. Only when every open connection is being served (its
@@ -215,9 +216,9 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
             assert body_timeout_s is not None
             now = self.loop.time()
             if self.flow is not None and self.flow.read_paused:
-                # The gateway stopped reading (its buffer is full): not the client's time.
-                self._body_start = now - body_timeout_s / 2
-                self._body_timer = self.loop.call_at(now + body_timeout_s / 2, self._body_deadline)
+                # The gateway stopped reading (its buffer is full): not the client's delay; the deadline waits.
+                self._body_start = now
+                self._body_timer = self.loop.call_at(now + body_timeout_s, self._body_deadline)
                 return
             due = self._body_start + body_timeout_s + self._body_bytes / min_rate
             if now < due:

@@ -166,6 +166,12 @@ def test_a_head_over_the_cap_is_a_431_and_one_within_it_is_served(server: tuple[
                 assert headers["connection"] == "close" and closed_within(s, 5)
 
 
+def test_a_request_target_over_the_cap_is_a_431_too(server: tuple[str, int]) -> None:
+    with socket.create_connection(server) as s:
+        s.sendall(b"GET /health?q=" + b"a" * (2 * MAX_HEADER_BYTES) + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert read_response(s)[0] == 431
+
+
 def test_a_huge_header_is_refused_before_it_is_complete(server: tuple[str, int]) -> None:
     """The 431 comes while the header is still arriving: the server never holds (or parses) the whole of it.
     Here the header never ends at all, and the answer still comes, long before the header timeout could
