@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from openai_api import __version__
+from openai_api import __version__, logs
 from openai_api.config import GatewayConfig
 from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
@@ -52,6 +52,7 @@ HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/e
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
     """The gateway as an ASGI app: its `AppState` (services, metrics, lifecycle, limiter) is
     `app.state.gateway`, reached by the routers through the typed dependencies in `http.deps`."""
+    logs.install()  # however the app is served: control characters a client sent never reach a log line
     metrics_ = Metrics()
     svc = build_services(config, settings, metrics_)
     lifecycle = Lifecycle()

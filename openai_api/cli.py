@@ -11,7 +11,7 @@ import sys
 import threading
 from types import FrameType
 
-from openai_api import __version__
+from openai_api import __version__, logs
 from openai_api.config import ConfigError, load_config
 from openai_api.settings import Settings, add_arguments
 
@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def setup_logging(verbose: bool, *, with_pid: bool = False) -> None:
     """The gateway's log format; `with_pid` (--workers > 1) names the process on every line, so an access-log
     line says which worker served the request."""
+    logs.install()  # control characters a client sent never reach a log line
     level = os.environ.get("LOG_LEVEL", "DEBUG" if verbose else "INFO").upper()
     pid = " [%(process)d]" if with_pid else ""
     logging.basicConfig(level=level if level in logging.getLevelNamesMapping() else "INFO",
@@ -61,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     setup_logging(settings.verbose, with_pid=settings.workers > 1)
+    for warning in settings.start_warnings():
+        logger.warning("%s", warning)
     triton = None
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _interrupt)
@@ -103,8 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         from openai_api.server import serve
 
         app = create_app(config, settings)
-        logger.info("gateway listening on http://%s:%d/v1 (%d models, API keys %s)", settings.host, settings.port,
-                    len(config.all_models()), "required" if settings.api_keys else "off")
+        logger.info("gateway listening on http://%s:%d/v1 (%d models, %s)", settings.host, settings.port,
+                    len(config.all_models()), settings.auth_mode())
         # uvicorn's own access log is off: the gateway writes one structured line per request instead.
         serve(app, settings)
         logger.info("gateway stopped")

@@ -61,6 +61,22 @@ class PayloadTooLargeError(GatewayError):
     default_code = "payload_too_large"
 
 
+class RequestTimeoutError(GatewayError):
+    """The request's body did not arrive in time (`http.connections`' body deadline)."""
+
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
+
+
+class HeadersTooLargeError(GatewayError):
+    """The request line and headers are larger than the gateway takes (`http.connections`)."""
+
+    status = 431
+    type = "invalid_request_error"
+    default_code = "request_header_fields_too_large"
+
+
 class OverloadedError(GatewayError):
     status = 429
     type = "rate_limit_error"

@@ -141,7 +141,7 @@ class Metrics:
                                    "(requests, weights_sent, cache_misses).", ["model", "adapter", "event"], registry=r)
         self.rejected = Counter("openai_api_rejected_requests",
                                 "Requests and connections refused before reaching a model (overload, body too large, "
-                                "draining, header timeout, connection limit).",
+                                "draining, header too large, header or body timeout, connection limit).",
                                 ["reason"], registry=r)
 
         # Images in chat (services.images): what was taken, how big, how long the fetches took, what was refused.
@@ -196,7 +196,8 @@ class Metrics:
                 pass
 
     def rejected_connection(self, reason: str) -> None:
-        """A connection closed by the connection guard (`header_timeout`, `connection_limit`)."""
+        """A connection closed by the connection guard (`http.connections`: `header_too_large`, `header_timeout`,
+        `body_timeout`, `connection_evicted`, `connection_limit`)."""
         self.rejected.labels(reason).inc()
 
     def render(self) -> bytes:

@@ -19,7 +19,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 
-from openai_api.http.connections import guarded_protocol, raise_fd_limit
+from openai_api.http.connections import EdgeLimits, guarded_protocol, raise_fd_limit
 from openai_api.http.limits import Lifecycle
 from openai_api.settings import Settings
 from openai_api.text.workers import map_big_allocations
@@ -71,8 +71,8 @@ _FD_HEADROOM = 512
 
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicorn.Config:
     """uvicorn's config for the gateway: its own access log off (the gateway writes one), and the
-    connection guard (`http.connections`) with the header timeout and the connection cap, the cap kept
-    below the open-files limit (raised towards what it needs first)."""
+    connection guard (`http.connections`) with the head cap, the head and body deadlines and the connection
+    cap, the cap kept below the open-files limit (raised towards what it needs first)."""
     cap: int | None = settings.max_connections or None
     if cap is not None:
         limit = raise_fd_limit(cap + _FD_HEADROOM)
@@ -82,7 +82,10 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
                            settings.max_connections)
     state = getattr(app.state, "gateway", None)
     on_reject = state.metrics.rejected_connection if state is not None else None
-    http = guarded_protocol(settings.header_timeout_s or None, cap, on_reject)
+    http = guarded_protocol(EdgeLimits(header_timeout_s=settings.header_timeout_s or None,
+                                       max_header_bytes=settings.max_header_bytes or None,
+                                       body_timeout_s=settings.body_timeout_s or None, max_connections=cap),
+                            on_reject)
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "access_log": False,
                               "timeout_graceful_shutdown": 5, "http": http, **overrides}
     return uvicorn.Config(app, **kwargs)

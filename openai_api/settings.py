@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from openai_api.config import BUNDLED_CONFIG
 from openai_api.stored.factory import store_kind
@@ -33,7 +33,8 @@ class Option:
     and the environment's value into the field's (1000 ms -> 1 s: 0.001); `env` overrides the variable's
     name; `negate` makes a boolean that defaults to true a `--no-...` flag; `shown_default` is what the docs
     say when the default is computed; `parse` turns the flag's and the environment's text into the value when
-    the field's type alone cannot (a word such as `auto`), raising ValueError with the reason."""
+    the field's type alone cannot (a word such as `auto`), raising ValueError with the reason; `old_env` is a
+    former name of the variable, still read (in the same unit) for one release, with a warning."""
 
     help: str
     group: str = "server"
@@ -44,6 +45,7 @@ class Option:
     negate: bool = False
     shown_default: str | None = None
     parse: Callable[[str], Any] | None = None
+    old_env: str | None = None
 
 
 def usable_cores() -> int:
@@ -93,8 +95,13 @@ class Settings(BaseModel):
         metavar="SECONDS")] = Field(default=30.0, ge=0)
     api_keys: Annotated[list[str], Option(
         "accept this API key (repeatable; the environment takes a comma-separated list). With keys set, every "
-        "route except /health, /health/ready and /ping needs `Authorization: Bearer KEY`", flag="--api-key",
+        "route except /health, /health/ready and /ping needs `Authorization: Bearer KEY`. A flag shows in `ps`: "
+        "prefer the environment or --api-key-file", flag="--api-key",
         metavar="KEY", env="OPENAI_API_KEYS")] = Field(default_factory=list)
+    api_key_file: Annotated[Path | None, Option(
+        "accept the API keys in this file, one a line (blank lines and lines starting with # skipped): unlike "
+        "--api-key, they do not show in `ps` (a Kubernetes or Docker secret mounted as a file); read at start",
+        metavar="FILE", shown_default="none")] = None
     cors_origins: Annotated[list[str], Option(
         "allow cross-origin requests from ORIGIN (repeatable)", flag="--cors-origin", metavar="ORIGIN",
         shown_default="CORS off")] = Field(default_factory=list)
@@ -137,9 +144,20 @@ class Settings(BaseModel):
         "a connection whose request line and headers are not complete this long after it opened (or began its "
         "next request) is closed, so silent and slow-header connections cannot pile up; 0 = never",
         group="limits", flag="--header-timeout", metavar="SECONDS")] = 10.0
+    max_header_bytes: Annotated[int, Option(
+        "largest request line and headers together; a 431 past it, counted as the bytes arrive (the HTTP "
+        "parser's cost grows faster than a header's size); 0 = no cap", group="limits",
+        metavar="N")] = Field(default=64 * 1024, ge=0)
+    body_timeout_s: Annotated[float, Option(
+        "a request body must be complete this long after its headers, plus one second per 64 KiB received (a big "
+        "upload that keeps coming is never cut, a trickle is); past it a 408, and the connection is closed, "
+        "also after an early answer such as a 401; 0 = never", group="limits", flag="--body-timeout",
+        metavar="SECONDS")] = Field(default=30.0, ge=0)
     max_connections: Annotated[int, Option(
-        "open connections beyond this are closed at once (kept below the open-files limit, which is raised to "
-        "fit); 0 = no cap. Per worker", group="limits", metavar="N")] = 10000
+        "open connections at most (kept below the open-files limit, which is raised to fit): a new one past it "
+        "replaces the connection that has waited longest without being served (reading a request, or idle), or "
+        "is closed at once when every connection is being served; 0 = no cap. Per worker", group="limits",
+        metavar="N")] = 10000
     cpu_workers: Annotated[int, Option(
         "threads that render chat templates and tokenize big inputs off the event loop; bounded so a burst of "
         "big requests cannot take every core from it. Per worker", group="limits", metavar="N",
@@ -177,15 +195,17 @@ class Settings(BaseModel):
         "when Redis does not answer (refused, or --redis-timeout passed): open = serve and count in this process "
         "(logged), closed = 503 for keys with limits", group="keys")] = "open"
     redis_timeout_s: Annotated[float, Option(
-        "each Redis call's budget; a call past it fails alone, three in a row (or a refused connection) mark Redis "
-        "down for a second", group="keys", flag="--redis-timeout", metavar="MS", unit=0.001)] = Field(default=1.0, gt=0)
+        "each Redis call's budget, in milliseconds; a call past it fails alone, three in a row (or a refused "
+        "connection) mark Redis down for a second", group="keys", flag="--redis-timeout", metavar="MS", unit=0.001,
+        env="OPENAI_API_REDIS_TIMEOUT_MS", old_env="OPENAI_API_REDIS_TIMEOUT_S")] = Field(default=1.0, gt=0)
 
     # --- streaming -------------------------------------------------------------------------------------------
     stream_flush_interval_s: Annotated[float, Option(
         "SSE events arriving within this many milliseconds of the previous socket write share the next write "
         "(each stays its own event); the first event and slower streams are never held back; 0 = one write per "
         "event. A write costs more CPU than all of the gateway's per-token work", group="streaming",
-        flag="--stream-flush-interval", metavar="MS", unit=0.001)] = 0.002
+        flag="--stream-flush-interval", metavar="MS", unit=0.001, env="OPENAI_API_STREAM_FLUSH_INTERVAL_MS",
+        old_env="OPENAI_API_STREAM_FLUSH_INTERVAL_S")] = 0.002
 
     # --- APIs -----------------------------------------------------------------------------------------------
     responses_store: Annotated[int, Option(
@@ -227,6 +247,11 @@ class Settings(BaseModel):
         "link-local (repeatable; the environment takes a comma-separated list)", group="images",
         flag="--image-allowed-hosts", metavar="HOST", shown_default="none: public addresses only")] = Field(
         default_factory=list)
+    image_fetch: Annotated[Literal["public", "allowed_only", "off"], Option(
+        "which image URLs are fetched: public = public addresses and --image-allowed-hosts; allowed_only = only "
+        "the hosts and networks in --image-allowed-hosts (a name not listed is refused unresolved, unless "
+        "addresses or networks are listed); "
+        "off = none: images come as data URLs only", group="images")] = "public"
     image_allow_private: Annotated[bool, Option(
         "fetch image URLs from private addresses (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7); loopback, "
         "link-local and cloud metadata stay refused unless named in --image-allowed-hosts",
@@ -282,6 +307,10 @@ class Settings(BaseModel):
             store_kind(value)  # ValueError naming what is accepted
         return value or None
 
+    # What `from_args` found worth a warning (a variable under its former name), for the caller to log once
+    # logging is set up.
+    _notices: list[str] = PrivateAttr(default_factory=list)
+
     @field_validator("workers", mode="before")
     @classmethod
     def _workers(cls, value: Any) -> Any:
@@ -296,12 +325,35 @@ class Settings(BaseModel):
             raise ValueError(f"--responses-store-url memory keeps answers in one process's memory; with --workers "
                              f"{self.workers} a previous_response_id would reach another worker. Use sqlite:///DIR "
                              f"or redis://..., or leave it unset (the workers then share an SQLite file)")
+        if self.image_fetch == "allowed_only" and not self.image_allowed_hosts:
+            raise ValueError("--image-fetch allowed_only fetches only from --image-allowed-hosts, and none is given: "
+                             "name the hosts, or use --image-fetch off for data URLs only")
         if self.stream_idle_timeout_s is not None and self.stream_idle_timeout_s <= 0:
             object.__setattr__(self, "stream_idle_timeout_s", None)
+        if self.api_key_file is not None:
+            keys = read_key_file(self.api_key_file)
+            object.__setattr__(self, "api_keys", [*self.api_keys, *(k for k in keys if k not in self.api_keys)])
         if self.log_prompts and not self.verbose:
             object.__setattr__(self, "log_prompts", False)  # prompts reach the logs only when asked twice
         object.__setattr__(self, "stream_flush_interval_s", max(self.stream_flush_interval_s, 0.0))
         return self
+
+    def auth_mode(self) -> str:
+        """How requests are authenticated, in words for the start-up log."""
+        ways = [f"the keys file {self.keys_file}"] if self.keys_file is not None else []
+        if self.api_keys:
+            ways.append(f"{len(self.api_keys)} API key{'s' if len(self.api_keys) > 1 else ''}"
+                        + (" (--api-key-file)" if self.api_key_file is not None else ""))
+        return f"auth: {' and '.join(ways)}" if ways else "auth off: no API key, every route is open"
+
+    def start_warnings(self) -> list[str]:
+        """What the start-up log should warn about: variables under their former names, and serving every
+        route without a key on an address other hosts can reach."""
+        out = list(self._notices)
+        if self.keys_file is None and not self.api_keys and self.host not in ("localhost", "127.0.0.1", "::1"):
+            out.append(f"listening on {self.host} with no API key: anyone who can reach this port can use every "
+                       "model; set --api-key-file, OPENAI_API_KEYS or --keys-file")
+        return out
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Settings:
@@ -309,7 +361,16 @@ class Settings(BaseModel):
         raises ValueError naming the flag or variable and why."""
         env = os.environ if environ is None else environ
         values: dict[str, Any] = {}
+        notices: list[str] = []
         for name, opt in options():
+            if opt.old_env is not None and env.get(opt.old_env, "") != "":
+                new_name = env_name(name, opt)
+                if env.get(new_name, "") != "":
+                    notices.append(f"{opt.old_env} is ignored: {new_name} is set (the variable's new name)")
+                else:
+                    env = {**env, new_name: env[opt.old_env]}
+                    notices.append(f"{opt.old_env} is read as {new_name} (milliseconds, as before); the old name "
+                                   f"goes in the next release: rename it")
             given = getattr(args, name, None)
             if get_origin(cls.model_fields[name].annotation) is list:
                 merged = list(given or [])
@@ -325,7 +386,9 @@ class Settings(BaseModel):
             if raw is not None and raw != "":
                 values[name] = _from_env(name, opt, raw)
         try:
-            return cls(**values)
+            settings = cls(**values)
+            settings._notices.extend(notices)
+            return settings
         except ValidationError as e:
             err = e.errors()[0]
             name = str(err["loc"][0]) if err["loc"] else ""
@@ -334,6 +397,19 @@ class Settings(BaseModel):
                 raise ValueError(str(err["ctx"]["error"])) from None  # a rule across settings: in its own words
             where = f"{flag_of(name, option)} / {env_name(name, option)}" if option else "settings"
             raise ValueError(f"{where}: {err['msg']}") from None
+
+
+def read_key_file(path: Path) -> list[str]:
+    """The API keys in `path`: one a line, surrounding whitespace dropped, blank lines and `#` comments skipped.
+    ValueError (naming the flag and the file) when it cannot be read or holds no key."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--api-key-file {path}: cannot be read ({e.__class__.__name__}: {e})") from None
+    keys = [line.strip() for line in text.splitlines() if line.strip() and not line.strip().startswith("#")]
+    if not keys:
+        raise ValueError(f"--api-key-file {path}: holds no key (one a line)")
+    return keys
 
 
 def _from_env(name: str, opt: Option, raw: str) -> Any:

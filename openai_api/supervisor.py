@@ -213,8 +213,8 @@ class Supervisor:
 
                 self._quota = QuotaServer(self._run_dir / "quota.sock")
                 self._quota.start()
-            logger.info("gateway listening on http://%s:%d/v1 (%d workers, %d models, API keys %s)", s.host, self._port,
-                        s.workers, len(self.config.all_models()), "required" if s.api_keys else "off")
+            logger.info("gateway listening on http://%s:%d/v1 (%d workers, %d models, %s)", s.host, self._port,
+                        s.workers, len(self.config.all_models()), s.auth_mode())
             return self._loop()
         finally:
             for slot in self.slots:  # only after an error here: never leave a worker behind

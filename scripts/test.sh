@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: set up if needed, lint (ruff) and type-check (mypy, strict on openai_api/), then every
+# The test command: set up if needed (scripts/setup.sh, then scripts/setup_tests.sh for what only the tests
+# use), lint (ruff) and type-check (mypy, strict on openai_api/), then every
 # test tier (unit, then end-to-end against a real tritonserver that the tests start and stop themselves).
 # Extra arguments go to pytest.
 #
@@ -12,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup_tests.sh  # Redis and the npm clients the e2e tests use: pytest installs nothing
 .venv/bin/python -m ruff check .
 .venv/bin/python -m mypy
 workers="${TEST_WORKERS:-2}"

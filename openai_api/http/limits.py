@@ -31,6 +31,7 @@ from openai_api.errors import (
     ShuttingDownError,
     error_response_bytes,
 )
+from openai_api.http.connections import EDGE_STATUS
 from openai_api.http.middleware import send_error
 from openai_api.observability import Metrics, RequestStats, current_stats
 from openai_api.quota.caller import current_caller
@@ -297,6 +298,10 @@ class GuardMiddleware:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                stats = current_stats()
+                if stats is not None:  # the access log's status: the connection guard's answer (408), or 499
+                    stats.status = scope.get("state", {}).get(EDGE_STATUS, 0)
+                    stats.disconnected = not stats.status
                 return None
             chunk = message.get("body", b"")
             if chunk:

@@ -11,13 +11,23 @@ cannot see, so a URL is judged before any connection and on every redirect hop:
 * **Addresses**: the host is resolved once (`Resolver`), every address it resolves to is judged, and the
   connection goes to that same address (`Connector`): a DNS answer that changes between the check and the
   connect (rebinding) never reaches a connection. Refused unless allowed: loopback (127/8, ::1),
-  private (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7), link-local (169.254/16, fe80::/10),
-  cloud metadata (169.254.169.254, fd00:ec2::254, 100.100.100.200, 169.254.170.2), multicast, the
-  unspecified and reserved ranges, and IPv6 forms that carry an IPv4 address (IPv4-mapped ::ffff:0:0/96,
+  private (10/8, 172.16/12, 192.168/16, 100.64/10, fc00::/7, and the deprecated site-local fec0::/10),
+  link-local (169.254/16, fe80::/10), cloud metadata (169.254.169.254, fd00:ec2::254, 100.100.100.200,
+  169.254.170.2), multicast, the unspecified addresses, every other range of IANA's IPv4 and IPv6
+  special-purpose registries that is not globally reachable (`SPECIAL`: 0/8, 192.0.0/24, the
+  documentation and benchmarking ranges, 240/4, 2001::/23, 2001:db8::/32, 3fff::/20, ...), IPv6 outside
+  global unicast (2000::/3), and IPv6 forms that carry an IPv4 address (IPv4-mapped ::ffff:0:0/96,
   IPv4-compatible ::/96, 6to4 2002::/16, Teredo 2001::/32, NAT64 64:ff9b::/96 and 64:ff9b:1::/48).
+  The table is this module's own, not Python's `is_private`/`is_global`, whose answers differ between
+  Python versions (192.0.0.0/24 passed as public before the CVE-2024-4032 fix, fec0::/10 on every one).
   `AddressPolicy.allowed`: host names, addresses or networks (`--image-allowed-hosts`) fetched whatever
   their address; `allow_private` (`--image-allow-private`) lets the private ranges through (never
-  loopback, link-local or metadata, which only an explicit allowed entry opens).
+  loopback, link-local or metadata, which only an explicit allowed entry opens); `allowed_only`
+  (`--image-fetch allowed_only`) fetches from the allowed entries and nothing else: a host name that is
+  not listed is refused before it is resolved (unless addresses or networks are listed: then it is
+  resolved and judged by its addresses).
+* **Refusals** name the reason (a stable word, and what it means), never the address a host resolved
+  to, so a caller cannot map the gateway's internal names through them.
 * **Redirects**: followed up to `max_redirects` hops (0: none), each hop judged as above.
 * **Time**: one deadline (`timeout_s`) for the whole fetch, redirects, connects, headers and body
   together, so a server that answers one byte a second is cut at the deadline, not per read.
@@ -60,11 +70,33 @@ METADATA = frozenset(ipaddress.ip_address(a) for a in (
     "169.254.170.2",  # AWS ECS task credentials
     "100.100.100.200",  # Alibaba Cloud
 ))
-PRIVATE = tuple(ipaddress.ip_network(n) for n in (
-    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"))
 # IPv6 ranges whose addresses carry an IPv4 address a stack may end up reaching.
 IPV4_IN_IPV6 = tuple(ipaddress.ip_network(n) for n in (
     "::ffff:0:0/96", "::/96", "2002::/16", "2001::/32", "64:ff9b::/96", "64:ff9b:1::/48"))
+# Every range that is not a public address, with the reason a refusal gives, first match wins. From IANA's
+# IPv4 and IPv6 Special-Purpose Address Registries (the entries not globally reachable; a few reachable
+# anycast addresses inside 192.0.0.0/24 and 2001::/23 are refused with their blocks: no image lives there),
+# plus multicast and the deprecated site-local fec0::/10 (RFC 3879), which some networks still route.
+SPECIAL: tuple[tuple[IPNetwork, str], ...] = tuple((ipaddress.ip_network(n), why) for n, why in (
+    ("0.0.0.0/32", "unspecified"), ("0.0.0.0/8", "reserved"),  # "this network"
+    ("10.0.0.0/8", "private"), ("100.64.0.0/10", "private"),  # RFC 1918; shared address space (CGN)
+    ("127.0.0.0/8", "loopback"), ("169.254.0.0/16", "link_local"), ("172.16.0.0/12", "private"),
+    ("192.0.0.0/24", "reserved"),  # IETF protocol assignments: DS-Lite, NAT64 discovery, PCP and TURN anycast
+    ("192.0.2.0/24", "reserved"), ("198.51.100.0/24", "reserved"), ("203.0.113.0/24", "reserved"),  # TEST-NETs
+    ("192.88.99.0/24", "reserved"),  # 6to4 relay anycast (deprecated, RFC 7526)
+    ("192.168.0.0/16", "private"), ("198.18.0.0/15", "reserved"),  # RFC 1918; benchmarking
+    ("224.0.0.0/4", "multicast"), ("240.0.0.0/4", "reserved"),  # the last: future use, limited broadcast
+    ("::/128", "unspecified"), ("::1/128", "loopback"),
+    ("100::/64", "reserved"), ("100:0:0:1::/64", "reserved"),  # discard-only; dummy prefix
+    ("2001::/23", "reserved"),  # IETF protocol assignments: benchmarking, ORCHID, AMT, ...
+    ("2001:db8::/32", "reserved"), ("3fff::/20", "reserved"),  # documentation
+    ("5f00::/16", "reserved"),  # segment routing SIDs
+    ("fc00::/7", "private"), ("fec0::/10", "private"),  # unique local; site-local (deprecated)
+    ("fe80::/10", "link_local"), ("ff00::/8", "multicast"),
+))
+PRIVATE = tuple(net for net, why in SPECIAL if why == "private")
+# IPv6's global unicast space: an address outside it is reserved, whatever else it is.
+GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
 # A last label that an IPv4 parser (inet_aton, WHATWG URL) reads as a number: decimal, octal or hex.
 _NUMERIC_LABEL = re.compile(r"(0x[0-9a-f]*|[0-9]+)", re.IGNORECASE)
 _HOSTNAME = re.compile(r"[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*\.?")
@@ -75,27 +107,19 @@ _READ = 65536
 
 
 def classify(ip: IPAddress) -> str | None:
-    """Why an address may not be fetched from (a refusal reason), or None for a public address."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.scope_id is not None:
-            ip = ipaddress.IPv6Address(str(ip).split("%")[0])
-        if ip.ipv4_mapped is not None:
-            return "ipv4_mapped"
-        if not (ip.is_loopback or ip.is_unspecified) and any(ip in net for net in IPV4_IN_IPV6):
-            return "ipv4_mapped"
+    """Why an address may not be fetched from (a refusal reason), or None for a public address. Decided by
+    this module's tables alone (`METADATA`, `IPV4_IN_IPV6`, `SPECIAL`), the same on every Python version."""
+    v6 = isinstance(ip, ipaddress.IPv6Address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.scope_id is not None:
+        ip = ipaddress.IPv6Address(str(ip).split("%")[0])
     if ip in METADATA:
         return "metadata"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_link_local:
-        return "link_local"
-    if ip.is_multicast:
-        return "multicast"
-    if ip.is_unspecified:
-        return "unspecified"
-    if any(ip in net for net in PRIVATE):
-        return "private"
-    if not ip.is_global:
+    if v6 and int(ip) > 1 and any(ip in net for net in IPV4_IN_IPV6):  # :: and ::1 are themselves
+        return "ipv4_mapped"
+    for net, why in SPECIAL:
+        if ip in net:
+            return why
+    if v6 and ip not in GLOBAL_UNICAST_V6:
         return "reserved"
     return None
 
@@ -116,9 +140,11 @@ class AddressPolicy:
     allowed_names: frozenset[str] = frozenset()
     allowed_networks: tuple[IPNetwork, ...] = ()
     allow_private: bool = False
+    allowed_only: bool = False
 
     @classmethod
-    def build(cls, allowed: Iterable[str] = (), allow_private: bool = False) -> AddressPolicy:
+    def build(cls, allowed: Iterable[str] = (), allow_private: bool = False,
+              allowed_only: bool = False) -> AddressPolicy:
         names: set[str] = set()
         nets: list[IPNetwork] = []
         for entry in allowed:
@@ -129,20 +155,31 @@ class AddressPolicy:
                 nets.append(ipaddress.ip_network(entry, strict=False))
             except ValueError:
                 names.add(entry.rstrip("."))
-        return cls(frozenset(names), tuple(nets), allow_private)
+        return cls(frozenset(names), tuple(nets), allow_private, allowed_only)
 
     def name_allowed(self, host: str) -> bool:
         return host.rstrip(".") in self.allowed_names
 
+    def check_name(self, host: str) -> None:
+        """In allowed-only mode, refuse a host name that is not listed before it is resolved (an address
+        literal, or a name whose addresses may be in an allowed network, is judged by `check`)."""
+        if self.allowed_only and not self.allowed_networks and not self.name_allowed(host):
+            raise ImageRefused("not_allowed", f"the image URL's host {host!r} is not one this gateway fetches "
+                                              "images from")
+
     def check(self, host: str, ip: IPAddress) -> None:
-        """Raise ImageRefused unless `ip` (what `host` resolved to) may be fetched from."""
+        """Raise ImageRefused unless `ip` (what `host` resolved to) may be fetched from. The message names the
+        reason, never `ip`: a caller must not learn what the gateway's names resolve to."""
+        if self.name_allowed(host) or any(ip in net for net in self.allowed_networks):
+            return
+        if self.allowed_only:
+            raise ImageRefused("not_allowed", f"the image URL's host {host!r} is not one this gateway fetches "
+                                              "images from")
         reason = classify(ip)
-        if reason is None or self.name_allowed(host) or any(ip in net for net in self.allowed_networks):
+        if reason is None or (reason == "private" and self.allow_private):
             return
-        if reason == "private" and self.allow_private:
-            return
-        raise ImageRefused(reason, f"the image URL's host {host!r} is {_WORDS[reason]} ({ip}), which the gateway "
-                                   "does not fetch from")
+        raise ImageRefused(reason, f"the image URL's host {host!r} is {_WORDS[reason]}, which the gateway does not "
+                                   "fetch from")
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,6 +291,7 @@ class Fetcher:
         if literal is not None:
             addresses: list[IPAddress] = [literal]
         else:
+            self.policy.check_name(host)
             try:
                 found = await self.resolver(host, port)
             except OSError as e:

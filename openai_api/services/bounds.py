@@ -15,6 +15,9 @@ holds the event loop for as long as the schema is large. So, before any of that 
   array, string, number, boolean and null, at any depth; an `enum` of 100,000 values is 100,000);
 * its objects leave at most `MAX_OPTIONAL_PROPERTIES` properties optional, all together
   (`services.guides`: the grammar engine's compile time grows steeply with them);
+* a regular expression or grammar (vLLM's `guided_regex` / `guided_grammar`, `structured_outputs.regex` /
+  `.grammar`) and a list of choices (`guided_choice`, as JSON) are at most `MAX_GUIDE_CHARS` characters:
+  the backend compiles them before the first token, in time that grows with their size;
 * its `$ref`s (`services.guides`) point inside it, follow at most `MAX_REF_HOPS` references in a row
   before reaching a schema that is not a reference, and never close a loop that produces no output
   (`a` -> `b` -> `a`, or `a` -> `anyOf: [a, ...]`).
@@ -49,6 +52,10 @@ MAX_REF_HOPS = 32
 # number (xgrammar 0.2.8, one object on this 2-core CPU: 600 in 0.3 s, 1,000 in 1.2 s, 2,000 in 24 s,
 # 5,000 in minutes); required ones are cheap (5,000 in 1.4 s).
 MAX_OPTIONAL_PROPERTIES = 1000
+# Characters of a regex, grammar or choice list. xgrammar (0.2.8, the SmolLM2 tokenizer, one thread on this
+# 2-core CPU) compiles a 14,000-character alternation regex in 0.13 s, 50,000 characters in 1.3 s (grammars
+# are cheaper: 127,000 characters in 0.24 s); real patterns and grammars are a few thousand characters.
+MAX_GUIDE_CHARS = 32 * 1024
 # pydantic's JSON parser (jiter) refuses JSON nested deeper than this.
 PARSER_DEPTH = 200
 

@@ -6,7 +6,8 @@ Sources, at most one per request (two is a 400):
   `{"type": "json_object"}` (any JSON object); `{"type": "text"}` is no guide.
 * vLLM's extension fields: `guided_json` (a schema, object or JSON text), `guided_regex`,
   `guided_choice` (a list of strings), `guided_grammar` (EBNF), or `structured_outputs` (an object with
-  one of `json`, `regex`, `choice`, `grammar`, `json_object`).
+  one of `json`, `regex`, `choice`, `grammar`, `json_object`). A regex, a grammar and a choice list (as
+  JSON) are at most `MAX_GUIDE_CHARS` characters (`services.bounds`): a 400 `guide_too_large` past it.
 * a forced tool call (`tool_choice` a named function, or `required`): `services.tools` builds it.
 
 A JSON schema is checked before any model sees it: it must be valid JSON Schema (draft 2020-12), and it
@@ -46,7 +47,13 @@ from urllib.parse import unquote
 import jsonschema_rs
 
 from openai_api.errors import BackendError, InvalidRequestError
-from openai_api.services.bounds import MAX_JSON_DEPTH, MAX_OPTIONAL_PROPERTIES, MAX_REF_HOPS, check_schema_bounds
+from openai_api.services.bounds import (
+    MAX_GUIDE_CHARS,
+    MAX_JSON_DEPTH,
+    MAX_OPTIONAL_PROPERTIES,
+    MAX_REF_HOPS,
+    check_schema_bounds,
+)
 from openai_api.services.schema_refs import (
     DEFINITIONS,
     MANY_SCHEMAS,
@@ -57,7 +64,7 @@ from openai_api.services.schema_refs import (
     pointer_path,
 )
 from openai_api.triton.errors import guide_refusal
-from openai_api.triton.llm import Guide, GuideOrigin, LLMBackend
+from openai_api.triton.llm import Guide, GuideKind, GuideOrigin, LLMBackend
 
 # keyword -> why it cannot be enforced while generating
 _UNENFORCEABLE = {
@@ -357,16 +364,30 @@ def _response_format_guide(fmt: Any) -> Guide | None:
                               param="response_format.type")
 
 
-def _text(value: Any, param: str) -> str:
+def _bounded(text: str, param: str, what: str) -> str:
+    """`text` (a regex, grammar or choice list as JSON), or a 400 when it is past `MAX_GUIDE_CHARS`."""
+    if len(text) > MAX_GUIDE_CHARS:
+        raise InvalidRequestError(
+            f"'{param}' is {len(text):,} characters long; the limit for {what} is {MAX_GUIDE_CHARS:,}, because "
+            "guided decoding compiles it before the first token, in time that grows with its size.", param=param,
+            code="guide_too_large")
+    return text
+
+
+def _text(value: Any, param: str, what: str) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidRequestError(f"'{param}' must be a non-empty string.", param=param)
-    return value
+    return _bounded(value, param, what)
 
 
 def _choice(value: Any, param: str) -> Guide:
     if not isinstance(value, list) or not value or not all(isinstance(c, str) for c in value):
         raise InvalidRequestError(f"'{param}' must be a non-empty list of strings.", param=param)
-    return Guide("choice", json.dumps(value, ensure_ascii=False), param)
+    return Guide("choice", _bounded(json.dumps(value, ensure_ascii=False), param, "a list of choices (as JSON)"),
+                 param)
+
+
+_WHAT = {"regex": "a regular expression", "grammar": "a grammar"}
 
 
 def _structured_outputs(value: Any) -> Guide:
@@ -384,7 +405,8 @@ def _structured_outputs(value: Any) -> Guide:
         return Guide("json_object", None, param)
     if key == "choice":
         return _choice(value["choice"], "structured_outputs.choice")
-    return Guide("regex" if key == "regex" else "grammar", _text(value[key], f"structured_outputs.{key}"), param)
+    kind: GuideKind = "regex" if key == "regex" else "grammar"
+    return Guide(kind, _text(value[key], f"structured_outputs.{key}", _WHAT[kind]), param)
 
 
 GUIDE_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs")
@@ -402,11 +424,12 @@ def request_guide(body: Any) -> Guide | None:
     if extra.get("guided_json") is not None:
         found.append(schema_guide(extra["guided_json"], "guided_json"))
     if extra.get("guided_regex") is not None:
-        found.append(Guide("regex", _text(extra["guided_regex"], "guided_regex"), "guided_regex"))
+        found.append(Guide("regex", _text(extra["guided_regex"], "guided_regex", _WHAT["regex"]), "guided_regex"))
     if extra.get("guided_choice") is not None:
         found.append(_choice(extra["guided_choice"], "guided_choice"))
     if extra.get("guided_grammar") is not None:
-        found.append(Guide("grammar", _text(extra["guided_grammar"], "guided_grammar"), "guided_grammar"))
+        found.append(Guide("grammar", _text(extra["guided_grammar"], "guided_grammar", _WHAT["grammar"]),
+                           "guided_grammar"))
     if extra.get("structured_outputs") is not None:
         found.append(_structured_outputs(extra["structured_outputs"]))
     if len(found) > 1:

@@ -12,9 +12,11 @@ Wire contract (what a client sends, what it gets back):
   (in order) that was refused, its reason in the message and `code: "invalid_image"`:
   `too_many_images` (more than `max_images` parts; nothing is fetched), `scheme`, `bad_url`,
   `ip_spelling`, `loopback`, `private`, `link_local`, `metadata`, `multicast`, `reserved`,
-  `ipv4_mapped`, `resolve_failed`, `connect_failed`, `http_status`, `redirect`, `bad_response`,
-  `timeout`, `too_large`, `data_url` (not `data:image/...;base64,` or not valid base64), `not_image`,
-  `too_many_pixels` (see `images.fetch` and `images.decode`).
+  `ipv4_mapped`, `not_allowed` (`--image-fetch allowed_only`), `url_off` (`--image-fetch off`: data URLs
+  only), `resolve_failed`, `connect_failed`, `http_status`, `redirect`, `bad_response`, `timeout`,
+  `too_large`, `data_url` (not `data:image/...;base64,` or not valid base64), `not_image`,
+  `too_many_pixels` (see `images.fetch` and `images.decode`). A message names the reason, never the
+  address a host resolved to.
 
 How it is bounded: URL fetches run on the event loop as non-blocking I/O (`images.fetch.Fetcher`: one
 deadline, a byte cap counted while reading, every hop's address checked), at most `fetch_concurrency`
@@ -22,7 +24,8 @@ at once per process; the decode-verify (Pillow) and base64 run on a small thread
 neither a slow host nor a big image holds up other requests. A data URL obeys the same byte and pixel
 caps (its size is judged from its length before it is decoded). Verified images are cached by content
 hash (data URLs) and by URL for `URL_TTL_S` seconds, within `cache_bytes`; a URL being fetched is fetched
-once for every request that asks for it meanwhile.
+once for every request that asks for it meanwhile, and the fetch is cancelled (its connection closed, its
+fetch slot freed) as soon as no request waits for it any more: a client that leaves takes its fetches along.
 
 This module is the one entry point for images: an API other than chat (Anthropic's image blocks) builds
 `ImageSource`s (`ImageSource.base64(...)` for a bare base64 payload) and calls `load`.
@@ -80,6 +83,7 @@ class ImageLimits:
     fetch_concurrency: int = 16
     cache_bytes: int = 64 * 1024 * 1024
     decode_threads: int = 2
+    fetch_urls: bool = True  # False: `--image-fetch off`, data URLs only
     # All of a request's images as sent (base64), below Triton's gRPC message cap (256 MiB, triton.client)
     # with room for the prompt: a request past it would fail inside the RPC instead of as a clear 400.
     max_total_b64: int = 192 * 1024 * 1024
@@ -195,6 +199,26 @@ class _Cache:
         self.size -= len(image.data) + len(image.b64)
 
 
+class _Shared:
+    """One fetch (or decode) of an image, awaited by every request that asks for it meanwhile: each waits
+    shielded, so one request going away does not fail the others; the last to go cancels the work."""
+
+    __slots__ = ("task", "waiters")
+
+    def __init__(self, task: asyncio.Future[tuple[ImageInput, int]]) -> None:
+        self.task = task
+        self.waiters = 0
+
+    async def wait(self) -> tuple[ImageInput, int]:
+        self.waiters += 1
+        try:
+            return await asyncio.shield(self.task)
+        finally:
+            self.waiters -= 1
+            if not self.waiters and not self.task.done():
+                self.task.cancel()  # nobody waits for it: the connection closes, the fetch slot is freed
+
+
 class ImageService:
     """Loads a request's images (see the module docstring)."""
 
@@ -206,15 +230,17 @@ class ImageService:
         self._slots = asyncio.Semaphore(self.limits.fetch_concurrency)
         self._pool: ThreadPoolExecutor | None = None
         self._cache = _Cache(self.limits.cache_bytes)
-        self._inflight: dict[str, asyncio.Future[tuple[ImageInput, int]]] = {}
+        self._inflight: dict[str, _Shared] = {}
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: Metrics | None = None) -> ImageService:
         limits = ImageLimits(max_images=settings.max_images_per_request, max_bytes=settings.image_max_bytes,
                              max_pixels=settings.image_max_pixels,
                              fetch_concurrency=settings.image_fetch_concurrency,
-                             cache_bytes=settings.image_cache_bytes)
-        fetcher = Fetcher(policy=AddressPolicy.build(settings.image_allowed_hosts, settings.image_allow_private),
+                             cache_bytes=settings.image_cache_bytes, fetch_urls=settings.image_fetch != "off")
+        policy = AddressPolicy.build(settings.image_allowed_hosts, settings.image_allow_private,
+                                     allowed_only=settings.image_fetch == "allowed_only")
+        fetcher = Fetcher(policy=policy,
                           timeout_s=settings.image_fetch_timeout_s, max_bytes=settings.image_max_bytes,
                           max_redirects=settings.image_max_redirects)
         return cls(limits, fetcher, metrics)
@@ -280,19 +306,21 @@ class ImageService:
                 ttl: float | None = None
                 source = "data"
             else:
+                if not self.limits.fetch_urls:
+                    raise ImageRefused("url_off", "this gateway fetches no image URLs; send the image as a "
+                                                  "data:image/...;base64 URL")
                 split_url(url)  # scheme and shape refused at once, without waiting for a fetch slot
                 key, ttl, source = "url:" + url, URL_TTL_S, "url"
             cached = self._cache.get(key)
             if cached is not None:
                 self._taken("cache", 0)
                 return replace(cached, param=src.param)
-            task = self._inflight.get(key)
-            if task is None:
+            shared = self._inflight.get(key)
+            if shared is None:
                 task = asyncio.ensure_future(self._data(url) if source == "data" else self._fetch(url))
-                self._inflight[key] = task
+                shared = self._inflight[key] = _Shared(task)
                 task.add_done_callback(functools.partial(self._settled, key, ttl))
-            # shielded: a request that goes away does not cancel a fetch another request waits on
-            image, size = await asyncio.shield(task)
+            image, size = await shared.wait()
             self._taken(source, size)
             # the cached and shared image is the same for every request; the field naming it is this one's
             return replace(image, param=src.param)
@@ -301,7 +329,8 @@ class ImageService:
             raise refusal(src.param, e.reason, e.message) from None
 
     def _settled(self, key: str, ttl: float | None, task: asyncio.Future[tuple[ImageInput, int]]) -> None:
-        self._inflight.pop(key, None)
+        if (shared := self._inflight.get(key)) is not None and shared.task is task:
+            del self._inflight[key]
         if not task.cancelled() and task.exception() is None:
             self._cache.put(key, task.result()[0], ttl)
 

@@ -83,7 +83,7 @@ def test_docker_compose_config() -> None:
         reason = (probe.stderr or probe.stdout).strip().splitlines()
         pytest.skip(f"the docker compose plugin is not installed ({reason[0] if reason else 'no output'})")
     # `config` needs only the CLI, no engine: it interpolates, merges and validates against the spec.
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEYS", "GATEWAY_PORT")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEYS", "GATEWAY_PORT", "GATEWAY_BIND")}
     proc = subprocess.run([docker, "compose", "-f", str(COMPOSE_FILE), "config", "-q"], cwd=DOCKER, env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -128,6 +128,17 @@ def test_gateway_mounts(compose: dict[str, Any]) -> None:
     assert any(p.endswith(":5100") for p in gateway["ports"])
     assert "OPENAI_API_KEYS" in gateway["environment"]
     assert str(gateway["environment"]["OPENAI_API_WORKERS"]) == "1", "--workers: 1 unless exported"
+
+
+def test_the_gateway_is_published_on_loopback_unless_opened_on_purpose() -> None:
+    """Without a key every route is open, so Compose publishes the port on this host's loopback only; another
+    interface takes GATEWAY_BIND, documented beside it as coming with a key."""
+    text = COMPOSE_FILE.read_text(encoding="utf-8")
+    ports = yaml.safe_load(interpolate(text))["services"]["gateway"]["ports"]
+    assert ports == ["127.0.0.1:5100:5100"]
+    opened = yaml.safe_load(interpolate(text, {"GATEWAY_BIND": "0.0.0.0", "GATEWAY_PORT": "8080"}))
+    assert opened["services"]["gateway"]["ports"] == ["0.0.0.0:8080:5100"]
+    assert "set a key first" in text
 
 
 def test_triton_reads_prepared_models(compose: dict[str, Any]) -> None:

@@ -69,6 +69,19 @@ class Pages(BaseHTTPRequestHandler):
             except OSError:
                 pass  # the gateway hung up at its deadline
             return
+        if path == "/hold.png":  # headers at once, then a byte every 0.2 s for a minute; records when it was cut
+            self.send_response(200)
+            self.send_header("Content-Type", "image/png")
+            self.send_header("Content-Length", str(len(RED) + 300))
+            self.end_headers()
+            try:
+                for _ in range(300):
+                    self.wfile.write(b"\0")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:
+                server.cut.append(self.path)  # the gateway closed the fetch's connection
+            return
         status, headers, body = server.pages.get(path, (404, {}, b"not found"))
         self.send_response(status)
         for k, v in {"Content-Length": str(len(body)), **headers}.items():
@@ -88,6 +101,7 @@ def serve(host: str, pages: dict[str, tuple[int, dict[str, str], bytes]],
 
     server = Server((host, 0), Pages)
     server.hits = []  # type: ignore[attr-defined]
+    server.cut = []  # type: ignore[attr-defined]
     server.pages = pages  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
@@ -108,8 +122,9 @@ def refused_servers() -> Iterator[list[ThreadingHTTPServer]]:
 
 
 @pytest.fixture(scope="module")
-def images(refused_servers: list[ThreadingHTTPServer]) -> Iterator[str]:
-    """The allowed image host, on 127.0.0.2: its base URL."""
+def image_host(refused_servers: list[ThreadingHTTPServer]) -> Iterator[ThreadingHTTPServer]:
+    """The allowed image host, on 127.0.0.2 (its `hits` and `cut` record what it was asked and when a
+    connection was closed on it)."""
     target = refused_servers[0].server_address[1]
     png = {"Content-Type": "image/png"}
     pages = {"/red.png": (200, png, RED), "/blue.jpg": (200, {"Content-Type": "image/jpeg"}, BLUE),
@@ -119,8 +134,14 @@ def images(refused_servers: list[ThreadingHTTPServer]) -> Iterator[str]:
              "/to-red.png": (302, {"Location": "/red.png"}, b""),
              "/to-loopback.png": (302, {"Location": f"http://127.0.0.1:{target}/red.png"}, b"")}
     server = serve("127.0.0.2", pages)
-    yield f"http://127.0.0.2:{server.server_address[1]}"
+    yield server
     server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def images(image_host: ThreadingHTTPServer) -> str:
+    """The allowed image host's base URL."""
+    return f"http://127.0.0.2:{image_host.server_address[1]}"
 
 
 @pytest.fixture(scope="module")
@@ -346,6 +367,50 @@ def test_a_slow_image_holds_up_no_other_request(gateway: GatewayServer, http: ht
     assert elapsed < TIMEOUT_S - 1
     thread.join()
     assert result["response"].status_code == 400 and "(reason: timeout)" in result["response"].text
+
+
+def test_a_client_that_leaves_takes_its_image_fetch_along(triton: EmbeddedTriton, images: str,
+                                                          image_host: Any) -> None:
+    """One fetch slot, a minute's fetch timeout: a client that gives up on a request whose image host is slow
+    closes the gateway's connection to that host, and the slot is free for the next request at once (it was
+    held until the fetch timed out, a minute later, with the next request refused meanwhile)."""
+    settings = Settings(config_file=Path("."), api_keys=[API_KEY], image_allowed_hosts=["127.0.0.2"],
+                        image_fetch_timeout_s=60, image_fetch_concurrency=1)
+    server = GatewayServer(gateway_config(triton), [API_KEY], settings).start()
+    host = image_host
+    try:
+        body = {"model": VISION, "messages": [{"role": "user", "content": [image(f"{images}/hold.png?leaves")]}]}
+        with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=server.url, timeout=2, headers={
+                "Authorization": f"Bearer {API_KEY}"}) as c:
+            c.post("/v1/chat/completions", json=body)
+        deadline = time.monotonic() + 30
+        while "/hold.png?leaves" not in host.cut and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "/hold.png?leaves" in host.cut, "the fetch went on after its client left"
+        fresh = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, timeout=30, max_retries=0)
+        answer = ask(fresh, [{"role": "user", "content": [image(f"{images}/red.png?after")]}], stream=False)
+        assert answer == "image 1: 64x48, red."
+    finally:
+        server.stop()
+
+
+def test_with_url_fetching_off_only_data_urls_are_taken(triton: EmbeddedTriton, images: str,
+                                                        image_host: Any) -> None:
+    settings = Settings(config_file=Path("."), api_keys=[API_KEY], image_allowed_hosts=["127.0.0.2"],
+                        image_fetch="off")
+    server = GatewayServer(gateway_config(triton), [API_KEY], settings).start()
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, timeout=30, max_retries=0)
+        assert ask(client, [{"role": "user", "content": [image(data_url(RED))]}], stream=False) == \
+            "image 1: 64x48, red."
+        with pytest.raises(openai.BadRequestError) as info:
+            ask(client, [{"role": "user", "content": [image(data_url(RED)), image(f"{images}/red.png?off")]}],
+                stream=False)
+        err: Any = info.value.body
+        assert err["param"] == "messages[0].content[1]" and "(reason: url_off)" in err["message"]
+        assert "/red.png?off" not in image_host.hits
+    finally:
+        server.stop()
 
 
 def test_metrics_count_images_bytes_fetches_and_refusals(http: httpx.Client, client: openai.OpenAI,

@@ -1,7 +1,7 @@
 """Anthropic's npm clients against the gateway's Messages API (issue #25): the TypeScript SDK
 (`@anthropic-ai/sdk`) and Claude Code (`@anthropic-ai/claude-code`, `claude -p`), pinned in
-tests/e2e/node/package.json + package-lock.json and installed there with `npm ci` on first use (skipped,
-with the reason, where npm or its registry is unreachable).
+tests/e2e/node/package.json + package-lock.json and installed there by the test command
+(scripts/setup_tests.sh: `npm ci`; skipped, with the reason, where they are not installed).
 
 Claude Code's system prompt and tool definitions alone are ~20k tokens, beyond the 8,192-token context of
 the only real model of the test set-up, so the agent talks to `replay-agent`: the Triton model `replay-llm`
@@ -88,19 +88,14 @@ def _installed() -> bool:
 
 @pytest.fixture(scope="session")
 def node_clients() -> Path:
-    """tests/e2e/node/node_modules with the locked packages (`npm ci` once; skip when it cannot run).
-    Session-scoped and first in the tests' arguments, so a skip comes before the session's tritonserver
-    starts."""
-    if shutil.which("node") is None or shutil.which("npm") is None:
-        pytest.skip("node and npm are not installed")
+    """tests/e2e/node/node_modules with the locked packages, which the test command installs
+    (scripts/setup_tests.sh: `npm ci`); without them these tests skip, saying so. Session-scoped and first
+    in the tests' arguments, so a skip comes before the session's tritonserver starts."""
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the test command installs it (bash scripts/setup_tests.sh)")
     if not _installed():
-        try:
-            done = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True,
-                                  text=True, timeout=600, check=False)
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm ci in tests/e2e/node took over 10 minutes (is the npm registry reachable?)")
-        if done.returncode != 0 or not _installed():
-            pytest.skip(f"npm ci in tests/e2e/node failed (is the npm registry reachable?): {done.stderr[-600:]}")
+        pytest.skip("tests/e2e/node's npm packages are not installed as locked: the test command installs them "
+                    "(bash scripts/setup_tests.sh runs npm ci)")
     return NODE_DIR / "node_modules"
 
 

@@ -269,6 +269,20 @@ def test_vllm_style_guided_fields_on_completions_and_chat(client: openai.OpenAI)
         assert (r2.choices[0].message.content or "").isdigit(), r2.choices[0].message.content
 
 
+def test_a_regex_or_grammar_too_large_to_compile_promptly_is_a_400_naming_it(client: openai.OpenAI) -> None:
+    """A 100,000-character regex or grammar never reaches Triton (whose grammar engine would spend seconds
+    compiling it before the first token): a clear 400 from the gateway, like an oversized schema."""
+    huge_regex = "(" + "|".join(f"w{i}" for i in range(20_000)) + ")"
+    huge_grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(15_000))
+    for extra, param in (({"guided_regex": huge_regex}, "guided_regex"),
+                         ({"structured_outputs": {"grammar": huge_grammar}}, "structured_outputs.grammar")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model=VARIANTS[0], messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=5, extra_body=extra)
+        err = e.value.body
+        assert isinstance(err, dict) and err["param"] == param and err["code"] == "guide_too_large", err
+
+
 def test_fastertransformer_cannot_enforce_a_guide_and_says_so(client: openai.OpenAI) -> None:
     for kw, param in ((dict(response_format={"type": "json_object"}), "response_format"),
                       (dict(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}),

@@ -11,6 +11,7 @@ import pytest
 
 from openai_api.errors import BackendError, InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, CompletionRequest
+from openai_api.services.bounds import MAX_GUIDE_CHARS
 from openai_api.services.guides import check_schema, request_guide
 from openai_api.triton.llm import GenerationRequest, Guide
 from openai_api.triton.tensorrt_llm import TensorRTLLMAdapter, trtllm_guide
@@ -47,6 +48,29 @@ def test_vllm_extension_fields_become_guides() -> None:
     assert request_guide(chat(structured_outputs={"json_object": True})).kind == "json_object"  # type: ignore[union-attr]
     comp = CompletionRequest.model_validate({"model": "m", "prompt": "x", "guided_choice": ["a", "b"]})
     assert request_guide(comp) == Guide("choice", '["a", "b"]', "guided_choice")
+
+
+@pytest.mark.parametrize(("body", "param"), [
+    ({"guided_regex": "(" + "|".join(f"w{i}" for i in range(10_000)) + ")"}, "guided_regex"),
+    ({"guided_grammar": "root ::= " + " | ".join(f'"w{i}"' for i in range(10_000))}, "guided_grammar"),
+    ({"structured_outputs": {"regex": "a" * (MAX_GUIDE_CHARS + 1)}}, "structured_outputs.regex"),
+    ({"structured_outputs": {"grammar": "a" * (MAX_GUIDE_CHARS + 1)}}, "structured_outputs.grammar"),
+    ({"guided_choice": [f"choice {i}" for i in range(5_000)]}, "guided_choice"),
+])
+def test_regexes_grammars_and_choices_past_the_bound_are_a_400_before_any_backend(
+        body: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as e:
+        request_guide(chat(**body))
+    assert e.value.param == param and e.value.code == "guide_too_large", e.value.message
+    assert f"{MAX_GUIDE_CHARS:,}" in e.value.message
+
+
+def test_guides_at_the_bound_are_taken() -> None:
+    pattern = "a" * MAX_GUIDE_CHARS
+    assert request_guide(chat(guided_regex=pattern)) == Guide("regex", pattern, "guided_regex")
+    grammar = 'root ::= "' + "a" * (MAX_GUIDE_CHARS - 11) + '"'
+    assert request_guide(chat(structured_outputs={"grammar": grammar})) == Guide("grammar", grammar,
+                                                                                 "structured_outputs")
 
 
 @pytest.mark.parametrize(("body", "param"), [

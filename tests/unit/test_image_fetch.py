@@ -307,3 +307,94 @@ def test_split_url_keeps_the_path_and_query_and_encodes_what_must_be() -> None:
         "example.com", 80, "example.com", "/a/b.png?x=1&y=%20")
     assert split_url("https://[2001:db8::1]:8443/")[3] == "[2001:db8::1]:8443"
     assert split_url("http://example.com/caf\u00e9.png")[4] == "/caf%C3%A9.png"
+
+
+# --- the special-purpose table is ours, the same on every Python ---------------------------------------------
+
+# One address inside each range of IANA's special-purpose registries that is not public, with the reason; the
+# first rows are what Python's own `is_global` / `is_private` got wrong (CVE-2024-4032 before 3.11.10 / 3.12.4:
+# most of 192.0.0.0/24; on every version fec0::/10, 3fff::/20, 5f00::/16, 100:0:0:1::/64, 192.88.99.0/24).
+SPECIAL = [
+    ("192.0.0.8", "reserved"), ("192.0.0.9", "reserved"), ("192.0.0.100", "reserved"), ("192.0.0.255", "reserved"),
+    ("fec0::1", "private"), ("fefe::1", "private"), ("3fff::1", "reserved"), ("5f00::1", "reserved"),
+    ("100:0:0:1::1", "reserved"), ("192.88.99.1", "reserved"), ("4000::1", "reserved"),
+    ("0.0.0.0", "unspecified"), ("0.1.2.3", "reserved"), ("10.0.0.1", "private"), ("100.64.0.1", "private"),
+    ("100.127.255.254", "private"), ("127.0.0.1", "loopback"), ("127.255.255.255", "loopback"),
+    ("169.254.1.1", "link_local"), ("172.16.0.1", "private"), ("172.31.255.255", "private"),
+    ("192.0.2.1", "reserved"), ("192.168.1.1", "private"), ("198.18.0.1", "reserved"), ("198.19.255.255", "reserved"),
+    ("198.51.100.1", "reserved"), ("203.0.113.1", "reserved"), ("224.0.0.1", "multicast"),
+    ("239.255.255.255", "multicast"), ("240.0.0.1", "reserved"), ("255.255.255.255", "reserved"),
+    ("::", "unspecified"), ("::1", "loopback"), ("::ffff:8.8.8.8", "ipv4_mapped"), ("::8.8.8.8", "ipv4_mapped"),
+    ("64:ff9b::808:808", "ipv4_mapped"), ("64:ff9b:1::1", "ipv4_mapped"), ("2002:808:808::1", "ipv4_mapped"),
+    ("2001::1", "ipv4_mapped"), ("100::1", "reserved"), ("2001:2::1", "reserved"), ("2001:10::1", "reserved"),
+    ("2001:1ff:ffff::1", "reserved"), ("2001:db8::1", "reserved"), ("fc00::1", "private"), ("fd12:3456::1", "private"),
+    ("fe80::1", "link_local"), ("febf::1", "link_local"), ("ff02::1", "multicast"),
+    ("169.254.169.254", "metadata"), ("fd00:ec2::254", "metadata"), ("100.100.100.200", "metadata"),
+]
+PUBLICS = [PUBLIC, PUBLIC_V6, "8.8.8.8", "1.1.1.1", "192.0.1.255", "192.0.3.0", "198.17.255.255", "198.20.0.0",
+           "223.255.255.255", "2001:200::1", "2001:4860:4860::8888", "2a00:1450:4001::1", "3ffe::1"]
+
+
+@pytest.mark.parametrize(("address", "reason"), SPECIAL)
+def test_every_special_purpose_range_is_refused_with_its_reason(address: str, reason: str) -> None:
+    import ipaddress
+
+    assert classify(ipaddress.ip_address(address)) == reason
+
+
+@pytest.mark.parametrize("address", PUBLICS)
+def test_public_addresses_pass(address: str) -> None:
+    import ipaddress
+
+    assert classify(ipaddress.ip_address(address)) is None
+
+
+def test_the_verdicts_do_not_depend_on_pythons_own_address_properties(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Python whose `ipaddress` answers wrongly (every address global, none private, loopback, ...) changes
+    nothing: the verdicts come from the fetcher's table."""
+    import ipaddress
+
+    for cls in (ipaddress.IPv4Address, ipaddress.IPv6Address):
+        monkeypatch.setattr(cls, "is_global", property(lambda self: True))
+        for name in ("is_private", "is_loopback", "is_link_local", "is_multicast", "is_unspecified", "is_reserved",
+                     "is_site_local"):
+            if hasattr(cls, name):
+                monkeypatch.setattr(cls, name, property(lambda self: False))
+    for address, reason in SPECIAL:
+        assert classify(ipaddress.ip_address(address)) == reason, address
+    assert all(classify(ipaddress.ip_address(a)) is None for a in PUBLICS)
+
+
+# --- refusals say why, never where ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("answers", [["10.9.8.7"], ["169.254.169.254"], ["fd12:3456::77"], ["127.0.0.53"],
+                                     [PUBLIC, "192.168.44.55"]])
+def test_a_refusal_names_the_reason_but_never_the_address_a_name_resolved_to(answers: list[str]) -> None:
+    net = Network(dns={"db.corp.internal": [answers]})
+    err = refused(net.fetcher().fetch("http://db.corp.internal/a.png"))
+    for address in answers:
+        assert address not in err.message, err.message
+    assert "db.corp.internal" in err.message and err.reason in err.message.replace(" ", "_").replace("-", "_")
+
+
+# --- allowed-only ----------------------------------------------------------------------------------------------
+
+def test_allowed_only_fetches_from_the_listed_names_and_resolves_no_other_name() -> None:
+    net = Network(dns={"img.example.com": [[PUBLIC]], "store.internal": [["10.20.30.40"]]},
+                  pages={"10.20.30.40": answer(302, b"", {"Location": "http://img.example.com/a.png"})})
+    fetcher = net.fetcher(policy=AddressPolicy.build(["store.internal"], allowed_only=True))
+    for url in ("http://img.example.com/a.png", f"http://{PUBLIC}/a.png", "http://127.0.0.2/a.png",
+                "http://store.internal/a.png"):  # the last: a redirect to a public host that is not listed
+        assert refused(fetcher.fetch(url)).reason == "not_allowed", url
+    assert net.lookups == ["store.internal"]  # every other name refused before it was resolved
+    assert [c[0] for c in net.connects] == ["10.20.30.40"]
+
+
+def test_allowed_only_with_addresses_and_networks_judges_names_by_their_addresses() -> None:
+    net = Network(dns={"a.internal": [["10.1.0.5"]], "b.internal": [["10.2.0.5"]], "img.example.com": [[PUBLIC]]})
+    fetcher = net.fetcher(policy=AddressPolicy.build(["10.1.0.0/16", "127.0.0.2"], allowed_only=True))
+    assert asyncio.run(fetcher.fetch("http://a.internal/a.png")) == PNG
+    assert asyncio.run(fetcher.fetch("http://127.0.0.2:9000/a.png")) == PNG
+    for url in ("http://b.internal/a.png", "http://img.example.com/a.png", "http://127.0.0.1/a.png"):
+        assert refused(fetcher.fetch(url)).reason == "not_allowed", url
+    assert [c[0] for c in net.connects] == ["10.1.0.5", "127.0.0.2"]

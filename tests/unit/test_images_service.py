@@ -42,12 +42,17 @@ class FakeFetcher:
         self.calls: list[str] = []
         self.timeout_s = timeout_s
         self.hold: asyncio.Event | None = None  # set: every fetch waits for it
+        self.cancelled: list[str] = []  # fetches cancelled while they waited
 
     async def fetch(self, url: str, timeout_s: float | None = None) -> bytes:
         self.calls.append(url)
         await asyncio.sleep(0)
         if self.hold is not None:
-            await self.hold.wait()
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.cancelled.append(url)
+                raise
         page = self.pages[url]
         if isinstance(page, ImageRefused):
             raise page
@@ -168,6 +173,39 @@ def test_waiting_for_a_fetch_slot_counts_toward_the_timeout() -> None:
         return ""
 
     assert "(reason: timeout)" in asyncio.run(scenario())
+
+
+def test_a_fetch_ends_with_the_last_request_waiting_for_it_and_frees_its_slot() -> None:
+    """A request that goes away (its client left) takes its fetch along: the fetch is cancelled and its slot
+    is free for the next URL at once. A fetch another request still waits for goes on for that one."""
+    async def scenario() -> None:
+        url, other = "https://a.example.com/slow.png", "https://b.example.com/b.png"
+        fetcher = FakeFetcher({url: RED, other: BLUE}, timeout_s=60)
+        svc = ImageService(ImageLimits(fetch_concurrency=1), fetcher)  # type: ignore[arg-type]
+        fetcher.hold = asyncio.Event()
+        first = asyncio.ensure_future(svc.load([ImageSource(url, "a")]))
+        second = asyncio.ensure_future(svc.load([ImageSource(url, "b")]))
+        await asyncio.sleep(0.01)
+        first.cancel()  # one of the two requests for the URL leaves: the fetch goes on for the other
+        await asyncio.sleep(0.01)
+        assert fetcher.calls == [url] and not fetcher.cancelled
+        second.cancel()  # the last one leaves: the fetch is cancelled, its slot freed
+        await asyncio.sleep(0.01)
+        assert fetcher.cancelled == [url]
+        fetcher.hold.set()
+        images = await asyncio.wait_for(svc.load([ImageSource(other, "c")]), 5)  # the only slot is free
+        assert images[0].width == 10 and fetcher.calls == [url, other]
+        assert not svc._inflight
+
+    asyncio.run(scenario())
+
+
+def test_with_url_fetching_off_only_data_urls_are_taken() -> None:
+    svc, fetcher = service({"https://img.example.com/b.jpg": BLUE}, fetch_urls=False)
+    err = refusal(svc, data_url(RED), "https://img.example.com/b.jpg")
+    assert err.param == "messages[0].content[1]" and "(reason: url_off)" in err.message and "data:image" in err.message
+    assert fetcher.calls == []
+    assert load(svc, data_url(RED))[0].width == 64
 
 
 def test_the_same_image_is_fetched_and_verified_once() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -172,3 +173,17 @@ async def test_every_worker_follows_another_workers_runtime_loads_with_persist_a
         assert "upper" not in await models(ca)
     for app in (a, b):
         await app.state.gateway.services.registry.pool.close()
+
+
+async def test_a_newline_in_lora_name_forges_no_log_line(plain: httpx.AsyncClient,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """Client text reaches the LoRA service's log lines; a newline in it stays inside its own line."""
+    forged = "evil\n2026-01-01 00:00:00,000 INFO openai_api.access: method=GET path=/v1/admin status=200"
+    formatter = logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with caplog.at_level(logging.INFO):
+        r = await plain.post("/v1/load_lora_adapter", json={**BODY, "lora_name": forged}, headers=auth("k1"))
+        assert r.status_code in (200, 400), r.text
+        await plain.post("/v1/unload_lora_adapter", json={"lora_name": forged}, headers=auth("k1"))
+    written = "\n".join(formatter.format(record) for record in caplog.records)
+    assert "evil" in written, "the adapter's name reached no log line: nothing was tested"
+    assert not any(line.startswith("2026-01-01") for line in written.splitlines()), written

@@ -68,7 +68,7 @@ def test_a_malformed_dns_url_is_refused(url: str) -> None:
 
 
 def test_dns_urls_mix_with_static_ones() -> None:
-    m = LLMModel(name="m", url=["dns:///triton-headless.ns.svc.cluster.local:8001", "10.0.0.9:8001"],
+    m = LLMModel(name="m", url=["dns:///triton-headless.ns.svc.cluster.local:8001", "127.0.0.9:8001"],
                  path=Path("."), discovery={"interval_s": 2})
     assert m.discovered and m.discovery.interval_s == 2
 
@@ -86,8 +86,8 @@ def test_metrics_port_per_replica() -> None:
     cfg = RoutingConfig(metrics_port={"127.0.0.1:8001": 8002})
     assert cfg.metrics_port_of("127.0.0.1:8001") == 8002 and cfg.metrics_port_of("127.0.0.1:9001") is None
     assert RoutingConfig(metrics_port=8002).metrics_port_of("x:1") == 8002
-    assert metrics_url("10.1.2.3:8001", 8002) == "http://10.1.2.3:8002/metrics"
-    assert metrics_url("[fd00::1]:8001", 8002) == "http://[fd00::1]:8002/metrics"
+    assert metrics_url("127.1.2.3:8001", 8002) == "http://127.1.2.3:8002/metrics"
+    assert metrics_url("[::1]:8001", 8002) == "http://[::1]:8002/metrics"
 
 
 # --- the simple policies ------------------------------------------------------------------------------------
@@ -373,17 +373,17 @@ def backend(ready: set[str] | None = None, **kw: Any) -> tuple[ReplicatedLLMBack
 
 async def test_discovery_adds_ready_replicas_and_retires_vanished_ones_without_failing_their_streams(
         dns: FakeDNS) -> None:
-    dns.names["triton"] = ["10.0.0.1:8001", "10.0.0.2:8001"]
-    b, made = backend(ready={"10.0.0.1:8001", "10.0.0.2:8001"})
+    dns.names["triton"] = ["127.0.0.1:8001", "127.0.0.2:8001"]
+    b, made = backend(ready={"127.0.0.1:8001", "127.0.0.2:8001"})
     await b.check()  # the first resolution happens here
-    assert [r.url for r in b.set.replicas] == ["10.0.0.1:8001", "10.0.0.2:8001"]
+    assert [r.url for r in b.set.replicas] == ["127.0.0.1:8001", "127.0.0.2:8001"]
     # a stream starts on the replica that is about to vanish
     stream = b.generate(GenerationRequest(prompt_ids=[1, 2], max_tokens=2))
     assert (await anext(stream)).token_ids == [1]
     victim = next(u for u, fb in made.items() if fb.calls)
-    dns.names["triton"] = [u for u in ["10.0.0.1:8001", "10.0.0.2:8001", "10.0.0.3:8001"] if u != victim]
-    await b.set.refresh()  # 10.0.0.3 is not ready yet: not added; the victim is retired
-    assert victim not in [r.url for r in b.set.replicas] and "10.0.0.3:8001" not in made
+    dns.names["triton"] = [u for u in ["127.0.0.1:8001", "127.0.0.2:8001", "127.0.0.3:8001"] if u != victim]
+    await b.set.refresh()  # 127.0.0.3 is not ready yet: not added; the victim is retired
+    assert victim not in [r.url for r in b.set.replicas] and "127.0.0.3:8001" not in made
     made[victim].gate.set()
     assert [c.token_ids async for c in stream] == [[2]]  # the stream on the retired replica finished
     survivor = next(r for r in b.set.replicas)
@@ -400,8 +400,8 @@ async def test_a_retired_replicas_triton_clients_close_after_its_last_request_un
     from openai_api.triton.client import TritonClientPool
 
     pool = TritonClientPool()
-    dns.names["triton"] = ["10.0.0.1:8001", "10.0.0.2:8001"]
-    dns.names["other"] = ["10.0.0.2:8001"]
+    dns.names["triton"] = ["127.0.0.1:8001", "127.0.0.2:8001"]
+    dns.names["other"] = ["127.0.0.2:8001"]
     made: dict[str, FakeBackend] = {}
 
     def factory(url: str) -> Any:
@@ -417,21 +417,21 @@ async def test_a_retired_replicas_triton_clients_close_after_its_last_request_un
     await b.set.refresh()
     services: Any = SimpleNamespace(registry=SimpleNamespace(pool=pool, replicas={"a": a.set, "b": b.set}))
     reloader = ConfigReloader(GatewayConfig(), services, Settings(), Metrics())
-    assert pool.urls() == {"10.0.0.1:8001", "10.0.0.2:8001"}
+    assert pool.urls() == {"127.0.0.1:8001", "127.0.0.2:8001"}
     stream = a.generate(GenerationRequest(prompt_ids=[1], max_tokens=2))
     assert (await anext(stream)).token_ids == [1]
     busy = next(u for u, fb in made.items() if fb.calls)
     dns.names["triton"] = []  # both of a's replicas vanish; the busy one has a stream in flight
     await a.set.refresh()
     await reloader.release_retired()
-    if busy == "10.0.0.1:8001":  # still streaming; 10.0.0.2 is idle but b's replica too: nothing closes yet
-        assert pool.urls() == {"10.0.0.1:8001", "10.0.0.2:8001"}
-    else:  # 10.0.0.1 is idle and only a's: closed; 10.0.0.2 is still streaming (and b's)
-        assert pool.urls() == {"10.0.0.2:8001"}
+    if busy == "127.0.0.1:8001":  # still streaming; 127.0.0.2 is idle but b's replica too: nothing closes yet
+        assert pool.urls() == {"127.0.0.1:8001", "127.0.0.2:8001"}
+    else:  # 127.0.0.1 is idle and only a's: closed; 127.0.0.2 is still streaming (and b's)
+        assert pool.urls() == {"127.0.0.2:8001"}
     made[busy].gate.set()
     assert [c.token_ids async for c in stream] == [[2]]
     await reloader.release_retired()
-    assert pool.urls() == {"10.0.0.2:8001"}  # b's replica keeps its channel
+    assert pool.urls() == {"127.0.0.2:8001"}  # b's replica keeps its channel
     dns.names["other"] = []
     await b.set.refresh()
     await reloader.release_retired()
@@ -454,13 +454,13 @@ class FullCacheBackend(FakeBackend):
 async def test_a_full_adapter_cache_sends_the_request_to_the_next_replica_and_marks_nothing_down() -> None:
     from openai_api.errors import AdapterCacheFullError
 
-    full, fine = FullCacheBackend("10.0.0.1:8001"), FakeBackend("10.0.0.2:8001")
+    full, fine = FullCacheBackend("127.0.0.1:8001"), FakeBackend("127.0.0.2:8001")
     fine.gate.set()
     b = ReplicatedLLMBackend("m", "grpc", [(full.url, full), (fine.url, fine)], metrics=Metrics())
     chunks = [c.token_ids async for c in b.generate(GenerationRequest(prompt_ids=[1], max_tokens=2))]
     assert chunks == [[1], [2]] and full.calls == 1 and fine.calls == 1
     assert all(r.healthy and r.outstanding == 0 for r in b.set.replicas)
-    only_full = ReplicatedLLMBackend("m", "grpc", [(full.url, full), ("10.0.0.3:8001", FullCacheBackend("x"))],
+    only_full = ReplicatedLLMBackend("m", "grpc", [(full.url, full), ("127.0.0.3:8001", FullCacheBackend("x"))],
                                      metrics=Metrics())
     with pytest.raises(AdapterCacheFullError):  # every replica full: the client's retryable 503
         [c async for c in only_full.generate(GenerationRequest(prompt_ids=[1], max_tokens=2))]
@@ -468,16 +468,16 @@ async def test_a_full_adapter_cache_sends_the_request_to_the_next_replica_and_ma
 
 
 async def test_discovery_waits_for_readiness_and_survives_resolver_failures(dns: FakeDNS) -> None:
-    dns.names["triton"] = ["10.0.0.1:8001"]
-    ready = {"10.0.0.1:8001"}
+    dns.names["triton"] = ["127.0.0.1:8001"]
+    ready = {"127.0.0.1:8001"}
     b, _ = backend(ready=ready)
     await b.set.refresh()
-    dns.names["triton"] = ["10.0.0.1:8001", "10.0.0.2:8001"]
+    dns.names["triton"] = ["127.0.0.1:8001", "127.0.0.2:8001"]
     await b.set.refresh()
-    assert [r.url for r in b.set.replicas] == ["10.0.0.1:8001"]  # 10.0.0.2 not ready
-    ready.add("10.0.0.2:8001")
+    assert [r.url for r in b.set.replicas] == ["127.0.0.1:8001"]  # 127.0.0.2 not ready
+    ready.add("127.0.0.2:8001")
     await b.set.refresh()
-    assert [r.url for r in b.set.replicas] == ["10.0.0.1:8001", "10.0.0.2:8001"]
+    assert [r.url for r in b.set.replicas] == ["127.0.0.1:8001", "127.0.0.2:8001"]
     dns.fail = True
     await b.set.refresh()  # a failed resolution keeps what the name had
     assert len(b.set.replicas) == 2
@@ -490,7 +490,7 @@ async def test_discovery_waits_for_readiness_and_survives_resolver_failures(dns:
 
 
 async def test_a_replica_set_routes_with_its_policy_and_counts_decisions(dns: FakeDNS) -> None:
-    dns.names["triton"] = ["10.0.0.1:8001", "10.0.0.2:8001"]
+    dns.names["triton"] = ["127.0.0.1:8001", "127.0.0.2:8001"]
     b, made = backend(routing=RoutingConfig(policy="prefix_affinity", block_tokens=4))
     await b.set.refresh()
     prompt = list(range(32))
@@ -539,7 +539,7 @@ def test_the_shared_table_is_one_map_for_every_process_that_maps_the_file(tmp_pa
     for h in range(10_000):  # a table far smaller than what goes in: entries are overwritten, never an error
         one.put(h * 7919, 1)
     assert len(one.get(9_999 * 7919)) == 1
-    assert stable_id("10.0.0.1:8001") == stable_id("10.0.0.1:8001") != 0
+    assert stable_id("127.0.0.1:8001") == stable_id("127.0.0.1:8001") != 0
     one.close()
     two.close()
 
@@ -556,7 +556,7 @@ def affinity_across_workers(tmp_path: Path | None, workers: int = 2, replicas: i
     cfg = RoutingConfig(policy="prefix_affinity", block_tokens=8)
     table = (lambda: SharedTable(tmp_path / "prefix.bin", cfg.max_blocks)) if tmp_path else (lambda: None)
     policies = [PrefixAffinity(cfg, table()) for _ in range(workers)]
-    reps = [Fake(f"10.0.0.{i}:8001") for i in range(replicas)]
+    reps = [Fake(f"127.0.0.{i}:8001") for i in range(replicas)]
     rng = random.Random(7)
     last: dict[int, Fake] = {}
     same = follow_ups = 0

@@ -1,0 +1,87 @@
+"""Log lines a client cannot forge (`openai_api.logs`): once installed, every record's message and the
+messages in its traceback hold no control character, through any formatter, for any logger."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from openai_api import logs
+from openai_api.logs import SafeLogRecord, escape_controls
+
+FORGED = "x\n2026-01-01 00:00:00,000 INFO openai_api.access: method=GET path=/admin status=200"
+
+
+@pytest.fixture
+def captured() -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    factory = logging.getLogRecordFactory()
+    logging.setLogRecordFactory(logging.LogRecord)
+    logs.install()
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("tests.logs")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    try:
+        yield logger, out
+    finally:
+        logger.removeHandler(handler)
+        logging.setLogRecordFactory(factory)
+
+
+def test_every_control_character_is_escaped_and_plain_text_is_untouched() -> None:
+    assert escape_controls("plain text, é and 日本") == "plain text, é and 日本"
+    assert escape_controls("a\nb\rc\td") == "a\\nb\\rc\\td"
+    assert escape_controls("\x00\x1b[31m\x7f\x85\u2028\u2029") == "\\x00\\x1b[31m\\x7f\\x85\\u2028\\u2029"
+
+
+def test_a_client_newline_never_starts_a_line(captured: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, out = captured
+    logger.info("LoRA adapter %s loaded", FORGED)
+    logger.warning(FORGED)  # in the format string itself
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and not any(line.startswith("2026") for line in lines)
+    assert lines[0] == "INFO tests.logs: LoRA adapter " + FORGED.replace("\n", "\\n") + " loaded"
+
+
+def test_tracebacks_keep_their_lines_but_not_the_exception_messages_newlines(
+        captured: tuple[logging.Logger, io.StringIO]) -> None:
+    logger, out = captured
+    try:
+        try:
+            raise KeyError(FORGED)
+        except KeyError as e:
+            e.add_note("note " + FORGED)
+            raise ValueError(FORGED) from e
+    except ValueError:
+        logger.exception("unhandled error")
+    text = out.getvalue()
+    assert "Traceback (most recent call last):" in text and "The above exception was the direct cause" in text
+    assert not any(line.startswith("2026") for line in text.splitlines()), text
+    assert "ValueError: " + FORGED.replace("\n", "\\n") in text
+
+
+def test_a_factory_set_by_someone_else_is_kept_and_its_records_escaped() -> None:
+    factory = logging.getLogRecordFactory()
+    made: list[logging.LogRecord] = []
+
+    def theirs(*args: object, **kwargs: object) -> logging.LogRecord:
+        record = logging.LogRecord(*args, **kwargs)  # type: ignore[arg-type]
+        made.append(record)
+        return record
+
+    logging.setLogRecordFactory(theirs)
+    try:
+        logs.install()
+        logs.install()  # idempotent
+        record = logging.getLogRecordFactory()("n", logging.INFO, __file__, 1, "%s", (FORGED,), None)
+        assert made == [record] and "\n" not in record.getMessage()
+    finally:
+        logging.setLogRecordFactory(factory)
+    assert isinstance(logging.LogRecord("n", logging.INFO, __file__, 1, "m", None, None), logging.LogRecord)
+    assert issubclass(SafeLogRecord, logging.LogRecord)
