@@ -14,6 +14,7 @@ from openai_api import __version__, logs
 from openai_api.config import GatewayConfig
 from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
+from openai_api.http.docs import install_docs
 from openai_api.http.fastpath import JSONRouteMiddleware
 from openai_api.http.keys import RATELIMIT_HEADERS, KeysMiddleware
 from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
@@ -32,6 +33,7 @@ from openai_api.http.routers import (
     models,
     rerank,
     responses,
+    status,
     tokenize,
 )
 from openai_api.observability import Metrics
@@ -39,6 +41,7 @@ from openai_api.quota.factory import build_store
 from openai_api.quota.service import QuotaService
 from openai_api.reload import ConfigReloader, PinGeneration, check_models, model_names
 from openai_api.services.container import Services, build_services
+from openai_api.services.status import StatusService
 from openai_api.settings import Settings
 from openai_api.tracing import TracingMiddleware, build_tracing
 
@@ -53,7 +56,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     """The gateway as an ASGI app: its `AppState` (services, metrics, lifecycle, limiter) is
     `app.state.gateway`, reached by the routers through the typed dependencies in `http.deps`."""
     logs.install()  # however the app is served: control characters a client sent never reach a log line
-    metrics_ = Metrics()
+    metrics_ = Metrics(vllm_names=settings.vllm_metrics)
     svc = build_services(config, settings, metrics_)
     lifecycle = Lifecycle()
     limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
@@ -72,6 +75,9 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     reloader = ConfigReloader(config, svc, settings, metrics_, on_swap=swapped,
                               also_on_sighup=(lambda: quota.reload("SIGHUP")) if settings.keys_file else None)
     state.reloader = reloader
+    metrics_.catalog = lambda: state.services.registry.served()  # the vLLM view names what is served now
+    if settings.status_page:
+        state.status = StatusService(metrics_)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -82,15 +88,23 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         await svc.start()
         await quota.start()
         await reloader.start()  # the replica prober; SIGHUP and the config file's poll (after the keys' handler)
+        if state.status is not None:
+            state.status.start()  # samples the request counter for the page's recent error rates
         yield
+        if state.status is not None:
+            await state.status.close()
         await reloader.close()
         await quota.close()
         await reloader.services.close()  # the process-lifetime parts every generation shared
         if tracing is not None:
             await asyncio.to_thread(tracing.shutdown)  # the last batch of spans goes out
 
-    app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan)
+    # Swagger UI and ReDoc with their assets served here (http/docs.py): FastAPI's own pages load them from a CDN.
+    app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None)
     app.state.gateway = state
+    if settings.docs:
+        install_docs(app)
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
                    tokenize.router, models.router, messages.router, keys.router, lora.router)
@@ -98,6 +112,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)
     app.include_router(metrics.router)
+    if settings.status_page:
+        app.include_router(status.router)
     # Added innermost first. Outermost: the request context (the request id, so even a 401 carries
     # one; metrics and the access log, so they see every status), CORS, API keys (before any body is
     # read), and the guard (draining, body size, in-flight limits, disconnect cancellation) right

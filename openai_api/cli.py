@@ -35,14 +35,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def setup_logging(verbose: bool, *, with_pid: bool = False) -> None:
-    """The gateway's log format; `with_pid` (--workers > 1) names the process on every line, so an access-log
-    line says which worker served the request."""
+def setup_logging(verbose: bool, *, with_pid: bool = False, log_format: str = "text") -> None:
+    """The gateway's log format (`--log-format`: text lines, or one JSON object per line, `logs.JSONFormatter`);
+    `with_pid` (--workers > 1) names the process on every line, so an access-log line says which worker served
+    the request."""
     logs.install()  # control characters a client sent never reach a log line
     level = os.environ.get("LOG_LEVEL", "DEBUG" if verbose else "INFO").upper()
+    level = level if level in logging.getLevelNamesMapping() else "INFO"
+    if log_format == "json":
+        handler = logging.StreamHandler()
+        handler.setFormatter(logs.JSONFormatter(with_pid=with_pid))
+        logging.basicConfig(level=level, handlers=[handler])
+        return
     pid = " [%(process)d]" if with_pid else ""
-    logging.basicConfig(level=level if level in logging.getLevelNamesMapping() else "INFO",
-                        format=f"%(asctime)s %(levelname)s{pid} %(name)s: %(message)s")
+    logging.basicConfig(level=level, format=f"%(asctime)s %(levelname)s{pid} %(name)s: %(message)s")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -61,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    setup_logging(settings.verbose, with_pid=settings.workers > 1)
+    setup_logging(settings.verbose, with_pid=settings.workers > 1, log_format=settings.log_format)
     for warning in settings.start_warnings():
         logger.warning("%s", warning)
     triton = None

@@ -10,14 +10,29 @@ C0 or C1 control, DEL and the Unicode line and paragraph separators as `\\xNN` /
 an exception has its traceback rendered with the same escaping of every exception message and note in
 the chain; the traceback's own lines (frames, "During handling of ...") stay lines. So one record is one
 line, plus the lines of its traceback, whatever the client sent.
+
+`--log-format json` (`JSONFormatter`) writes each record as one JSON object on one line instead (JSON escapes
+every control character itself, the traceback included): `time` (UTC, ISO 8601), `level`, `logger`, `message`,
+`process` (with workers), `exception` (a traceback, as text), and, for a record made while a request is served,
+its `request_id` and, with tracing on, the `trace_id` and `span_id` of its current span. The access log's records
+carry their fields (`AccessLine`) as fields of their own: `method`, `path`, `status`, `duration_ms`,
+`request_id`, `key` (the keys file's name: never the key), `model`, `ttft_ms`, `prompt_tokens`,
+`completion_tokens`, `object_id`, `client_disconnected`, `trace_id`, `span_id`.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import time
 import traceback
+from collections.abc import Mapping
 from typing import Any
+
+import orjson
+from opentelemetry import trace
+
+from openai_api.observability import current_stats
 
 # C0 controls, DEL, C1 controls, and the characters Unicode (and some log viewers) treat as line breaks.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -90,3 +105,64 @@ def install() -> None:
 
     factory.escapes_controls = True  # type: ignore[attr-defined]
     logging.setLogRecordFactory(factory)
+
+
+_SAFE_VALUE = re.compile(r"^[\w./:@+\-]*$")
+
+
+def _kv(value: Any) -> str:
+    s = str(value)
+    return s if s and _SAFE_VALUE.match(s) else orjson.dumps(s).decode()
+
+
+class AccessLine:
+    """One access-log record's fields. As a text message (`str`, formatted only when a text handler prints it):
+    `method=POST path=/v1/chat/completions status=200 duration_ms=412.7 request_id=... model=...`, a value
+    quoted as JSON when it is not a plain word. `JSONFormatter` writes the fields themselves."""
+
+    __slots__ = ("fields",)
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self.fields = fields
+
+    def __str__(self) -> str:
+        return " ".join(f"{k}={v}" if isinstance(v, int | float) and not isinstance(v, bool) else
+                        f"{k}={'true' if v is True else 'false' if v is False else _kv(v)}"
+                        for k, v in self.fields.items())
+
+
+def _utc(created: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z"
+
+
+class JSONFormatter(logging.Formatter):
+    """One JSON object per record, on one line (see the module docstring)."""
+
+    def __init__(self, with_pid: bool = False) -> None:
+        super().__init__()
+        self.with_pid = with_pid
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {"time": _utc(record.created), "level": record.levelname, "logger": record.name}
+        if self.with_pid:
+            out["process"] = record.process
+        msg = record.msg
+        if isinstance(msg, AccessLine):
+            fields = msg.fields
+            out["message"] = f"{fields.get('method', '')} {fields.get('path', '')} {fields.get('status', '')}"
+            out.update(fields)
+        else:
+            out["message"] = record.getMessage()
+            stats = current_stats()
+            if stats is not None:
+                out["request_id"] = stats.request_id
+            ctx = trace.get_current_span().get_span_context()
+            if ctx.is_valid:
+                out["trace_id"], out["span_id"] = f"{ctx.trace_id:032x}", f"{ctx.span_id:016x}"
+        if record.exc_info and not record.exc_text:
+            record.exc_text = format_exception(record.exc_info)
+        if record.exc_text:
+            out["exception"] = record.exc_text
+        if record.stack_info:
+            out["stack"] = record.stack_info
+        return orjson.dumps(out, default=str).decode()

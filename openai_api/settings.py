@@ -69,7 +69,8 @@ def worker_count(text: str) -> int:
 
 
 GROUPS = {"server": "server", "triton": "embedded Triton", "limits": "limits, overload and timeouts",
-          "keys": "keys and quotas", "streaming": "streaming", "images": "images in chat", "logging": "logging"}
+          "keys": "keys and quotas", "streaming": "streaming", "images": "images in chat", "logging": "logging",
+          "observability": "metrics, status page and docs"}
 
 
 class Settings(BaseModel):
@@ -296,6 +297,31 @@ class Settings(BaseModel):
         "set (the other OTEL_* variables apply). Traced requests carry W3C traceparent into Triton",
         group="logging", metavar="URL", shown_default="none")] = None
 
+    log_format: Annotated[Literal["text", "json"], Option(
+        "text: one line per record (`time level logger: message`); json: one JSON object per line with the time, "
+        "level, logger and message, and, inside a request, its request id and (tracing on) trace and span ids; the "
+        "access log's fields (key name, model, status, timings, tokens) as fields of their own", group="logging")
+    ] = "text"
+
+    # --- metrics, status page and docs ----------------------------------------------------------------------------
+    vllm_metrics: Annotated[bool, Option(
+        "also show every measurement under vLLM's metric names (vllm:num_requests_waiting, "
+        "vllm:time_to_first_token_seconds, ... label model_name) in /metrics, for the dashboards, autoscaler rules "
+        "and endpoint pickers that read them; derived at each scrape, nothing recorded twice",
+        group="observability", flag="--no-vllm-metrics", negate=True)] = True
+    open_vllm_metrics: Annotated[bool, Option(
+        "with keys set, answer GET /metrics without a key too, with the vLLM-named families alone (models and "
+        "adapters, never a key's name): the inference extension's endpoint picker scrapes pods without credentials. "
+        "A key marked metrics or admin still reads everything", group="observability")] = False
+    status_page: Annotated[bool, Option(
+        "serve GET /status: a read-only HTML page of models, replicas, adapters, requests in flight and queued, "
+        "recent error rates and key usage (with keys set: admin keys only; a browser may send the key as the "
+        "password of HTTP basic auth)", group="observability", flag="--no-status-page", negate=True)] = True
+    docs: Annotated[bool, Option(
+        "serve the API's interactive docs (/docs: Swagger UI, /redoc) with their scripts and styles from the "
+        "gateway itself (no CDN: they work offline); /openapi.json stays", group="observability", flag="--no-docs",
+        negate=True)] = True
+
     # Routes that stay reachable without a key; everything else in the route table is guarded (/metrics
     # included: Prometheus sends the key with `authorization: {credentials: KEY}`). Not a setting.
     open_paths: frozenset[str] = Field(default=frozenset({"/health", "/health/ready", "/ping"}), exclude=True)
@@ -333,6 +359,11 @@ class Settings(BaseModel):
         if self.api_key_file is not None:
             keys = read_key_file(self.api_key_file)
             object.__setattr__(self, "api_keys", [*self.api_keys, *(k for k in keys if k not in self.api_keys)])
+        if self.open_vllm_metrics:
+            if not self.vllm_metrics:
+                raise ValueError("--open-vllm-metrics opens the vLLM-named metrics, which --no-vllm-metrics turns "
+                                 "off: drop one of them")
+            object.__setattr__(self, "open_paths", self.open_paths | {"/metrics"})  # the route decides what it shows
         if self.log_prompts and not self.verbose:
             object.__setattr__(self, "log_prompts", False)  # prompts reach the logs only when asked twice
         object.__setattr__(self, "stream_flush_interval_s", max(self.stream_flush_interval_s, 0.0))

@@ -169,6 +169,10 @@ class TracingMiddleware:
         method, path = scope["method"], scope["path"]
         span = self.tracer.start_span(f"{method} {path}", context=parent, kind=SpanKind.SERVER,
                                       attributes={"http.request.method": method, "url.path": path})
+        stats = current_stats()
+        if stats is not None:  # the access log names the request's trace
+            ids = span.get_span_context()
+            stats.trace_id, stats.span_id = f"{ids.trace_id:032x}", f"{ids.span_id:016x}"
         ctx_token = otel_context.attach(trace.set_span_in_context(span, parent))
         tracer_token: Token[Tracer | None] = _TRACER.set(self.tracer)
         error: BaseException | None = None

@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         config, settings = pickle.load(f)  # written by our own supervisor, in its private (0700) directory
     if not isinstance(config, GatewayConfig) or not isinstance(settings, Settings):
         raise TypeError(f"{run_dir}/{HANDOFF} does not hold a config and settings")
-    setup_logging(settings.verbose, with_pid=True)
+    setup_logging(settings.verbose, with_pid=True, log_format=settings.log_format)
     # SIGHUP reloads the model config (and the keys file) once the app runs; until then, not a kill.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     # The family and type are read from each descriptor (uvicorn's own `fd=` would take them for AF_UNIX).

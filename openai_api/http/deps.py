@@ -29,6 +29,7 @@ from openai_api.services.messages import MessagesService
 from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.rerank import RerankService
 from openai_api.services.responses import ResponsesService
+from openai_api.services.status import StatusService
 from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
 
@@ -57,6 +58,8 @@ class AppState:
     quota: QuotaService
     # Swaps `services` on SIGHUP or a config file change (openai_api/reload.py); None: never reloaded.
     reloader: Reloader | None = None
+    # The status page's data (services/status.py); None with --no-status-page.
+    status: StatusService | None = None
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ import logging
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import AuthenticationError, GatewayError
-from openai_api.http.middleware import AUTHORIZED_KEY, send_error
+from openai_api.http.middleware import AUTHORIZED_KEY, basic_password, browser_page, challenges, send_error
 from openai_api.observability import current_stats
 from openai_api.quota.caller import bind_caller, unbind_caller
 from openai_api.quota.service import QuotaService, ratelimit_headers, refusal
@@ -39,11 +39,16 @@ RATELIMIT_HEADERS = [f"x-ratelimit-{what}-{kind}" for kind in ("requests", "toke
 
 
 def presented_key(scope: Scope) -> bytes | None:
-    """The key as the client sent it: `Authorization: Bearer KEY`, else `x-api-key: KEY`; an Authorization
-    header that is not a bearer token is no key (b"" : wrong, not missing)."""
+    """The key as the client sent it: `Authorization: Bearer KEY`, else `x-api-key: KEY`; on a browser page
+    (`middleware.browser_page`) also as basic auth's password. An Authorization header that is none of these is
+    no key (b"" : wrong, not missing)."""
     auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)
     if auth is not None:
-        return auth[7:].strip() if auth[:7].lower() == b"bearer " else b""
+        if auth[:7].lower() == b"bearer ":
+            key: bytes = auth[7:].strip()
+            return key
+        password = basic_password(auth) if browser_page(scope["path"]) else None
+        return b"" if password is None else password.strip()
     return next((v.strip() for k, v in scope["headers"] if k == b"x-api-key"), None)
 
 
@@ -70,7 +75,7 @@ class KeysMiddleware:
         if caller is None:
             msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY' (or 'x-api-key')."
                    if secret is None else "Incorrect API key provided.")
-            await send_error(send, AuthenticationError(msg), [(b"www-authenticate", b"Bearer")])
+            await send_error(send, AuthenticationError(msg), challenges(scope["path"]))
             return
         state[CALLER_KEY] = caller
         begun: Decision | None = None

@@ -2,24 +2,27 @@
 access log.
 
 `RequestRecorder` records each finished request: the request counter and latency histogram, then one
-access-log line: `method path status duration_ms request_id [model] [prompt_tokens completion_tokens]`.
-Neither prompt text nor API keys are ever part of it.
+access-log record (`logs.AccessLine`): `method path status duration_ms request_id [object_id] [model]
+[prompt_tokens completion_tokens] [client_disconnected] [key] [ttft_ms] [trace_id span_id]`, a line of text or
+(`--log-format json`) fields of a JSON object. Neither prompt text nor API keys are ever part of it (`key` is the
+keys file's name for the key).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hmac
 import logging
-import re
 import time
 import uuid
 from collections.abc import Iterable
 from typing import Any
 
-import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import AuthenticationError, GatewayError, error_response_bytes
+from openai_api.logs import AccessLine
 from openai_api.observability import Metrics, RequestStats, bind_stats, unbind_stats
 
 access_logger = logging.getLogger("openai_api.access")
@@ -35,6 +38,34 @@ async def send_error(send: Send, err: GatewayError, extra_headers: Iterable[tupl
 
 # scope["state"] key: on an open path with keys configured, whether the request presented a valid key.
 AUTHORIZED_KEY = "authorized"
+# Pages people open in a browser, which cannot add a bearer header: there the key may also come as the password
+# of HTTP basic auth (any user name), and a 401 asks for it, so the browser prompts.
+BROWSER_PAGES = frozenset({"/status", "/docs", "/redoc", "/openapi.json"})
+_BROWSER_PREFIX = "/docs/static/"
+
+
+def browser_page(path: str) -> bool:
+    return path in BROWSER_PAGES or path.startswith(_BROWSER_PREFIX)
+
+
+def basic_password(header: bytes) -> bytes | None:
+    """The password of `Authorization: Basic base64(user:password)` (b"" when malformed); None for another
+    scheme."""
+    if header[:6].lower() != b"basic ":
+        return None
+    try:
+        decoded = base64.b64decode(header[6:].strip(), validate=True)
+    except (binascii.Error, ValueError):
+        return b""
+    return decoded.partition(b":")[2]
+
+
+def challenges(path: str) -> list[tuple[bytes, bytes]]:
+    """A 401's `WWW-Authenticate` headers: bearer, and basic on a browser page."""
+    out = [(b"www-authenticate", b"Bearer")]
+    if browser_page(path):
+        out.append((b"www-authenticate", b'Basic realm="openai-api", charset="UTF-8"'))
+    return out
 
 
 class APIKeyMiddleware:
@@ -68,6 +99,10 @@ class APIKeyMiddleware:
         if auth is None:  # Anthropic's clients send the key as `x-api-key`
             key = next((v for k, v in scope["headers"] if k == b"x-api-key"), None)
             auth = None if key is None else b"Bearer " + key
+        elif browser_page(scope["path"]):
+            password = basic_password(auth)
+            if password is not None:
+                auth = b"Bearer " + password
         if scope["path"] in self.open_paths:
             # Open, but what it may say depends on the key: readiness names models only to key holders.
             scope.setdefault("state", {})[AUTHORIZED_KEY] = self._authorized(auth)
@@ -76,7 +111,7 @@ class APIKeyMiddleware:
         if not self._authorized(auth):
             msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY' (or 'x-api-key')."
                    if auth is None else "Incorrect API key provided.")
-            await send_error(send, AuthenticationError(msg), [(b"www-authenticate", b"Bearer")])
+            await send_error(send, AuthenticationError(msg), challenges(scope["path"]))
             return
         await self.app(scope, receive, send)
 
@@ -141,14 +176,6 @@ class RequestContextMiddleware:
             self.recorder.record(scope, stats)
 
 
-_SAFE_VALUE = re.compile(r"^[\w./:@+\-]*$")
-
-
-def _kv(value: Any) -> str:
-    s = str(value)
-    return s if s and _SAFE_VALUE.match(s) else orjson.dumps(s).decode()
-
-
 def _route_of(scope: Scope) -> str:
     route = scope.get("route")
     path = getattr(route, "path", None)
@@ -185,14 +212,21 @@ class RequestRecorder:
         latency.observe(duration)
         if not self.access_log or not access_logger.isEnabledFor(logging.INFO):
             return
-        parts = [f"method={scope['method']}", f"path={_kv(scope['path'])}", f"status={label}",
-                 f"duration_ms={duration * 1000:.1f}", f"request_id={_kv(stats.request_id)}"]
+        fields: dict[str, Any] = {"method": scope["method"], "path": scope["path"], "status": int(label),
+                                  "duration_ms": round(duration * 1000, 1), "request_id": stats.request_id}
         if stats.object_id:
-            parts.append(f"object_id={_kv(stats.object_id)}")
+            fields["object_id"] = stats.object_id
         if stats.model:
-            parts.append(f"model={_kv(stats.model)}")
+            fields["model"] = stats.model
         if stats.prompt_tokens or stats.completion_tokens:
-            parts.append(f"prompt_tokens={stats.prompt_tokens} completion_tokens={stats.completion_tokens}")
+            fields["prompt_tokens"], fields["completion_tokens"] = stats.prompt_tokens, stats.completion_tokens
         if stats.disconnected:
-            parts.append("client_disconnected=true")
-        access_logger.info(" ".join(parts))
+            fields["client_disconnected"] = True
+        caller = scope.get("state", {}).get("caller")
+        if caller is not None:  # the keys file's name for the key (never the key)
+            fields["key"] = caller.name
+        if stats.ttft:
+            fields["ttft_ms"] = round(stats.ttft * 1000, 1)
+        if stats.trace_id:
+            fields["trace_id"], fields["span_id"] = stats.trace_id, stats.span_id
+        access_logger.info(AccessLine(fields))

@@ -8,11 +8,13 @@ the interface it implements (`LLMBackend`, `EncoderBackend`), nothing forwarded 
 set, when there is one, is returned beside the backend, for the prober and `/v1/models`.
 
 Per token, the metrics wrapper is one generator layer: a clock read and one histogram observation per
-chunk; token counters are added once per sequence.
+chunk; token counters, the sequence's phase (waiting for its first output, then running), duration, token
+histograms and how it ended are recorded once per sequence.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
@@ -22,14 +24,14 @@ from numpy.typing import NDArray
 from openai_api.config import DNS_SCHEME, EmbeddingModel, LLMModel, RerankModel
 from openai_api.errors import GatewayError
 from openai_api.lora import LoraAdapter
-from openai_api.observability import Metrics, current_stats
+from openai_api.observability import Metrics, RequestStats, current_stats
 from openai_api.quota.caller import current_meter
 from openai_api.triton.auto import AutoLLMBackend
 from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderAdapter, EncoderBackend
 from openai_api.triton.health import model_ready
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, GuideKind, LLMBackend
-from openai_api.triton.replicas import ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
+from openai_api.triton.replicas import Replica, ReplicaSet, ReplicatedEncoder, ReplicatedLLMBackend
 from openai_api.triton.text import TextWire
 
 
@@ -58,9 +60,21 @@ class _WrappedLLMBackend:
         await self.inner.check()
 
 
+def _ended(error: BaseException | None, stats: RequestStats | None, produced: int, max_tokens: int) -> str:
+    """How a sequence ended, in vLLM's words (`finished_reason`): abort when the client left (the task was
+    cancelled, or the request's record says so), error when the backend failed, length at `max_tokens`, else
+    stop (end of sequence, a stop word, or the caller closing it at a stop string)."""
+    if isinstance(error, asyncio.CancelledError) or (stats is not None and stats.disconnected):
+        return "abort"
+    if error is not None and not isinstance(error, GeneratorExit):
+        return "error"
+    return "length" if error is None and max_tokens and produced >= max_tokens else "stop"
+
+
 class InstrumentedLLMBackend(_WrappedLLMBackend):
     """An `LLMBackend` that records, for any protocol: time to first token, inter-token latency, token
-    counters and Triton errors (and the request's token counts for the access log)."""
+    counters, Triton errors, and per sequence its phase, duration, tokens and end (and the request's token
+    counts for the access log)."""
 
     def __init__(self, inner: LLMBackend, metrics: Metrics, model: str) -> None:
         self.inner = inner
@@ -70,6 +84,7 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         self._itl = metrics.itl.labels(model)
         self._prompt = metrics.prompt_tokens.labels(model)
         self._completion = metrics.completion_tokens.labels(model)
+        self._seq = metrics.sequence_metrics(model)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         stats = current_stats()
@@ -79,10 +94,13 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         if meter is not None:  # a key with limits: its tokens (prompt + max_tokens) reserved, or the 429 raised
             counted_prompt = await meter.reserve(request.prompt_ids, prompt, request.max_tokens)
         clock = time.perf_counter
-        last = stats.start if stats is not None else clock()
+        last = start = stats.start if stats is not None else clock()
         first = True
         produced = 0
+        seq = self._seq
+        error: BaseException | None = None
         chunks = self.inner.generate(request)
+        seq.waiting.inc()
         try:
             async for chunk in chunks:
                 now = clock()
@@ -90,16 +108,29 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
                 if first:
                     self._ttft.observe(now - last)
                     first = False
+                    if stats is not None and not stats.ttft:
+                        stats.ttft = now - start  # the access log's (the first sequence's, with n > 1)
+                    seq.waiting.dec()
+                    seq.running.inc()
                 elif n:
                     self._itl.observe((now - last) / n)
                 last = now
                 produced += n
                 yield chunk
         except GatewayError as e:
+            error = e
             _triton_error(self._metrics, self.model, e)
+            raise
+        except BaseException as e:  # the caller closed it (GeneratorExit) or the task was cancelled
+            error = e
             raise
         finally:
             await chunks.aclose()
+            (seq.waiting if first else seq.running).dec()
+            seq.finished[_ended(error, stats, produced, request.max_tokens)].inc()
+            seq.duration.observe(clock() - start)
+            seq.prompt_tokens.observe(len(request.prompt_ids))
+            seq.generation_tokens.observe(produced)
             self._prompt.inc(len(request.prompt_ids))  # what Triton read (a budget's phase 2 reads the prompt again)
             if produced:
                 self._completion.inc(produced)
@@ -134,6 +165,7 @@ class InstrumentedEncoder:
         self.model = model
         self._metrics = metrics
         self._prompt = metrics.prompt_tokens.labels(model)
+        self._seq = metrics.sequence_metrics(model)
 
     @property
     def max_batch_size(self) -> int | None:
@@ -148,15 +180,29 @@ class InstrumentedEncoder:
         meter = current_meter()
         if meter is not None:  # a key with limits: its input tokens reserved, or the 429 raised
             await meter.reserve(features, tokens, 0)
+        # One call is one sequence, running from the moment it is sent (Triton answers it whole).
+        seq = self._seq
+        stats = current_stats()
+        start = stats.start if stats is not None else time.perf_counter()
+        seq.running.inc()
+        error: BaseException | None = None
         try:
             out = await self.inner.infer(features)
         except GatewayError as e:
+            error = e
             _triton_error(self._metrics, self.model, e)
             raise
+        except BaseException as e:
+            error = e
+            raise
+        finally:
+            seq.running.dec()
+            seq.finished[_ended(error, stats, 0, 0)].inc()
+            seq.duration.observe(time.perf_counter() - start)
+            seq.prompt_tokens.observe(tokens)
         if meter is not None:
             meter.used(tokens, 0)
         self._prompt.inc(tokens)
-        stats = current_stats()
         if stats is not None:
             stats.prompt_tokens += tokens
         return out
@@ -171,6 +217,16 @@ def _set_options(m: LLMModel | EmbeddingModel | RerankModel, pool: TritonClientP
 
     return {"routing": m.routing, "discovery": m.discovery, "sources": m.urls, "factory": make, "ready": ready,
             "metrics": metrics}
+
+
+def _watched(m: LLMModel | EmbeddingModel | RerankModel, only: tuple[str, Any], pool: TritonClientPool,
+             metrics: Metrics, make: Callable[[str], Any]) -> ReplicaSet[Any] | None:
+    """A single Triton with a `routing.metrics_port`: a replica set of one, never in the request's path (the
+    adapter is used directly, no layer added), so its load and KV use are scraped (`/metrics`, the vLLM view's
+    KV-cache gauge, `/v1/models`, the status page) as a replicated model's are. None without a metrics port."""
+    if m.routing.metrics_port_of(only[0]) is None:
+        return None
+    return ReplicaSet(m.name, m.transport, [Replica(only[0], only[1])], **_set_options(m, pool, metrics, make))
 
 
 def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
@@ -188,6 +244,7 @@ def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
     replicas: ReplicaSet[Any] | None = None
     if len(adapters) == 1 and not m.discovered:
         inner = adapters[0][1]
+        replicas = _watched(m, adapters[0], pool, metrics, make)
     else:
         replicated = ReplicatedLLMBackend(m.name, m.transport, adapters, **_set_options(m, pool, metrics, make))
         inner, replicas = replicated, replicated.set
@@ -209,6 +266,7 @@ def encoder_backend(m: EmbeddingModel | RerankModel, pool: TritonClientPool,
     replicas: ReplicaSet[Any] | None = None
     if len(adapters) == 1 and not m.discovered:
         inner = adapters[0][1]
+        replicas = _watched(m, adapters[0], pool, metrics, make)
     else:
         replicated = ReplicatedEncoder(m.name, m.transport, adapters, **_set_options(m, pool, metrics, make))
         inner, replicas = replicated, replicated.set

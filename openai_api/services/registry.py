@@ -29,6 +29,7 @@ from openai_api.triton.client import TritonClientPool
 from openai_api.triton.encoder import EncoderBackend
 from openai_api.triton.llm import LLMBackend
 from openai_api.triton.replicas import ReplicaSet
+from openai_api.vllm_metrics import Served
 
 logger = logging.getLogger(__name__)
 
@@ -271,6 +272,17 @@ class ModelRegistry:
         """The adapters served now (of `base` only, when given)."""
         return [rt.adapter for rt in self.llms.values()
                 if rt.adapter is not None and (base is None or rt.adapter.base == base)]
+
+    def served(self) -> Served:
+        """What the vLLM-named metrics view needs (`openai_api.vllm_metrics.Served`): the base models and encoders,
+        each base model's adapters, each adapter's base."""
+        adapters: dict[str, list[str]] = {}
+        base_of: dict[str, str] = {}
+        for a in self.adapters():
+            adapters.setdefault(a.base, []).append(a.name)
+            base_of[a.name] = a.base
+        models = tuple(n for n in (*self.llms, *self.encoders) if n not in base_of)
+        return Served(models, {b: tuple(names) for b, names in adapters.items()}, base_of)
 
     @property
     def encoders(self) -> dict[str, EncoderRuntime[EmbeddingModel] | EncoderRuntime[RerankModel]]:

@@ -85,3 +85,61 @@ def test_a_factory_set_by_someone_else_is_kept_and_its_records_escaped() -> None
         logging.setLogRecordFactory(factory)
     assert isinstance(logging.LogRecord("n", logging.INFO, __file__, 1, "m", None, None), logging.LogRecord)
     assert issubclass(SafeLogRecord, logging.LogRecord)
+
+
+def _ours(logger: logging.Logger, out: io.StringIO) -> logging.Handler:
+    return next(h for h in logger.handlers if getattr(h, "stream", None) is out)
+
+
+@pytest.fixture
+def json_captured(captured: tuple[logging.Logger, io.StringIO]) -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    logger, out = captured
+    _ours(logger, out).setFormatter(logs.JSONFormatter())
+    yield logger, out
+
+
+def test_json_lines_one_object_per_record_with_the_request_and_its_trace(
+        json_captured: tuple[logging.Logger, io.StringIO]) -> None:
+    import json
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from openai_api.observability import RequestStats, bind_stats, unbind_stats
+
+    logger, out = json_captured
+    logger.warning("before %s", FORGED)
+    token = bind_stats(RequestStats(0.0, "rid-7"))
+    tracer = TracerProvider().get_tracer("tests")
+    with tracer.start_as_current_span("request") as span:
+        logger.info("inside")
+        ids = span.get_span_context()
+    unbind_stats(token)
+    try:
+        raise ValueError("bad\nvalue")
+    except ValueError:
+        logger.exception("failed")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 3  # one line per record, the traceback's lines included
+    first, inside, failed = (json.loads(line) for line in lines)
+    assert first["level"] == "WARNING" and first["logger"] == "tests.logs" and "request_id" not in first
+    assert first["message"].startswith("before x\\n2026") and first["time"].endswith("Z")
+    assert inside["request_id"] == "rid-7"
+    assert (inside["trace_id"], inside["span_id"]) == (f"{ids.trace_id:032x}", f"{ids.span_id:016x}")
+    assert "Traceback" in failed["exception"] and "ValueError: bad\\nvalue" in failed["exception"]
+
+
+def test_an_access_record_is_a_line_of_text_or_json_fields(captured: tuple[logging.Logger, io.StringIO]) -> None:
+    import json
+
+    logger, out = captured
+    fields = {"method": "POST", "path": "/v1/chat/completions", "status": 200, "duration_ms": 12.5,
+              "request_id": "rid\n1", "model": "m", "client_disconnected": True, "key": "team-a"}
+    logger.info(logs.AccessLine(fields))
+    assert out.getvalue().splitlines() == [
+        'INFO tests.logs: method=POST path=/v1/chat/completions status=200 duration_ms=12.5 request_id="rid\\n1" '
+        'model=m client_disconnected=true key=team-a']
+    _ours(logger, out).setFormatter(logs.JSONFormatter(with_pid=True))
+    logger.info(logs.AccessLine(fields))
+    record = json.loads(out.getvalue().splitlines()[-1])
+    assert {k: record[k] for k in fields} == fields
+    assert record["message"] == "POST /v1/chat/completions 200" and isinstance(record["process"], int)
