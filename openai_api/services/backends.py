@@ -104,7 +104,7 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         try:
             async for chunk in chunks:
                 now = clock()
-                n = len(chunk.token_ids)
+                n = len(chunk.token_ids) or chunk.num_tokens or 0  # a text-out protocol's count, where it gives one
                 if first:
                     self._ttft.observe(now - last)
                     first = False
