@@ -3,7 +3,9 @@
 # scripts/setup.sh) so that pytest itself installs nothing:
 #   * a Redis server (Debian's redis-server, or valkey-server): tests/e2e/test_keys_quotas.py;
 #   * the npm clients locked in tests/e2e/node (`npm ci`; Node.js and npm from apt when missing):
-#     tests/e2e/test_messages_clients.py.
+#     tests/e2e/test_messages_clients.py;
+#   * Prometheus (Debian's prometheus): tests/e2e/test_platform_metrics.py scrapes the gateway with it;
+#   * Chromium (Debian's chromium, headless): tests/e2e/test_status_page.py opens /status and /docs in it.
 # Idempotent (a second run checks and returns). What cannot be installed here (not root and no sudo, no
 # apt-get, no registry) is said in one line and does not fail the run: those tests then skip, naming it.
 # Each step is a function, so tests/unit/test_setup_tests.py can run it alone against stub commands.
@@ -37,6 +39,25 @@ install_redis() {
     || echo "setup-tests: redis-server could not be installed here (it needs apt-get and root): its tests will skip"
 }
 
+install_prometheus() {
+  if command -v prometheus >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "setup-tests: installing prometheus (tests/e2e/test_platform_metrics.py)"
+  # --no-install-recommends: the server alone (not the node exporter and its service)
+  apt_install --no-install-recommends prometheus \
+    || echo "setup-tests: prometheus could not be installed here (it needs apt-get and root): its tests will skip"
+}
+
+install_chromium() {
+  if command -v chromium >/dev/null 2>&1; then
+    return 0
+  fi
+  echo "setup-tests: installing chromium (tests/e2e/test_status_page.py)"
+  apt_install --no-install-recommends chromium \
+    || echo "setup-tests: chromium could not be installed here (it needs apt-get and root): its tests will skip"
+}
+
 install_node_clients() {
   if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
     echo "setup-tests: installing Node.js and npm (tests/e2e/test_messages_clients.py)"
@@ -61,5 +82,7 @@ install_node_clients() {
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
   cd "$(dirname "$0")/.."
   install_redis
+  install_prometheus
+  install_chromium
   install_node_clients
 fi

@@ -228,3 +228,15 @@ def test_the_endpoint_pickers_scrape_reads_the_gateway_as_a_pod(gateway: Gateway
         after = read_pod(anonymous.get("/metrics").text, queued=f"vllm:num_requests_waiting{{model_name={VLLM_BASE}}}",
                          running=f"vllm:num_requests_running{{model_name={VLLM_BASE}}}")
         assert (after.waiting_queue_size, after.running_requests_size) == (0, 0) and not after.active_models
+
+
+def test_our_dashboards_queries_run_on_the_same_prometheus(prometheus: httpx.Client) -> None:
+    """deploy/kubernetes/platform/grafana-dashboard.json: every query is valid PromQL on this Prometheus, and each
+    returns data after the traffic above, except those that only show errors (none were made)."""
+    dash = json.loads((REPO / "deploy/kubernetes/platform/grafana-dashboard.json").read_text(encoding="utf-8"))
+    only_on_errors = {"Server error rate", "Refused before a model"}
+    for panel in dash["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"].replace("$model_name", ".*").replace("$__rate_interval", "1m")
+            result = prom_query(prometheus, expr)
+            assert result or panel["title"] in only_on_errors, (panel["title"], expr)

@@ -63,6 +63,20 @@ def test_redis_is_installed_with_apt_when_missing_and_left_alone_when_present(tm
     assert run(again, "install_redis").returncode == 0 and calls(log2) == []
 
 
+@pytest.mark.parametrize("package", ["prometheus", "chromium"])
+def test_prometheus_and_chromium_come_from_apt_when_missing(tmp_path: Path, package: str) -> None:
+    bin_dir, log = stubbed(tmp_path, root=True)
+    r = run(bin_dir, f"install_{package}")
+    assert r.returncode == 0, r.stderr
+    assert calls(log) == ["apt-get update -qq", f"apt-get install -y -qq --no-install-recommends {package}"]
+    again, log2 = stubbed(tmp_path / "again", root=True, have=(package,))
+    assert run(again, f"install_{package}").returncode == 0 and calls(log2) == []
+    plain, log3 = stubbed(tmp_path / "plain", root=False)
+    r = run(plain, f"install_{package}; echo finished")
+    assert r.returncode == 0 and r.stdout.rstrip().endswith("finished") and calls(log3) == []
+    assert f"{package} could not be installed" in r.stdout
+
+
 def test_without_root_nothing_is_installed_and_the_run_goes_on_saying_why(tmp_path: Path) -> None:
     bin_dir, log = stubbed(tmp_path, root=False)
     r = run(bin_dir, "install_redis; install_node_clients; echo finished")
