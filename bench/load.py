@@ -36,10 +36,14 @@ class HTTPConnection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.opened = 0  # connections made so far (a server that closed an idle one gets a new one)
 
     async def _connect(self) -> None:
+        if self.reader is not None and self.reader.at_eof():  # the server closed it (its keep-alive timeout)
+            self.close()
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+            self.opened += 1
 
     def close(self) -> None:
         if self.writer is not None:
