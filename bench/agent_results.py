@@ -130,6 +130,44 @@ def targets(records: Sequence[dict[str, Any]], high: int = HIGH_TOKENS, low: int
     return out
 
 
+def worker_switches(records: Sequence[dict[str, Any]], reference: str = "w2-on-keep") -> dict[str, Any]:
+    """For each arm whose requests name their worker and that is not ``reference``: its turns (from the second)
+    served by the worker that served the session's previous turn (``same``) and by the other (``switched``), each
+    with the median CPU and the median ratio to ``reference``'s CPU at the same repetition and turn (same bytes,
+    keep-alive: one worker all session). A switched turn's worker last saw the session ``gap`` turns ago."""
+    by: dict[tuple[str, str, int], dict[int, dict[str, Any]]] = defaultdict(dict)
+    for r in records:
+        if r.get("status") == 200 and r.get("worker") is not None:
+            by[(r["dialect"], r["arm"], r["rep"])][r["turn"]] = r
+    out: dict[str, Any] = {}
+    for (dialect, arm, rep), turns in sorted(by.items()):
+        if arm == reference or not cache_on(arm):
+            continue
+        ref = by.get((dialect, reference, rep), {})
+        cell = out.setdefault(dialect, {}).setdefault(arm, {"same": [], "switched": [], "gaps": []})
+        last_seen: dict[int, int] = {}
+        for t in sorted(turns):
+            r = turns[t]
+            prev = turns.get(t - 1)
+            if prev is not None:
+                kind = "same" if prev["worker"] == r["worker"] else "switched"
+                base = ref.get(t, {}).get("cpu_ms")
+                cell[kind].append((r["cpu_ms"], r["cpu_ms"] / base if base else None))
+                if kind == "switched":
+                    cell["gaps"].append(t - last_seen[r["worker"]] if r["worker"] in last_seen else None)
+            last_seen[r["worker"]] = t
+    for arms in out.values():
+        for cell in arms.values():
+            gaps = cell.pop("gaps")
+            for kind in ("same", "switched"):
+                xs = cell[kind]
+                cell[kind] = {"turns": len(xs), "cpu_ms": median(x[0] for x in xs),
+                              "over_keep_alive": median(x[1] for x in xs)}
+            cell["switched"]["never_seen"] = sum(1 for g in gaps if g is None)
+            cell["switched"]["gap_turns"] = median(g for g in gaps if g is not None)
+    return out
+
+
 def short_summary(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The short-chat A/B: per side the median CPU per request (us) and p50 wall (ms); head/base paired by round."""
     sides: dict[str, dict[int, dict[str, Any]]] = defaultdict(dict)
@@ -241,6 +279,23 @@ def render_md(result: dict[str, Any]) -> str:
                 rows.append([ARM_LABELS.get(arm, arm), *cells, extra])
             lines += _table(["gateway", *(f"turn {t}: CPU (added wall)" for t in picks), "requests per worker"],
                             rows)
+        streamed = {a: {r["turn"]: r for r in arms[a]} for a in ("w1-off-keep-stream", "w1-on-keep-stream")
+                    if a in arms}
+        if len(streamed) == 2:
+            last = max(streamed["w1-on-keep-stream"])
+            off_r, on_r = streamed["w1-off-keep-stream"].get(last, {}), streamed["w1-on-keep-stream"][last]
+            lines += ["", f"Streamed (its own session, `--workers 1`), turn {last} ({_fmt(on_r['prompt_tokens'])} "
+                      f"tokens): time to the first text event {_fmt(off_r.get('ttft_ms'))} ms with the cache off, "
+                      f"{_fmt(on_r.get('ttft_ms'))} ms on (the bare client's whole request: "
+                      f"{_fmt(on_r.get('limit_ms'))} ms); CPU {_fmt(off_r.get('cpu_ms'))} / {_fmt(on_r.get('cpu_ms'))} "
+                      "ms."]
+        for arm, cell in (result.get("worker_switches") or {}).get(dialect, {}).items():
+            same, sw = cell["same"], cell["switched"]
+            lines += ["", f"{ARM_LABELS.get(arm, arm)}: {sw['turns']} of {same['turns'] + sw['turns']} turns after the "
+                      f"first went to the other worker than the turn before ({sw['never_seen']} to a worker that had "
+                      f"not seen the session, the others had last seen it a median {_fmt(sw['gap_turns'])} turns "
+                      f"before); CPU per turn over the keep-alive gateway's at the same turn: "
+                      f"{_fmt(same['over_keep_alive'], 2)}x same worker, {_fmt(sw['over_keep_alive'], 2)}x switched."]
     prof = result.get("profile")
     if prof:
         lines += ["", "## Where a turn's CPU goes (in-process, the gateway's own request path)", "",

@@ -632,10 +632,16 @@ class AgentBench:
                          idle_gateway_cpu_ms_per_s=getattr(self, "idle", None))
         if self.loads:
             self.meta["loadavg_range"] = f"{min(self.loads):.1f}-{max(self.loads):.1f}"
-        result.update(meta=self.meta, per_turn=agent_results.per_turn(self.records),
-                      targets=agent_results.targets(self.records), records=self.records, failures=self.failures,
-                      cpu_checks=self.cpu_checks)
-        return result
+        result.update(meta=self.meta, records=self.records, failures=self.failures, cpu_checks=self.cpu_checks)
+        return summarise(result)
+
+
+def summarise(result: dict[str, Any]) -> dict[str, Any]:
+    """``result`` with its summaries (re)computed from its records."""
+    recs = result["records"]
+    result.update(per_turn=agent_results.per_turn(recs), targets=agent_results.targets(recs),
+                  worker_switches=agent_results.worker_switches(recs))
+    return result
 
 
 def _git(args: list[str]) -> str:
@@ -653,6 +659,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "profile (profile needs sessions)")
     p.add_argument("--base", default=BASE_COMMIT, help="the commit the short-request case compares against")
     p.add_argument("--out", type=Path, help="results path without suffix (default bench/results/agent-sessions-DATE)")
+    p.add_argument("--render", type=Path, metavar="JSON", help="only re-summarise a results file's records and "
+                   "rewrite it and its markdown (after a change to bench/agent_results.py)")
     p.add_argument("--limit-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--end-id", type=int, help=argparse.SUPPRESS)
@@ -672,16 +680,20 @@ def main(argv: list[str] | None = None) -> int:
     if a.limit_child:
         uvloop.run(limit_child_main(a))
         return 0
-    bench = AgentBench(a)
-    result = uvloop.run(bench.run())
-    date = dt.date.today().isoformat()
-    out = a.out or RESULTS / f"agent-sessions-{date}{'-quick' if a.quick else ''}"
+    if a.render is not None:
+        result = summarise(json.loads(a.render.read_text()))
+        out = a.render.with_suffix("")
+    else:
+        bench = AgentBench(a)
+        result = uvloop.run(bench.run())
+        date = dt.date.today().isoformat()
+        out = a.out or RESULTS / f"agent-sessions-{date}{'-quick' if a.quick else ''}"
     out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     md = agent_results.render_md(result)
     out.with_suffix(".md").write_text(md)
     print(md)
-    bench.log(f"wrote {out.with_suffix('.json')} and .md")
-    return 1 if any(f["case"] == "setup" for f in bench.failures) else 0
+    print(f"wrote {out.with_suffix('.json')} and .md", flush=True)
+    return 1 if any(f["case"] == "setup" for f in result["failures"]) else 0
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.agent_results import per_turn, render_md, short_summary, targets
+from bench.agent_results import per_turn, render_md, short_summary, targets, worker_switches
 from bench.agent_sessions import usage_of
 from bench.agent_traffic import Corpus, SessionShape, billing_block, claude_code_session, codex_session
 
@@ -167,6 +167,20 @@ def test_targets_pair_by_repetition() -> None:
     assert new["added_ms_high"] == 80.0 and new["added_wall_met"] is False
     # no cache-off arm with new connections: its keep-alive twin is the reference, 240 / 60
     assert new["off_over_on_cpu_high"] == 4.0
+
+
+def test_worker_switches_against_the_keep_alive_gateway() -> None:
+    recs = [rec("w2-on-keep", 0, t, 1000 * t, 10.0, 20.0, worker=0) for t in (1, 2, 3, 4)]
+    recs += [rec("w2-on-new", 0, t, 1000 * t, cpu, 20.0, worker=w) for t, w, cpu in
+             ((1, 0, 10.0), (2, 1, 30.0), (3, 1, 11.0), (4, 0, 20.0))]
+    recs.append(rec("w2-off-keep", 0, 2, 2000, 50.0, 60.0, worker=1))  # without the cache: not counted
+    cell = worker_switches(recs)["codex"]
+    assert list(cell) == ["w2-on-new"]
+    # turn 3 stayed on worker 1 (11 / 10); turns 2 (worker 1, new to the session: 30 / 10) and 4 (worker 0, last
+    # seen at turn 1: 3 turns before, 20 / 10) switched
+    assert cell["w2-on-new"]["same"] == {"turns": 1, "cpu_ms": 11.0, "over_keep_alive": 1.1}
+    assert cell["w2-on-new"]["switched"] == {"turns": 2, "cpu_ms": 25.0, "over_keep_alive": 2.5, "never_seen": 1,
+                                             "gap_turns": 3}
 
 
 def test_short_summary_pairs_rounds() -> None:
