@@ -302,7 +302,7 @@ def render_md(result: dict[str, Any]) -> str:
                   prof.get("note", "")]
         for dialect, cells in prof.get("stages", {}).items():
             lines += ["", f"{DIALECTS.get(dialect, dialect)}: CPU ms per stage", ""]
-            names = [k for k in next(iter(cells.values())) if k != "prompt_tokens"]
+            names = [k for k in next(iter(cells.values())) if k not in ("prompt_tokens", "replays")]
             rows = [[label, c.get("prompt_tokens"), *(c.get(k) for k in names)] for label, c in cells.items()]
             lines += _table(["turn", "prompt tokens", *names], rows)
         decomp = prof.get("decomposition", {})
