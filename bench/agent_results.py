@@ -239,7 +239,8 @@ def render_md(result: dict[str, Any]) -> str:
                      "(<= 30)", "", "cache off / on CPU at ~117k"], rows)
     short = result.get("short")
     if short and "head_over_base" in short:
-        lines += ["", f"Short non-streamed chat (~40-token prompt, 16 tokens out), CPU per request: HEAD "
+        lines += ["", f"Short non-streamed chat ({_fmt(short.get('prompt_tokens'))}-token prompt, "
+                  f"{_fmt(short.get('completion_tokens'))} tokens out), CPU per request: HEAD "
                   f"{_fmt(short['head']['cpu_us_per_request'])} us vs {meta.get('base_commit', 'base')} "
                   f"{_fmt(short['base']['cpu_us_per_request'])} us: {_fmt(short['head_over_base'], 3)}x "
                   f"(per round {short['head_over_base_by_round']}; target <= 1: {_fmt(short['met'])})."]

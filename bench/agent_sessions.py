@@ -23,12 +23,13 @@ with the default (128). Cases:
   ever in a cache before its first turn. Also, once per repetition, a Claude Code session with its billing
   header fixed for the session (what stripping it, issue #36 item 2, would give the prompt cache), and once
   per run a streamed session per dialect (time to the first text event).
-* ``short``: a ~40-token chat, 16 tokens out, non-streamed: CPU per request of this checkout's gateway and of
-  the commit before the prompt cache (``--base``, default 2bfb556, exported with ``git archive`` to a
-  temporary folder with ``models/`` linked in), both up together on the same Triton, rounds alternating which
-  side goes first (as ``bench.relay_ab``).
-* ``profile``: where a turn's CPU goes, in this process (``bench.agent_inprocess``): each stage's CPU per turn
-  of the first repetition's sessions, cache on and off, and cProfile of the last turn with the cache on.
+* ``short``: the bench's own short chat (41 tokens as templated), 16 tokens out, non-streamed: CPU per request
+  of this checkout's gateway and of the commit before the prompt cache (``--base``, default 2bfb556, exported
+  with ``git archive`` to a temporary folder with ``models/`` linked in), both up together on the same Triton,
+  rounds alternating which side goes first (as ``bench.relay_ab``).
+* ``profile``: where a turn's CPU goes, in this process (``bench.agent_inprocess``): each stage's CPU and the
+  whole ASGI app's at a ~9k and the last turn of the first repetition's sessions, cache on and off, set against
+  the gateway's own CPU at those turns; cProfile (CPU clock) of the last three turns with the cache on.
 
 Writes ``bench/results/agent-sessions-<date>[-quick].{json,md}`` (``bench.agent_results`` renders the markdown
 and judges issue #36's targets). Nothing here asserts timings.
@@ -68,8 +69,8 @@ RESULTS = REPO / "bench" / "results"
 BASE_COMMIT = "2bfb556"
 CONTEXT = 262_144
 SETTLE_S = 0.02
-SHORT_PROMPT = ("Summarise in one short sentence why the sky looks blue at noon and red at sunset, "
-                "for a curious ten-year-old reader.")
+# The bench's own short chat (bench.run's latency case, the issue's "about 1.1 ms here"): 41 tokens as templated.
+SHORT_PROMPT = "Tell me a long story about a quick brown fox."
 # Without the prompt cache a connection's worker does not matter, so `--workers 2` without it runs keep-alive only.
 ARMS = ("w1-off-keep", "w1-on-keep", "w2-off-keep", "w2-on-keep", "w2-on-new")
 # The gateways, by the arm's first two words; the new-connection arms of `--workers 2` get gateways of their own
