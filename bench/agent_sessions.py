@@ -446,6 +446,7 @@ class AgentBench:
         finally:
             for c in keep.values():
                 c.close()
+            path.unlink(missing_ok=True)  # ~10 MB of ids a session; the limit child has read them
         # The per-request figures sum live threads' schedstat; psutil's totals (10 ms ticks, exited threads
         # included) over the whole session should agree with their sum.
         for n in names:
