@@ -153,6 +153,11 @@ class Settings(BaseModel):
         "upload that keeps coming is never cut, a trickle is); past it a 408, and the connection is closed, "
         "also after an early answer such as a 401; 0 = never", group="limits", flag="--body-timeout",
         metavar="SECONDS")] = Field(default=30.0, ge=0)
+    keep_alive_timeout_s: Annotated[float, Option(
+        "an idle keep-alive connection is closed after this many seconds (uvicorn's default is 5): an agent that "
+        "ran a tool for a while keeps its connection, so its next turn reaches the same worker (whose prompt "
+        "cache holds the session) with --workers", group="limits", flag="--keep-alive-timeout",
+        metavar="SECONDS")] = Field(default=30.0, gt=0)
     max_connections: Annotated[int, Option(
         "open connections at most (kept below the open-files limit, which is raised to fit): a new one past it "
         "replaces the connection that has waited longest without being served (reading a request, or idle), or "
