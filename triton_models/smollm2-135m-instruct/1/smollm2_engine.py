@@ -69,6 +69,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from smollm2_guide import GuideCompiler, GuideEnded, GuideError, GuideSpec, GuideUnavailable
+from smollm2_prefix_cache import PrefixCache
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
@@ -329,6 +330,13 @@ class Job:
     lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] | None = None
     finish_reason: str | None = None
     started: float = field(default_factory=time.monotonic)
+    # TensorRT-LLM's request perf metrics (``perf_metric_tensors``): the prefix cache's blocks this request
+    # reused, and its times in ns since the epoch (0: not reached yet).
+    reused_blocks: int = 0
+    arrival_ns: int = field(default_factory=time.time_ns)
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
 
     def __post_init__(self) -> None:
         self.pending = list(self.prompt)
@@ -383,6 +391,14 @@ class SmolLM2Engine:
         # How many adapters the model keeps (TensorRT-LLM: its host cache; vLLM: max_cpu_loras). The bundled
         # configs keep one, so the tests can force evictions with two adapters.
         self.lora_cache = LoraCache(int(config_parameter(args, "lora_cache_size", "8")))
+        # Prefix KV cache (TensorRT-LLM's KV cache block reuse; ``smollm2_prefix_cache.py``): off unless the
+        # config's `enable_kv_cache_reuse` says true; blocks of `tokens_per_block` tokens, at most
+        # `kv_cache_reuse_bytes` of them.
+        self.prefix_cache: PrefixCache | None = None
+        if config_parameter(args, "enable_kv_cache_reuse", "false").strip().lower() in ("true", "1", "yes"):
+            self.prefix_cache = PrefixCache(int(config_parameter(args, "tokens_per_block", "32")),
+                                            int(config_parameter(args, "kv_cache_reuse_bytes", str(256 << 20))))
+            self.stats.update(self.prefix_cache.stats.as_dict())
         self.stats_lock = threading.Lock()
         self._write_stats()
 
@@ -564,7 +580,12 @@ class SmolLM2Engine:
             self.respond(job, [], final=True)
             self._finish(job, "completed")
             return True
+        prefill = job.scheduled_ns == 0
+        keys: list[bytes] = []
         with torch.inference_mode():
+            if prefill:
+                job.scheduled_ns = time.time_ns()
+                keys = self._reuse(job)
             # The worker thread runs one job's forward pass at a time: its adapter (or none) is the active one.
             if job.lora is not None:
                 self.lora_modules.install()
@@ -580,6 +601,9 @@ class SmolLM2Engine:
             finally:
                 self.lora_modules.active = None
             job.cache = out.past_key_values
+            if keys and self.prefix_cache is not None:
+                self.prefix_cache.store(keys, job.cache, job.reused_blocks)
+                self._prefix_stats()
             try:
                 token, log_prob, ranked = self._sample(job, out.logits[0, -1].float())
             except GuideEnded:  # the grammar is complete and every end id is masked (min_tokens, no end id)
@@ -591,6 +615,9 @@ class SmolLM2Engine:
             return True
         if job.guide_state is not None:
             job.guide_state.accept(token)
+        job.last_token_ns = time.time_ns()
+        if not job.generated:
+            job.first_token_ns = job.last_token_ns
         job.generated.append(token)
         job.log_probs.append(log_prob)
         if ranked is not None:
@@ -612,6 +639,43 @@ class SmolLM2Engine:
         if done:
             self._finish(job, "completed")
         return done
+
+    def _reuse(self, job: Job) -> list[bytes]:
+        """Before a job's prefill: its prompt's block keys (for storing its blocks after the prefill; [] when
+        the cache is off or the job runs an adapter, whose KV differs for the same tokens), and its past set to
+        the longest cached run of blocks within ``prompt[:-1]`` (the last token is always computed: its logits
+        give the first output token), so the prefill computes only the tokens after it."""
+        cache = self.prefix_cache
+        if cache is None or job.lora is not None:
+            return []
+        keys = cache.keys(job.prompt)
+        blocks = cache.match(keys[: (len(job.prompt) - 1) // cache.tokens_per_block])
+        if blocks:
+            job.cache = cache.past(blocks)
+            job.reused_blocks = len(blocks)
+            job.pending = job.prompt[len(blocks) * cache.tokens_per_block:]
+        return keys
+
+    def _prefix_stats(self) -> None:
+        if self.prefix_cache is not None:
+            with self.stats_lock:
+                self.stats.update(self.prefix_cache.stats.as_dict())
+
+    def perf_metric_tensors(self, job: Job) -> list[Any]:
+        """TensorRT-LLM's ``return_perf_metrics`` outputs, each [1, 1] (the batch dim): ``kv_cache_reused_blocks``
+        (prefix cache blocks this request read instead of computing), ``kv_cache_alloc_total_blocks`` (blocks its
+        tokens so far fill, the last one partly), ``kv_cache_alloc_new_blocks`` (those not reused) INT32, and
+        ``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``, ``last_token_time_ns`` INT64
+        (ns since the epoch; 0 until reached). With the prefix cache off, blocks count as of 32 tokens and
+        none is reused."""
+        per_block = self.prefix_cache.tokens_per_block if self.prefix_cache is not None else 32
+        total = -(-(len(job.prompt) + len(job.generated)) // per_block)
+        ints = {"kv_cache_alloc_new_blocks": total - job.reused_blocks, "kv_cache_reused_blocks": job.reused_blocks,
+                "kv_cache_alloc_total_blocks": total}
+        times = {"arrival_time_ns": job.arrival_ns, "first_scheduled_time_ns": job.scheduled_ns,
+                 "first_token_time_ns": job.first_token_ns, "last_token_time_ns": job.last_token_ns}
+        return ([pb_utils.Tensor(k, np.asarray([[v]], dtype=np.int32)) for k, v in ints.items()]
+                + [pb_utils.Tensor(k, np.asarray([[v]], dtype=np.int64)) for k, v in times.items()])
 
     @staticmethod
     def _ranked(job: Job, log_probs: torch.Tensor, token: int) -> tuple[int, list[tuple[int, float]]] | None:
