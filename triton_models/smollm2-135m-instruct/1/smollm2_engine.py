@@ -31,14 +31,29 @@ Triton responses.  This module owns everything else:
   budget that runs out mid-output ends with "length" and the partial text.  ``stop_words``,
   ``bad_words``, ``min_tokens`` (a finished grammar ends the request even before ``min_tokens``),
   seeds, streaming and cancellation apply as without a guide;
-* counters (started, completed, cancelled, errors, tokens_generated, active) written as JSON to
-  ``$OPENAI_API_REF_STATS_DIR/<model name>.json`` after every request ends, when that env var is set.
+* a prefix KV cache, TensorRT-LLM's KV cache block reuse (``smollm2_prefix_cache.py`` beside this file), on
+  when the model's config says ``enable_kv_cache_reuse: true``: blocks of ``tokens_per_block`` tokens keyed by
+  chained prefix hashes, LRU within ``kv_cache_reuse_bytes``. A job's prefill reads the longest cached run of
+  its prompt's blocks (at most ``len(prompt) - 1`` tokens) and computes only the rest; its prompt's blocks are
+  stored after the prefill, the blocks its answer filled when it completes. Jobs with a LoRA adapter neither
+  read nor store. ``job.reused_blocks`` and the job's times feed TensorRT-LLM's ``return_perf_metrics``
+  outputs (``perf_metric_tensors``);
+* counters (started, completed, cancelled, errors, tokens_generated, active; with the prefix cache
+  ``kv_reused_blocks``, ``kv_stored_blocks``, ``kv_evicted_blocks``, ``kv_cache_bytes``, ``kv_cache_blocks``,
+  ``kv_lookups``, ``kv_hits``) written as JSON to ``$OPENAI_API_REF_STATS_DIR/<model name>.json`` after every
+  request ends and after every prefix cache lookup, when that env var is set.
 
 The engine calls ``respond(job, new_tokens, final)`` after every generated token when
 ``job.streaming``, else once at the end; ``job.finish_reason`` is ``"stop"`` (end id, stop token or
 stop word) or ``"length"`` on the final call.  An end id is never part of ``job.generated``.
 
 Torch runs one intra-op thread unless ``OPENAI_API_REF_TORCH_THREADS`` says otherwise.
+
+Prefix cache, measured with ``bench/prefix_cache_ttft.py`` (tritonserver, TensorRT-LLM tensors over gRPC,
+one torch thread, this 2-core machine shared with other work: load average 11-16; medians of 3 rounds):
+a fresh 1,500-token prompt takes 11.2 s to its first token; the same prompt plus a 30-token new turn, 0.82 s
+(46 blocks = 1,472 tokens reused, 58 tokens prefilled); a fresh prompt of that size (1,530 tokens), 12.3 s.
+A 32-token block of this model is 1.4 MiB (FP32 keys and values of 30 layers).
 
 Guided decoding cost, measured with ``bench/guided_overhead.py`` on this 2-core CPU (xgrammar 0.2.8,
 torch 2.13.0 CPU, one thread, the machine shared with other work):
@@ -611,6 +626,7 @@ class SmolLM2Engine:
         if token == job.end_id or token in job.stop_ids:
             job.finish_reason = "stop"
             self.respond(job, [], final=True)
+            self._keep_answer(job)
             self._finish(job, "completed")
             return True
         if job.guide_state is not None:
@@ -637,6 +653,7 @@ class SmolLM2Engine:
         if job.streaming or done:
             self.respond(job, [token], final=done)
         if done:
+            self._keep_answer(job)
             self._finish(job, "completed")
         return done
 
@@ -656,10 +673,26 @@ class SmolLM2Engine:
             job.pending = job.prompt[len(blocks) * cache.tokens_per_block:]
         return keys
 
+    def _keep_answer(self, job: Job) -> None:
+        """After a request's last response: store the blocks its generated tokens filled (its cache holds the
+        prompt and every generated token fed back so far), so the next turn of a conversation, whose prompt
+        repeats this answer, finds them too (TensorRT-LLM stores a finished request's blocks as well)."""
+        cache = self.prefix_cache
+        if cache is None or job.lora is not None or job.cache is None:
+            return
+        length = job.cache.get_seq_length()
+        first = len(job.prompt) // cache.tokens_per_block
+        if length // cache.tokens_per_block > first:
+            cache.store(cache.keys((job.prompt + job.generated)[:length]), job.cache, first)
+            self._prefix_stats()
+
     def _prefix_stats(self) -> None:
+        """The prefix cache's counters into the stats, written before the request's first response is sent
+        (so a client reading the stats after its answer sees this request's reuse)."""
         if self.prefix_cache is not None:
             with self.stats_lock:
                 self.stats.update(self.prefix_cache.stats.as_dict())
+            self._write_stats()
 
     def perf_metric_tensors(self, job: Job) -> list[Any]:
         """TensorRT-LLM's ``return_perf_metrics`` outputs, each [1, 1] (the batch dim): ``kv_cache_reused_blocks``

@@ -16,10 +16,14 @@ Imports neither Triton nor the engine, so it is tested on its own (``tests/unit/
   request's past from them (``past``: one concatenation per layer) and prefills only the tokens after them.
   The engine matches at most ``len(prompt) - 1`` tokens, as TensorRT-LLM does: the last prompt token is
   always computed, since its logits give the first output token.
-* **Stores.** ``store`` adds the blocks of a request's cache that are not stored yet, right after its
-  prefill (so a request arriving a moment later already finds them). Only blocks computed by a prefill are
-  stored, never those of generated tokens (computed one decode step at a time): a hit then gives the very
-  numbers a cold prefill computes, so outputs are the same with and without a hit.
+* **Stores.** ``store`` adds the blocks of a request's cache that are not stored yet: the engine stores a
+  prompt's blocks right after its prefill (so a request arriving a moment later already finds them), and when
+  the request completes the blocks its generated tokens filled (the next turn of a conversation repeats the
+  answer in its prompt), as TensorRT-LLM stores a finished request's blocks.
+* **Exactness.** A reused block holds the very numbers its first request computed. The tokens after the
+  cached run are then computed in a smaller forward pass than a cold prefill's, whose float32 sums (matmuls,
+  attention) are grouped differently: greedy outputs are the same with and without a hit, and log-probs agree
+  to about 1e-6 (measured on this model: 4 prompts of 6 bit-identical, the others within 4e-6).
 * **Eviction.** Least recently used first, whenever the blocks' bytes pass ``budget_bytes``. A chain is
   touched deepest block first, so its first block is the most recent and eviction takes chains from their
   tail: a block whose parent is gone could never be matched again, and is never the one left behind.
