@@ -272,6 +272,8 @@ class TextAdapter(SpecAdapter):
         super().__init__(rpc, spec, model=model, triton_model=triton_model, version=version,
                          stream_idle_timeout_s=stream_idle_timeout_s, tokens_per_block=tokens_per_block)
         self.wire = wire
+        # The output that reports the KV cache blocks a request reused, when the model declares it.
+        self.reused_blocks = wire.reused_blocks if wire.reused_blocks in spec.outputs else None
         # An ensemble over a decoupled model may not say decoupled in its own config; Triton then refuses
         # unary calls, and this turns true (see `generate`).
         self._always_stream = spec.decoupled
@@ -361,12 +363,6 @@ class TextAdapter(SpecAdapter):
                 r.add(spec, ask, True)
             r.output(self.reused_blocks)
         return r
-
-    @property
-    def reused_blocks(self) -> str | None:
-        """The output that reports the KV cache blocks a request reused, when the model declares it."""
-        name = self.wire.reused_blocks
-        return name if name is not None and name in self.spec.outputs else None
 
     def _chunk(self, state: TextState, result: InferResult, first: bool, req: GenerationRequest) -> GenerationChunk:
         chunk = GenerationChunk(token_ids=[], text=state.text(_first_text(result, self.wire.output), first),

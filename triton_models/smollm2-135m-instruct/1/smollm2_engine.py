@@ -616,9 +616,8 @@ class SmolLM2Engine:
             finally:
                 self.lora_modules.active = None
             job.cache = out.past_key_values
-            if keys and self.prefix_cache is not None:
-                self.prefix_cache.store(keys, job.cache, job.reused_blocks)
-                self._prefix_stats()
+            if keys:
+                self._store(keys, job, job.reused_blocks)
             try:
                 token, log_prob, ranked = self._sample(job, out.logits[0, -1].float())
             except GuideEnded:  # the grammar is complete and every end id is masked (min_tokens, no end id)
@@ -683,8 +682,18 @@ class SmolLM2Engine:
         length = job.cache.get_seq_length()
         first = len(job.prompt) // cache.tokens_per_block
         if length // cache.tokens_per_block > first:
-            cache.store(cache.keys((job.prompt + job.generated)[:length]), job.cache, first)
-            self._prefix_stats()
+            self._store(cache.keys((job.prompt + job.generated)[:length]), job, first)
+
+    def _store(self, keys: list[bytes], job: Job, first: int) -> None:
+        """Blocks ``first..`` of ``job``'s cache into the prefix cache. A cache that cannot take them (out of
+        memory) is logged, never the request's failure: the request has its own cache either way."""
+        if self.prefix_cache is None:
+            return
+        try:
+            self.prefix_cache.store(keys, job.cache, first)
+        except Exception as exc:  # noqa: BLE001 - the prefix cache is an optimisation of other requests
+            self.logger.log_warn(f"{self.model_name}: prefix cache store failed: {type(exc).__name__}: {exc}")
+        self._prefix_stats()
 
     def _prefix_stats(self) -> None:
         """The prefix cache's counters into the stats, written before the request's first response is sent
