@@ -50,10 +50,18 @@ stop word) or ``"length"`` on the final call.  An end id is never part of ``job.
 Torch runs one intra-op thread unless ``OPENAI_API_REF_TORCH_THREADS`` says otherwise.
 
 Prefix cache, measured with ``bench/prefix_cache_ttft.py`` (tritonserver, TensorRT-LLM tensors over gRPC,
-one torch thread, this 2-core machine shared with other work: load average 11-16; medians of 3 rounds):
-a fresh 1,500-token prompt takes 11.2 s to its first token; the same prompt plus a 30-token new turn, 0.82 s
-(46 blocks = 1,472 tokens reused, 58 tokens prefilled); a fresh prompt of that size (1,530 tokens), 12.3 s.
-A 32-token block of this model is 1.4 MiB (FP32 keys and values of 30 layers).
+one torch thread, this 2-core machine shared with other work; medians of 3 rounds), time to first token:
+
+=========================================  ======================  =====================
+request                                    load average 11-16      load average 5-7
+=========================================  ======================  =====================
+fresh 1,500-token prompt                   11.2 s                  4.36 s
+same prompt + a 30-token new turn          0.82 s                  0.39 s
+fresh 1,530-token prompt (the same size)   12.3 s                  7.58 s (4.1-8.1)
+=========================================  ======================  =====================
+
+The warm request reused 46 blocks (1,472 tokens) and prefilled 58. A 32-token block of this model is 1.4 MiB
+(FP32 keys and values of 30 layers).
 
 Guided decoding cost, measured with ``bench/guided_overhead.py`` on this 2-core CPU (xgrammar 0.2.8,
 torch 2.13.0 CPU, one thread, the machine shared with other work):
