@@ -60,7 +60,8 @@ class _WrappedLLMBackend:
 
 class InstrumentedLLMBackend(_WrappedLLMBackend):
     """An `LLMBackend` that records, for any protocol: time to first token, inter-token latency, token
-    counters and Triton errors (and the request's token counts for the access log)."""
+    counters (prompt tokens as Triton read them, and of those the ones its backend reported reading from its KV
+    cache) and Triton errors (and the request's token counts for the access log)."""
 
     def __init__(self, inner: LLMBackend, metrics: Metrics, model: str) -> None:
         self.inner = inner
@@ -70,6 +71,7 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         self._itl = metrics.itl.labels(model)
         self._prompt = metrics.prompt_tokens.labels(model)
         self._completion = metrics.completion_tokens.labels(model)
+        self._cached = metrics.cached_prompt_tokens.labels(model)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         stats = current_stats()
@@ -82,11 +84,14 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         last = stats.start if stats is not None else clock()
         first = True
         produced = 0
+        cached: int | None = None
         chunks = self.inner.generate(request)
         try:
             async for chunk in chunks:
                 now = clock()
                 n = len(chunk.token_ids)
+                if chunk.cached_tokens is not None:
+                    cached = chunk.cached_tokens
                 if first:
                     self._ttft.observe(now - last)
                     first = False
@@ -101,6 +106,8 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         finally:
             await chunks.aclose()
             self._prompt.inc(len(request.prompt_ids))  # what Triton read (a budget's phase 2 reads the prompt again)
+            if cached:
+                self._cached.inc(cached)  # of what Triton read, so per sequence as well
             if produced:
                 self._completion.inc(produced)
             if stats is not None:
@@ -181,7 +188,7 @@ def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
     def make(u: str) -> LLMBackend:
         return AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
                               stream_idle_timeout_s=stream_idle_timeout_s, vllm_guide_key=m.guided_decoding_key,
-                              text_wire=wire)
+                              text_wire=wire, tokens_per_block=m.tokens_per_block)
 
     adapters = [(u, make(u)) for u in m.urls if not u.startswith(DNS_SCHEME)]
     inner: LLMBackend
