@@ -2,10 +2,10 @@
 
 ``build_summary`` reduces a run to the flat ``summary`` object of ``latest.json``: ``SUMMARY_KEYS``
 (always present; ``None`` where a case could not run, with the reason in ``summary["notes"][key]``)
-plus ``EXTRA_KEYS``. ``readme_table`` renders the top-level README's performance table from that
-summary alone; ``tests/unit/test_bench_readme.py`` checks that the README holds exactly what it
+plus ``EXTRA_KEYS``. ``readme_table`` renders the docs' performance table (docs/performance/index.md) from that
+summary alone; ``tests/unit/test_bench_readme.py`` checks that the page holds exactly what it
 renders from the committed ``bench/results/latest.json`` (after a run: ``python -m bench.report``
-prints the table to paste between the README's ``bench-table`` markers).
+prints the table; ``python scripts/docs.py`` writes it between the page's ``bench-table`` markers).
 """
 
 from __future__ import annotations
