@@ -43,7 +43,8 @@ it there; without reuse the preprocessing of some models, Qwen2-VL's, fails on t
 model's own image markers (`<|image|>` for Llama 3.2 Vision, `<image>` for VILA...), written by the chat
 template or the model entry's `image_placeholder`. The conversions run off the event loop.
 
-`text` (wire from the config block, `TextWire.configured`): the block names the tensors; see README. Its
+`text` (wire from the config block, `TextWire.configured`): the block names the tensors; see
+docs/reference/model-config.md. Its
 `image_url` (TensorRT-LLM's LLM-API model declares `image_url` BYTES [-1], and fetches http(s) URLs itself)
 gets one JPEG data URL per image, as `image_url_input` does; its `reused_blocks` output (the LLM-API model's
 `kv_cache_reused_block`, which it sends as a number in text whatever its config says) is read as the KV cache
