@@ -68,6 +68,11 @@ class RpcLLM:
         self.prompt_ids, self.end_id, self.pad_id = prompt_ids, end_id, pad_id
         self._requests: dict[tuple[int, bool], InferRequest] = {}
 
+    def use_prompt(self, prompt_ids: list[int]) -> None:
+        """Send ``prompt_ids`` from now on (requests built for the previous prompt are dropped)."""
+        self.prompt_ids = prompt_ids
+        self._requests.clear()
+
     def request(self, max_tokens: int, streaming: bool) -> InferRequest:
         """The inputs the gateway's TensorRT-LLM adapter sends for a chat request without sampling
         parameters (batched model: every tensor [1, ...]). Built once per shape and resent, as a

@@ -36,22 +36,29 @@ class HTTPConnection:
         self.host, self.port = host, port
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
+        self.opened = 0  # connections made so far (a server that closed an idle one gets a new one)
 
     async def _connect(self) -> None:
+        if self.reader is not None and self.reader.at_eof():  # the server closed it (its keep-alive timeout)
+            self.close()
         if self.writer is None or self.writer.is_closing():
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 20)
+            self.opened += 1
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
         self.reader = self.writer = None
 
-    async def _send(self, path: str, body: bytes) -> tuple[int, dict[bytes, bytes]]:
+    async def _send(
+        self, path: str, body: bytes, extra: dict[str, str] | None = None
+    ) -> tuple[int, dict[bytes, bytes]]:
         await self._connect()
         assert self.reader is not None and self.writer is not None
+        more = "".join(f"{k}: {v}\r\n" for k, v in extra.items()) if extra else ""
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
+            f"{more}Content-Length: {len(body)}\r\n\r\n"
         ).encode()
         self.writer.write(head + body)
         raw = await self.reader.readuntil(b"\r\n\r\n")
@@ -79,9 +86,25 @@ class HTTPConnection:
             yield await reader.readexactly(int(headers.get(b"content-length", b"0")))
 
     async def post_json(self, path: str, payload: dict[str, Any]) -> tuple[int, bytes]:
+        return await self.post_body(path, orjson.dumps(payload))
+
+    async def post_body(
+        self,
+        path: str,
+        body: bytes,
+        extra: dict[str, str] | None = None,
+        on_chunk: Callable[[bytes], None] | None = None,
+    ) -> tuple[int, bytes]:
+        """POST an encoded JSON body (with ``extra`` headers); the whole response body. ``on_chunk`` sees each
+        piece of it as it arrives (an SSE stream's events, say)."""
         try:
-            status, headers = await self._send(path, orjson.dumps(payload))
-            body = b"".join([c async for c in self._chunks(headers)])
+            status, headers = await self._send(path, body, extra)
+            parts = []
+            async for c in self._chunks(headers):
+                if on_chunk is not None:
+                    on_chunk(c)
+                parts.append(c)
+            body = b"".join(parts)
         except BaseException:
             self.close()
             raise

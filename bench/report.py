@@ -2,10 +2,10 @@
 
 ``build_summary`` reduces a run to the flat ``summary`` object of ``latest.json``: ``SUMMARY_KEYS``
 (always present; ``None`` where a case could not run, with the reason in ``summary["notes"][key]``)
-plus ``EXTRA_KEYS``. ``readme_table`` renders the top-level README's performance table from that
-summary alone; ``tests/unit/test_bench_readme.py`` checks that the README holds exactly what it
+plus ``EXTRA_KEYS``. ``readme_table`` renders the docs' performance table (docs/performance/index.md) from that
+summary alone; ``tests/unit/test_bench_readme.py`` checks that the page holds exactly what it
 renders from the committed ``bench/results/latest.json`` (after a run: ``python -m bench.report``
-prints the table to paste between the README's ``bench-table`` markers).
+prints the table; ``python scripts/docs.py`` writes it between the page's ``bench-table`` markers).
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def _val(v: Any, unit: str, signed: bool = False) -> str:
 
 
 def _rows(s: dict[str, Any]) -> list[tuple[str, str, str, str]]:
-    """(what, value, target, verdict) for the README table, from the summary alone."""
+    """(what, value, target, verdict) for the docs' table, from the summary alone."""
 
     def also(label: str, key: str, unit: str = "", signed: bool = False) -> str:
         return f" ({label}: {_val(s.get(key), unit, signed)})" if s.get(key) is not None else ""
@@ -376,8 +376,8 @@ def board_table(s: dict[str, Any], meta: dict[str, Any]) -> list[str]:
 
 
 def readme_table(res: dict[str, Any]) -> str:
-    """The README's performance table: rendered from ``res["summary"]`` and ``res["meta"]`` only; the
-    comparison on the board's terms leads."""
+    """The docs' performance table (docs/performance/index.md): rendered from ``res["summary"]`` and
+    ``res["meta"]`` only; the comparison on the board's terms leads."""
     s = res.get("summary") or {}
     meta = res.get("meta") or {}
     out = [
@@ -400,7 +400,7 @@ def readme_table(res: dict[str, Any]) -> str:
 
 
 def render_markdown(res: dict[str, Any]) -> str:
-    """``latest.md``: the README table, then every case's detail."""
+    """``latest.md``: the docs' table, then every case's detail."""
     meta = res.get("meta", {})
     out = [
         f"### Gateway benchmark ({meta.get('mode', '?')} run, {meta.get('started', '?')}, commit "
@@ -564,7 +564,7 @@ def write_results(res: dict[str, Any], folder: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m bench.report [latest.json]``: print the README table rendered from a results file."""
+    """``python -m bench.report [latest.json]``: print the docs' table rendered from a results file."""
     args = sys.argv[1:] if argv is None else argv
     path = Path(args[0]) if args else Path(__file__).resolve().parent / "results" / "latest.json"
     sys.stdout.write(readme_table(json.loads(path.read_text())))

@@ -4,7 +4,8 @@ It starts one tritonserver (synthetic LLMs + all-minilm-l6-v2), the gateway as i
 for embeddings, Infinity in its own venv; runs each case through the gateway and against its
 baseline side by side; and writes ``bench/results/latest.{md,json}`` plus a dated JSON copy in
 ``bench/results/history/``. ``latest.json`` holds a ``summary`` object (the figures the issue's
-targets are judged on; see ``bench.report.SUMMARY_KEYS``) from which the README's table is rendered.
+targets are judged on; see ``bench.report.SUMMARY_KEYS``) from which the docs' table
+(docs/performance/index.md) is rendered.
 Nothing here asserts timings.
 
 The limit (the direct side of every LLM case) is ``bench.limit``: the gateway's own Triton RPC code

@@ -229,6 +229,10 @@ class TextProtocolConfig(_Strict):
     # TensorRT-LLM's LLM-API model declares `image_url` (BYTES [-1]) and loads http(s) URLs itself: the gateway
     # sends it only data URLs of images it fetched and verified.
     image_url: str | None = Field(default=None, description="BYTES [-1] input: one data:image/jpeg URL per image")
+    # KV cache reuse as TensorRT-LLM's LLM-API model reports it: `sampling_param_return_perf_metrics` asks,
+    # `kv_cache_reused_block` answers (see `tokens_per_block`).
+    return_perf_metrics: str | None = Field(default=None, description="BOOL input sent true: ask for reuse figures")
+    reused_blocks: str | None = Field(default=None, description="integer output: KV cache blocks the request reused")
     output_mode: Literal["delta", "cumulative"] = Field(
         default="delta", description="whether each response holds the new text (and count) or all so far")
     parameters: dict[TextParam, str] = Field(default_factory=dict, description="request parameter -> input name")
@@ -237,6 +241,9 @@ class TextProtocolConfig(_Strict):
     def _guide_pair(self) -> TextProtocolConfig:
         if (self.guide_type is None) != (self.guide is None):
             raise ValueError("guide_type and guide name the two guided-decoding inputs: set both or neither")
+        if self.return_perf_metrics is not None and self.reused_blocks is None:
+            raise ValueError("return_perf_metrics asks for KV cache reuse figures: name the output that carries the "
+                             "reused blocks (reused_blocks) too")
         return self
 
 
@@ -278,6 +285,12 @@ class LLMModel(_Served):
     guided_decoding_key: Literal["auto", "structured_outputs", "guided_decoding"] = "auto"
     # A custom text model's tensors (protocol `text`; with `auto` the block selects `text`).
     text_protocol: TextProtocolConfig | None = None
+    # Tokens per KV cache block of the model's engine (TensorRT-LLM's `tokens_per_block`, 32 unless the engine
+    # was built or configured otherwise): a backend reports reused blocks, and usage's cached prompt tokens are
+    # those blocks x this. The gateway cannot read it from Triton; set it to the engine's value.
+    tokens_per_block: int = Field(default=32, ge=1, le=65536,
+                                  description="tokens per KV cache block of the engine (cached tokens = reused blocks "
+                                              "x this)")
     # Images (a backend with an image input): the text that stands for one image in the prompt, written by
     # the gateway where each image part was, for a chat template that does not render image parts itself
     # (unset: the template gets `{"type": "image"}` parts, as transformers and vLLM pass them).

@@ -179,6 +179,11 @@ class Metrics:
                                                     "Triton sequence.", ["model"], buckets=TOKEN_BUCKETS, registry=r)
         self.sequences_finished = Counter("openai_api_sequences_finished", "Triton sequences ended, by model and "
                                           "reason (stop, length, abort, error).", ["model", "reason"], registry=r)
+        # Of the prompt tokens, those the backend reported reading from its KV cache instead of computing them
+        # (TensorRT-LLM's reused blocks x the model's tokens_per_block); a backend that cannot say adds nothing.
+        self.cached_prompt_tokens = Counter("openai_api_cached_prompt_tokens", "Prompt tokens Triton reported "
+                                            "reading from its KV cache (prefix reuse), as its backend counts them.",
+                                            ["model"], registry=r)
         self.triton_errors = Counter("openai_api_triton_errors", "Failed Triton calls by model and error code.",
                                      ["model", "code"], registry=r)
         # LoRA adapters served as models (their tokens are in the token counters under the adapter's name):

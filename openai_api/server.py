@@ -87,7 +87,8 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
                                        body_timeout_s=settings.body_timeout_s or None, max_connections=cap),
                             on_reject)
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "access_log": False,
-                              "timeout_graceful_shutdown": 5, "http": http, **overrides}
+                              "timeout_graceful_shutdown": 5, "timeout_keep_alive": settings.keep_alive_timeout_s,
+                              "http": http, **overrides}
     if settings.log_format == "json":  # uvicorn's own lines go through the gateway's (JSON) handler too
         kwargs.setdefault("log_config", None)
     return uvicorn.Config(app, **kwargs)

@@ -3,7 +3,8 @@ flag and its environment variable.
 
 `Settings` is the one model. Each field carries an `Option` (help text, flag, unit); from them come the
 argparse parser (`add_arguments`), the environment (`OPENAI_API_<FIELD>`, e.g. `OPENAI_API_MAX_IN_FLIGHT=64`;
-lists comma-separated), and the README's table of flags (`markdown_table`, checked by a test). Precedence:
+lists comma-separated), and the docs' table of flags (`markdown_table`, in docs/reference/cli.md, checked by a
+test). Precedence:
 a flag given on the command line, then the environment, then the default. The model config file
 (`model_config.json`, see `openai_api.config`) is separate: settings are how this process runs, the
 config is which models it serves.
@@ -154,6 +155,11 @@ class Settings(BaseModel):
         "upload that keeps coming is never cut, a trickle is); past it a 408, and the connection is closed, "
         "also after an early answer such as a 401; 0 = never", group="limits", flag="--body-timeout",
         metavar="SECONDS")] = Field(default=30.0, ge=0)
+    keep_alive_timeout_s: Annotated[float, Option(
+        "an idle keep-alive connection is closed after this many seconds (uvicorn's default is 5): an agent that "
+        "ran a tool for a while keeps its connection, so its next turn reaches the same worker (whose prompt "
+        "cache holds the session) with --workers", group="limits", flag="--keep-alive-timeout",
+        metavar="SECONDS")] = Field(default=30.0, gt=0)
     max_connections: Annotated[int, Option(
         "open connections at most (kept below the open-files limit, which is raised to fit): a new one past it "
         "replaces the connection that has waited longest without being served (reading a request, or idle), or "
@@ -182,7 +188,7 @@ class Settings(BaseModel):
         "on SIGTERM, how long requests in flight may finish while new ones get 503; then streams still running "
         "get a final shutting_down error event", group="limits", flag="--shutdown-grace", metavar="SECONDS")] = 30.0
 
-    # --- keys and quotas (openai_api/quota/, README "Keys and quotas") ----------------------------------------
+    # --- keys and quotas (openai_api/quota/, docs/guides/keys-quotas.md) ----------------------------------------
     keys_file: Annotated[Path | None, Option(
         "per-key policies (YAML or JSON): name, team, secret (SHA-256 or an environment variable), allowed models, "
         "requests and tokens per minute, concurrent requests, token budgets per day and month, priority, admin; "
@@ -533,7 +539,7 @@ def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def markdown_table() -> str:
-    """The README's table of flags, generated from the settings (a test keeps the README in step)."""
+    """The docs' table of flags (docs/reference/cli.md), generated from the settings (a test keeps it in step)."""
     lines = ["| flag | environment | default | |", "|---|---|---|---|"]
     for name, opt in options():
         flag = flag_of(name, opt) + (f" {opt.metavar}" if opt.metavar else "")
@@ -542,5 +548,5 @@ def markdown_table() -> str:
     return "\n".join(lines)
 
 
-if __name__ == "__main__":  # python -m openai_api.settings: the README's table of flags
+if __name__ == "__main__":  # python -m openai_api.settings: the docs' table of flags
     print(markdown_table())

@@ -38,7 +38,7 @@ started (the supervisor), as gunicorn's arbiter or vLLM's `--api-server-count` r
 * **SIGHUP** is passed to every worker: each reloads the model config (`openai_api.reload`; each also polls
   the file) and the keys file. A worker started later loads the config file as it is then.
 
-What stays per worker (documented in the README): admission limits, the connection cap, CPU threads,
+What stays per worker (documented in docs/deployment/workers.md): admission limits, the connection cap, CPU threads,
 replica health probes, and the Responses store (refused with workers > 1, see `settings`).
 """
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry tracing (README "Tracing"): off unless asked for, and then one trace per request that goes on
+"""OpenTelemetry tracing (docs/operations/tracing.md): off unless asked for, and then one trace per request that goes on
 into Triton.
 
 **On** with `--otlp-traces-endpoint URL`, or when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` /

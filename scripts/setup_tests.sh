@@ -71,7 +71,7 @@ install_node_clients() {
   if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi
-  echo "setup-tests: npm ci in $NODE_DIR (the Anthropic TypeScript SDK and Claude Code, as locked)"
+  echo "setup-tests: npm ci in $NODE_DIR (the Anthropic TypeScript SDK, Claude Code and Codex CLI, as locked)"
   if (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
     echo "$want" > "$stamp"
   else

@@ -16,7 +16,7 @@ protocol class with these rules added (`EdgeLimits`):
 * **head deadline** (`header_timeout_s`): from the moment a connection opens, or a new request on it
   begins, its request line and headers must be complete within this; otherwise the connection is closed
   (as nginx's `client_header_timeout`). Idle keep-alive connections stay governed by uvicorn's own
-  `timeout_keep_alive`.
+  `timeout_keep_alive` (`--keep-alive-timeout`).
 * **body deadline** (`body_timeout_s`): from the moment a request's headers are complete, its body must be
   complete within this, plus one second per `body_min_rate` bytes received (Apache mod_reqtimeout's
   `body=N,MinRate=R`): a big upload that keeps coming is never cut, a trickle is. Past it the request is

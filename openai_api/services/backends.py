@@ -73,8 +73,9 @@ def _ended(error: BaseException | None, stats: RequestStats | None, produced: in
 
 class InstrumentedLLMBackend(_WrappedLLMBackend):
     """An `LLMBackend` that records, for any protocol: time to first token, inter-token latency, token
-    counters, Triton errors, and per sequence its phase, duration, tokens and end (and the request's token
-    counts for the access log)."""
+    counters (prompt tokens as Triton read them, and of those the ones its backend reported reading from its KV
+    cache), Triton errors, and per sequence its phase, duration, tokens and end (and the request's token counts
+    for the access log)."""
 
     def __init__(self, inner: LLMBackend, metrics: Metrics, model: str) -> None:
         self.inner = inner
@@ -84,6 +85,7 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         self._itl = metrics.itl.labels(model)
         self._prompt = metrics.prompt_tokens.labels(model)
         self._completion = metrics.completion_tokens.labels(model)
+        self._cached = metrics.cached_prompt_tokens.labels(model)
         self._seq = metrics.sequence_metrics(model)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
@@ -97,6 +99,7 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         last = start = stats.start if stats is not None else clock()
         first = True
         produced = 0
+        cached: int | None = None
         seq = self._seq
         error: BaseException | None = None
         chunks = self.inner.generate(request)
@@ -105,6 +108,8 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
             async for chunk in chunks:
                 now = clock()
                 n = len(chunk.token_ids) or chunk.num_tokens or 0  # a text-out protocol's count, where it gives one
+                if chunk.cached_tokens is not None:
+                    cached = chunk.cached_tokens
                 if first:
                     self._ttft.observe(now - last)
                     first = False
@@ -132,6 +137,8 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
             seq.prompt_tokens.observe(len(request.prompt_ids))
             seq.generation_tokens.observe(produced)
             self._prompt.inc(len(request.prompt_ids))  # what Triton read (a budget's phase 2 reads the prompt again)
+            if cached:
+                self._cached.inc(cached)  # of what Triton read, so per sequence as well
             if produced:
                 self._completion.inc(produced)
             if stats is not None:
@@ -237,7 +244,7 @@ def llm_backend(m: LLMModel, pool: TritonClientPool, metrics: Metrics,
     def make(u: str) -> LLMBackend:
         return AutoLLMBackend(pool, u, m.name, m.triton_name, m.triton_version, protocol=m.protocol,
                               stream_idle_timeout_s=stream_idle_timeout_s, vllm_guide_key=m.guided_decoding_key,
-                              text_wire=wire)
+                              text_wire=wire, tokens_per_block=m.tokens_per_block)
 
     adapters = [(u, make(u)) for u in m.urls if not u.startswith(DNS_SCHEME)]
     inner: LLMBackend

@@ -20,6 +20,7 @@ from openai_api.services.generation import (
     build_generation_request,
     collect_choices,
     refuse_vllm_extensions,
+    request_cached_tokens,
     resolve_max_tokens,
 )
 from openai_api.services.guides import request_guide, require_support
@@ -322,7 +323,7 @@ class ChatService:
         results = await collect_plain(rt, greqs, stops)
         choices = []
         completion_tokens = reasoning_tokens = 0
-        for i, (text, finish, produced, ids, lps) in enumerate(results):
+        for i, (text, finish, produced, ids, lps, _) in enumerate(results):
             completion_tokens += produced
             out = p.output()
             message, finish = chat_message(assemble(out.push(text, last=True, cut=finish == "length")), finish,
@@ -330,8 +331,8 @@ class ChatService:
             reasoning_tokens += await self.count_reasoning(rt, out, text)
             logprobs = {"content": logprob_entries(rt, ids, lps), "refusal": None} if req.logprobs else None
             choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
-        usage = usage_dict(prompt_tokens, completion_tokens,
-                           reasoning_tokens if rt.reasoning_parser else None)
+        usage = usage_dict(prompt_tokens, completion_tokens, reasoning_tokens if rt.reasoning_parser else None,
+                           request_cached_tokens(greqs, [r.cached_tokens for r in results]))
         return {"id": completion_id, "object": "chat.completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage}
 
@@ -410,10 +411,10 @@ class ChatStreamEncoder:
     def error(self, err: GatewayError) -> bytes:
         return error_event(err)
 
-    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
         if not self.include_usage:
             return DONE
         reasoning = None
         if self.rt.reasoning_parser is not None and self.outputs is not None:
             reasoning = sum(o.reasoning_tokens for o in self.outputs)
-        return self.chunks.usage(prompt_tokens, completion_tokens, reasoning) + DONE
+        return self.chunks.usage(prompt_tokens, completion_tokens, reasoning, cached_tokens) + DONE

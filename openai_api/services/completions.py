@@ -16,6 +16,7 @@ from openai_api.services.generation import (
     build_generation_request,
     collect_choices,
     refuse_vllm_extensions,
+    request_cached_tokens,
     resolve_max_tokens,
 )
 from openai_api.services.guides import request_guide, require_support
@@ -143,12 +144,13 @@ class CompletionsService:
         results = await collect_choices(rt, greqs, stops)
         choices = []
         completion_tokens = 0
-        for k, (text, finish, produced, ids, lps) in enumerate(results):
+        for k, (text, finish, produced, ids, lps, _) in enumerate(results):
             completion_tokens += produced
             logprobs = completion_logprobs(rt, ids, lps, len(echoes[k])) if greqs[k].return_logprobs else None
             choices.append({"index": k, "text": echoes[k] + text, "logprobs": logprobs, "finish_reason": finish})
+        cached = request_cached_tokens(greqs, [r.cached_tokens for r in results])
         return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
-                "choices": choices, "usage": usage_dict(prompt_tokens, completion_tokens)}
+                "choices": choices, "usage": usage_dict(prompt_tokens, completion_tokens, cached_tokens=cached)}
 
 
 class CompletionStreamEncoder:
@@ -180,5 +182,7 @@ class CompletionStreamEncoder:
     def error(self, err: GatewayError) -> bytes:
         return error_event(err)
 
-    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return (self.chunks.usage(prompt_tokens, completion_tokens) + DONE) if self.include_usage else DONE
+    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
+        if not self.include_usage:
+            return DONE
+        return self.chunks.usage(prompt_tokens, completion_tokens, cached_tokens) + DONE

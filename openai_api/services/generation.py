@@ -46,7 +46,9 @@ class TextEvent:
     """New text safe to send ("" allowed), and on the last event of a sequence its finish reason.
 
     `token_ids`/`logprobs` are the tokens consumed since the previous event (text held back by the
-    stop matcher is reported with the event that finally releases it)."""
+    stop matcher is reported with the event that finally releases it). `cached_tokens`: the sequence's
+    prompt tokens its backend reported reading from its KV cache, as of this event (None: not reported, or
+    a backend that cannot say; `GenerationChunk.cached_tokens`)."""
 
     text: str
     finish_reason: str | None
@@ -55,6 +57,7 @@ class TextEvent:
     logprobs: TokenLogprobs | None = None
     # The stop string that ended the sequence, when one did (Anthropic's `stop_sequence` names it).
     stop: str | None = None
+    cached_tokens: int | None = None
 
 
 class SequenceText:
@@ -69,7 +72,7 @@ class SequenceText:
     """
 
     __slots__ = ("_detok", "_matcher", "_max_tokens", "_pending_ids", "_pending_lp", "_pending_top", "_tokenizer",
-                 "_want_lp", "produced", "stopped")
+                 "_want_lp", "cached", "produced", "stopped")
 
     def __init__(self, rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> None:
         self._detok = IncrementalDetokenizer(rt.tokenizer.tokenizer, prefix_ids=greq.prompt_ids, drop_ids=rt.drop_ids)
@@ -85,8 +88,11 @@ class SequenceText:
         self._pending_top: list[list[tuple[int, float]]] | None = [] if greq.top_logprobs else None
         self.produced = 0
         self.stopped = False
+        self.cached: int | None = None  # the backend's latest cached-prompt-token figure
 
     def push(self, chunk: GenerationChunk) -> TextEvent | None:
+        if chunk.cached_tokens is not None:
+            self.cached = chunk.cached_tokens
         if chunk.text is not None:
             self.produced += chunk.num_tokens if chunk.num_tokens is not None else len(
                 self._tokenizer.encode(chunk.text))
@@ -121,9 +127,9 @@ class SequenceText:
 
     def _event(self, text: str, finish_reason: str | None) -> TextEvent:
         if not self._want_lp:
-            return TextEvent(text, finish_reason, self.produced)
+            return TextEvent(text, finish_reason, self.produced, cached_tokens=self.cached)
         ev = TextEvent(text, finish_reason, self.produced, self._pending_ids,
-                       TokenLogprobs(self._pending_lp, self._pending_top))
+                       TokenLogprobs(self._pending_lp, self._pending_top), cached_tokens=self.cached)
         self._pending_ids, self._pending_lp = [], []
         if self._pending_top is not None:
             self._pending_top = []
@@ -168,8 +174,9 @@ async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGener
     then `close`). `close`'s tokens count as output (`max_tokens` bounds phase 1, them and phase 2
     together), so usage counts every token of the answer the model saw as its own; phase 2 is marked
     `prompt_counted`, so key quotas and metrics count the client's prompt once and each phase's generated
-    tokens (not `close`). Closing this generator closes the running phase's backend stream, which cancels
-    its Triton request.
+    tokens (not `close`); for the same reason phase 2's chunks carry no `cached_tokens` (its prompt is not the
+    client's: what usage reports as cached is phase 1's figure). Closing this generator closes the running
+    phase's backend stream, which cancels its Triton request.
 
     Nothing is forced (one generation, as sent) when the family has no `close` (harmony's channels, a
     model without a reasoning parser), when a guide shapes the output, or when the budget cannot bind
@@ -229,6 +236,7 @@ async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGener
     chunks = rt.backend.generate(phase2)
     try:
         async for chunk in chunks:
+            chunk.cached_tokens = None  # phase 2's prompt is not the client's (see the docstring)
             yield chunk
     finally:
         await chunks.aclose()
@@ -254,20 +262,22 @@ async def sequence_events(rt: LLMRuntime, greq: GenerationRequest,
 
 class Collected(NamedTuple):
     """A whole (non-streamed) sequence: its text, finish reason, token count and sampled-token log-probs
-    (with their alternatives when asked for)."""
+    (with their alternatives when asked for), and its prompt tokens the backend read from its KV cache (None:
+    not reported)."""
 
     text: str
     finish_reason: str
     completion_tokens: int
     token_ids: list[int]
     logprobs: TokenLogprobs
+    cached_tokens: int | None = None
 
 
 async def collect_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]) -> Collected:
     parts: list[str] = []
     ids: list[int] = []
     lps = TokenLogprobs(top=[] if greq.return_logprobs and greq.top_logprobs else None)
-    finish, produced = "stop", 0
+    finish, produced, cached = "stop", 0, None
     async for ev in sequence_events(rt, greq, stops):
         parts.append(ev.text)
         ids += ev.token_ids
@@ -276,8 +286,27 @@ async def collect_text(rt: LLMRuntime, greq: GenerationRequest, stops: list[str]
             if lps.top is not None:
                 lps.top += ev.logprobs.top or []
         if ev.finish_reason:
-            finish, produced = ev.finish_reason, ev.completion_tokens
-    return Collected("".join(parts), finish, produced, ids, lps)
+            finish, produced, cached = ev.finish_reason, ev.completion_tokens, ev.cached_tokens
+    return Collected("".join(parts), finish, produced, ids, lps, cached)
+
+
+def request_cached_tokens(greqs: list[GenerationRequest], cached: list[int | None]) -> int | None:
+    """A request's cached prompt tokens for usage, from each sequence's figure (`cached`, one per `greqs`):
+    usage counts each distinct prompt once (n > 1 sends the same prompt once per choice), so per prompt the
+    fewest tokens any of its choices read from the cache (what was cached for every choice; never more than the
+    prompt counted once), summed over prompts (a completions request's list of prompts). None when any sequence
+    went unreported: a backend that cannot say is not a backend that cached nothing."""
+    if any(c is None for c in cached):
+        return None
+    total = 0
+    i = 0
+    while i < len(greqs):
+        j = i + 1
+        while j < len(greqs) and greqs[j].prompt_ids is greqs[i].prompt_ids:
+            j += 1
+        total += min(c or 0 for c in cached[i:j])
+        i = j
+    return total
 
 
 async def collect_choices(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:

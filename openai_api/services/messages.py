@@ -55,12 +55,17 @@ are Anthropic's:
   the thinking, nothing a client can verify), `text` blocks and `tool_use` blocks (`toolu_...` ids from
   the parser's `call_...` ids; a family that writes its own ids, Kimi K2's, keeps them), in the order
   generated; `stop_reason` `end_turn`, `max_tokens`, `stop_sequence` (with `stop_sequence` set to the
-  request's sequence that matched) or `tool_use`; `usage` with `input_tokens`, `output_tokens` and both
-  `cache_*` counts 0 (the backends report no prompt reuse). The plain answer and the streamed one are
-  built by the same `BlockBuilder` from the same deltas, so they are one answer.
+  request's sequence that matched) or `tool_use`; `usage` as Anthropic splits the prompt: `cache_read_input_tokens`
+  the prompt tokens the backend reported reading from its KV cache (`GenerationChunk.cached_tokens`; 0 where
+  the backend cannot say), `input_tokens` the rest of the prompt (Anthropic's `input_tokens` excludes the
+  cached ones: the three add up to the prompt), `cache_creation_input_tokens` 0 (the engines keep every
+  prefilled block on their own, at no charge; nothing here is the paid write at a `cache_control` breakpoint
+  that field counts), `output_tokens`. The plain answer and the streamed one are built by the same
+  `BlockBuilder` from the same deltas, so they are one answer.
 * **Streaming**: Anthropic's event grammar with `event:` lines: `message_start` and a `ping`, then per
   block `content_block_start`, its `content_block_delta`s (`thinking_delta` then one `signature_delta`,
-  `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, usage) and
+  `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, the final usage,
+  every count: `message_start`'s cache figure is the backend's as of the first tokens) and
   `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping` (`PING`, written by
   the HTTP edge's stream writer, `http.sse.coalesced`). An error after the stream began is an `error` event
   in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's does: its
@@ -674,16 +679,16 @@ class MessagesService:
         if not prepared.stops and not prepared.rt.stop_strings:
             greq.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough (as chat)
         parts: list[str] = []
-        finish, produced, stop = "stop", 0, None
+        finish, produced, stop, cached = "stop", 0, None, None
         async for ev in sequence_events(prepared.rt, greq, prepared.stops):
             parts.append(ev.text)
             if ev.finish_reason:
-                finish, produced, stop = ev.finish_reason, ev.completion_tokens, ev.stop
+                finish, produced, stop, cached = ev.finish_reason, ev.completion_tokens, ev.stop, ev.cached_tokens
         text = "".join(parts)
         deltas = answer.output.push(text, last=True, cut=finish == "length")
         answer.blocks.push(answer.cap_plain(deltas, prepared.rt))
         answer.blocks.close()
-        return answer.message(finish, stop, produced)
+        return answer.message(finish, stop, produced, cached)
 
 
 class MessageAnswer:
@@ -722,15 +727,17 @@ class MessageAnswer:
             out.append(d)
         return out
 
-    def usage(self, output_tokens: int) -> dict[str, Any]:
-        return {"input_tokens": self.prepared.prompt_tokens, "output_tokens": output_tokens,
-                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+    def usage(self, output_tokens: int, cached: int | None) -> dict[str, Any]:
+        """Anthropic's usage (module docstring): the prompt split into cache reads and the rest."""
+        read = min(cached or 0, self.prepared.prompt_tokens)
+        return {"input_tokens": self.prepared.prompt_tokens - read, "output_tokens": output_tokens,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": read}
 
-    def message(self, finish: str, stop: str | None, produced: int) -> dict[str, Any]:
+    def message(self, finish: str, stop: str | None, produced: int, cached: int | None) -> dict[str, Any]:
         reason, sequence = stop_reason(finish, stop, self.req.stop_sequences or [], self.blocks.calls)
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.req.model,
                 "content": self.blocks.blocks, "stop_reason": reason, "stop_sequence": sequence,
-                "usage": self.usage(produced), **self.context_management()}
+                "usage": self.usage(produced, cached), **self.context_management()}
 
     def context_management(self) -> dict[str, Any]:
         """`{context_management: {applied_edits}}` when the request asked for edits, else nothing."""
@@ -753,7 +760,7 @@ class MessagesStreamEncoder:
         if first:
             start: dict[str, Any] = {"id": a.id, "type": "message", "role": "assistant", "model": a.req.model,
                                      "content": [], "stop_reason": None, "stop_sequence": None,
-                                     "usage": a.usage(ev.completion_tokens)}
+                                     "usage": a.usage(ev.completion_tokens, ev.cached_tokens)}
             out += [_event(b"message_start", {"type": "message_start", "message": start}),
                     _event(b"ping", {"type": "ping"})]
         last = ev.finish_reason is not None
@@ -773,10 +780,10 @@ class MessagesStreamEncoder:
     def error(self, err: GatewayError) -> bytes:
         return error_event(err)
 
-    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
+    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
         a = self.answer
         reason, sequence = stop_reason(self.finish, self.stop, a.req.stop_sequences or [], a.blocks.calls)
         return (_event(b"message_delta", {"type": "message_delta",
                                           "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": a.usage(completion_tokens), **a.context_management()})
+                                          "usage": a.usage(completion_tokens, cached_tokens), **a.context_management()})
                 + _event(b"message_stop", {"type": "message_stop"}))

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from openai_api.services.registry import ModelRegistry
 from openai_api.triton import health
 
 ID_PROTOCOLS = ("tensorrt_llm", "fastertransformer")
+# (served model, Anthropic model object) pairs (`ModelsService.anthropic_models`).
+AnthropicModels = list[tuple[str, dict[str, Any]]]
 
 
 class ModelsService:
@@ -58,6 +61,19 @@ class ModelsService:
 
     def get(self, name: str) -> dict[str, Any] | None:
         return self._card(name)
+
+    def anthropic_models(self) -> AnthropicModels:
+        """The LLMs as Anthropic's model objects (`{type: "model", id, display_name, created_at}`), each with the
+        served model it names (an alias names its model): what `/v1/messages` accepts as `model`, so what
+        Anthropic clients (Claude Code's model picker, `anthropic.models.list()`) may choose from."""
+        created = datetime.fromtimestamp(self.created, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        out = []
+        for name, rt in self.registry.llms.items():
+            out.append((name, {"type": "model", "id": name, "display_name": name, "created_at": created}))
+            if rt.adapter is None:
+                out += [(name, {"type": "model", "id": alias, "display_name": f"{alias} ({name})",
+                                "created_at": created}) for alias in rt.config.aliases]
+        return out
 
 
 class HealthService:

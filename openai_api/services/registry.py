@@ -123,7 +123,8 @@ def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | No
     if found is not None and found.guess and not own_prompt:
         logger.warning("model %s: tool_parser auto could only guess %r (%s). If the model writes its tool calls "
                        "another way, set \"tool_parser\" in its llm entry of the model config to its family, one "
-                       "of: %s (README: Model families).", m.name, tool, found.why, ", ".join(TOOL_PARSER_NAMES))
+                       "of: %s (docs/guides/tools-and-families.md).", m.name, tool, found.why,
+                       ", ".join(TOOL_PARSER_NAMES))
     specials = {tok.tokenizer.token_to_id(t): t for t in tok.special_tokens}
     keep = set(keep_markers(tool, reasoning))
     control = frozenset(keep & set(specials.values()))

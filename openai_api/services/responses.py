@@ -190,10 +190,10 @@ class ResponsesService:
 
             return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
                               before_end=keep)
-        [(text, finish, produced, _, _)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
+        [(text, finish, produced, _, _, cached)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
         resp.add(resp.output.push(text, last=True, cut=finish == "length"))
         resp.output.reasoning_tokens = await self.chat.count_reasoning(prepared.rt, resp.output, text)
-        result = resp.finish(finish, produced)
+        result = resp.finish(finish, produced, cached)
         await self._keep(resp, result, caller)
         return result
 
@@ -277,13 +277,15 @@ class ResponseBuilder:
                 **({"usage": usage} if usage is not None else {}),
                 **({"user": req.user} if req.user is not None else {})}
 
-    def finish(self, finish_reason: str, produced: int) -> dict[str, Any]:
-        """The whole response once generation ended."""
+    def finish(self, finish_reason: str, produced: int, cached: int | None = None) -> dict[str, Any]:
+        """The whole response once generation ended. `cached`: the prompt tokens the backend read from its KV
+        cache (`input_tokens_details.cached_tokens`, an integer in the Responses schema: 0 where the backend
+        cannot say); nothing is written to a cache the client pays for, so `cache_write_tokens` is 0."""
         status = "incomplete" if finish_reason == "length" else "completed"
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         reasoning = self.output.reasoning_tokens
         usage = {"input_tokens": self.prepared.prompt_tokens,
-                 "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+                 "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
                  "output_tokens": produced, "output_tokens_details": {"reasoning_tokens": reasoning},
                  "total_tokens": self.prepared.prompt_tokens + produced}
         return self.response(status, self.output_items(status), usage, incomplete)
@@ -400,7 +402,7 @@ class ResponsesStreamEncoder:
     def error(self, err: GatewayError) -> bytes:
         return self._event("error", code=err.code, message=err.message, param=err.param)
 
-    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        result = self.result = self.resp.finish(self.finish_reason, completion_tokens)
+    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
+        result = self.result = self.resp.finish(self.finish_reason, completion_tokens, cached_tokens)
         kind = "response.incomplete" if result["status"] == "incomplete" else "response.completed"
         return self._event(kind, response=result)

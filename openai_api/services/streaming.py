@@ -22,7 +22,13 @@ from typing import Any, Protocol
 import orjson
 
 from openai_api.errors import GatewayError, error_response_bytes
-from openai_api.services.generation import SequenceText, TextEvent, backend_chunks, sequence_events
+from openai_api.services.generation import (
+    SequenceText,
+    TextEvent,
+    backend_chunks,
+    request_cached_tokens,
+    sequence_events,
+)
 from openai_api.services.registry import LLMRuntime
 from openai_api.triton.llm import GenerationRequest
 
@@ -43,8 +49,9 @@ class StreamEncoder(Protocol):
         """The final event of a stream that failed after its first byte."""
         ...
 
-    def end(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        """What closes a complete stream (usage, [DONE], ...)."""
+    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
+        """What closes a complete stream (usage, [DONE], ...). `cached_tokens`: the prompt tokens the backend
+        read from its KV cache (`generation.request_cached_tokens`; None: it cannot say)."""
         ...
 
 
@@ -59,6 +66,7 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
     `encoder.end` and before its bytes go out (a stored response is kept before the client reads its end).
     """
     produced = [0] * len(greqs)
+    cached: list[int | None] = [None] * len(greqs)
     started = False
     try:
         if len(greqs) == 1:
@@ -73,14 +81,14 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
                     data = encoder.event(0, ev, not started)
                     started = True
                     if seq.stopped:
-                        produced[0] = ev.completion_tokens
+                        produced[0], cached[0] = ev.completion_tokens, ev.cached_tokens
                         yield data
                         break
                     if data:
                         yield data
                 else:
                     ev = seq.finish()
-                    produced[0] = ev.completion_tokens
+                    produced[0], cached[0] = ev.completion_tokens, ev.cached_tokens
                     data = encoder.event(0, ev, not started)
                     started = True
                     yield data
@@ -91,7 +99,7 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
             try:
                 async for i, ev in events:
                     if ev.finish_reason:
-                        produced[i] = ev.completion_tokens
+                        produced[i], cached[i] = ev.completion_tokens, ev.cached_tokens
                     data = encoder.event(i, ev, not started)
                     started = True
                     if data:
@@ -104,7 +112,7 @@ async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list
         logger.warning("stream %s ended by backend error: %s", stream_id, e.message)
         yield encoder.error(e)
         return
-    end = encoder.end(prompt_tokens, sum(produced))
+    end = encoder.end(prompt_tokens, sum(produced), request_cached_tokens(greqs, cached))
     if before_end is not None:
         await before_end()
     yield end
@@ -176,17 +184,24 @@ class ChatChunkEncoder:
         return self._head + b'{"index":%d,"delta":{},"logprobs":null,"finish_reason":"%s"' % (
             index, reason.encode()) + self._tail
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> bytes:
-        usage = usage_dict(prompt_tokens, completion_tokens, reasoning_tokens)
+    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None,
+              cached_tokens: int | None = None) -> bytes:
+        usage = usage_dict(prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens)
         return self._head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
 
 
-def usage_dict(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> dict[str, Any]:
-    """OpenAI's usage object; `completion_tokens_details.reasoning_tokens` for a model that reasons."""
+def usage_dict(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None,
+               cached_tokens: int | None = None) -> dict[str, Any]:
+    """OpenAI's usage object (chat and completions); `completion_tokens_details.reasoning_tokens` for a model
+    that reasons; `prompt_tokens_details.cached_tokens` (the prompt tokens the backend read from its KV cache)
+    where the backend reports it, and no `prompt_tokens_details` where it cannot (vLLM's shape when it does not
+    count them: the client's typed usage then says None, not a false 0)."""
     usage: dict[str, Any] = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                              "total_tokens": prompt_tokens + completion_tokens}
     if reasoning_tokens is not None:
         usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    if cached_tokens is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return usage
 
 
@@ -207,6 +222,6 @@ class CompletionChunkEncoder:
         return self._head + b'{"index":%d,"text":"","logprobs":null,"finish_reason":"%s"}]}\n\n' % (
             index, reason.encode())
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> bytes:
-        return (self._head + b'],"usage":' + orjson.dumps(usage_dict(prompt_tokens, completion_tokens))
-                + b"}\n\n")
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
+        return (self._head + b'],"usage":'
+                + orjson.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens=cached_tokens)) + b"}\n\n")

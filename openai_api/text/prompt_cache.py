@@ -31,8 +31,10 @@ the two kinds cannot collide in the map.
 
 What still scales with the whole prompt is string work at memory speed: finding the markers (one regular
 expression scan), hashing the segments, and joining their cached id lists (interned ints, so a join copies
-pointers). Token ids are kept as lists of ints interned per tokenizer (8 bytes a token instead of ~36;
-the tokenizer holds the table, ~36 bytes per vocabulary entry, made on first use).
+pointers) and their int32 bytes: the result is a `TokenIds`, a list that also carries the ids as Triton's
+INT32 tensor, so the adapter does not convert ~100k Python ints again each turn (`triton.wire.encode_tensor`).
+Token ids are kept as lists of ints interned per tokenizer (8 bytes a token instead of ~36; the tokenizer
+holds the table, ~36 bytes per vocabulary entry, made on first use), plus their 4 bytes of int32.
 
 Proven by a property test (tests/unit/test_prompt_cache.py) against whole-prompt tokenization on every
 vendored family tokenizer and template, random conversations and a Metaspace tokenizer.
@@ -45,6 +47,7 @@ import json
 import re
 import sys
 import threading
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -125,6 +128,30 @@ def template_markers(source: str, tokenizer: Tokenizer, extra: Sequence[str] = (
     return [*found, *(e for e in extra if e)]
 
 
+class TokenIds(list[int]):
+    """Token ids that also carry themselves as little-endian int32 bytes (`int32_le`), joined from the cached
+    segments' bytes: what `triton.wire.encode_tensor` sends for an INT32 (or UINT32) tensor instead of
+    converting every id. Any operation that makes a new list (slicing, +) gives a plain list; the bytes are
+    used only while their length still matches the list's."""
+
+    __slots__ = ("int32_le",)
+
+    def __init__(self, ids: list[int], int32_le: bytes) -> None:
+        super().__init__(ids)
+        self.int32_le = int32_le
+
+
+def _int32(ids: list[int]) -> bytes:
+    """Ids as little-endian int32 bytes; ids outside int32 (no tokenizer has any) give b"" (not used)."""
+    try:
+        raw = array("i", ids)
+    except OverflowError:
+        return b""
+    if sys.byteorder != "little":
+        raw.byteswap()
+    return raw.tobytes()
+
+
 def intern(table: list[int], ids: list[int]) -> list[int]:
     """`ids` with each id replaced by the one int object `table` holds for it (`table[i] == i`), so that
     lists cached for a long time share their ints: 8 bytes a token instead of ~36."""
@@ -152,7 +179,8 @@ class PromptTokenCache:
 
     max_bytes: int
     stats: CacheStats = field(default_factory=CacheStats)
-    _map: OrderedDict[tuple[int, str], list[int]] = field(default_factory=OrderedDict)
+    # (tokenizer key, segment text) -> (its ids, interned; the same as int32 bytes)
+    _map: OrderedDict[tuple[int, str], tuple[list[int], bytes]] = field(default_factory=OrderedDict)
     _bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -165,7 +193,7 @@ class PromptTokenCache:
 
     def encode(self, key: int, boundaries: Boundaries, text: str,
                encode_batch: Callable[[list[str]], list[list[int]]], interned: list[int],
-               check: Callable[[list[str], int], None] | None = None) -> list[int]:
+               check: Callable[[list[str], int], None] | None = None) -> TokenIds:
         """The ids of `text`, equal to `encode_batch([text])[0]`: cut at `boundaries`, cached segments taken
         from the map, the others tokenized together with `encode_batch` (one call) and remembered with their
         ids interned (`interned`: the tokenizer's table of int objects, see `intern`). `key` names the
@@ -174,51 +202,53 @@ class PromptTokenCache:
         cuts = boundaries.cuts(text)
         cuts.append(len(text))
         segments = [text[a:b] for a, b in itertools.pairwise(cuts) if b > a]
-        found: list[list[int] | None] = []
+        found: list[tuple[list[int], bytes] | None] = []
         missing: dict[str, int] = {}
         stats = self.stats
         with self._lock:
             m = self._map
             for seg in segments:
-                ids = m.get((key, seg))
-                if ids is not None:
+                entry = m.get((key, seg))
+                if entry is not None:
                     m.move_to_end((key, seg))
                     stats.hit_segments += 1
-                    stats.hit_tokens += len(ids)
+                    stats.hit_tokens += len(entry[0])
                 elif seg not in missing:
                     missing[seg] = len(missing)
-                found.append(ids)
+                found.append(entry)
         if missing:
             new = list(missing)
             if check is not None:
-                check(new, sum(len(f) for f in found if f is not None))
-            fresh = [intern(interned, ids) for ids in encode_batch(new)]
+                check(new, sum(len(f[0]) for f in found if f is not None))
+            fresh = [(intern(interned, ids), _int32(ids)) for ids in encode_batch(new)]
             with self._lock:
-                for seg, ids in zip(new, fresh, strict=True):
-                    self._put((key, seg), ids)
+                for seg, entry in zip(new, fresh, strict=True):
+                    self._put((key, seg), entry)
                     stats.miss_segments += 1
-                    stats.miss_tokens += len(ids)
+                    stats.miss_tokens += len(entry[0])
                 self._evict()
             found = [f if f is not None else fresh[missing[s]] for f, s in zip(found, segments, strict=True)]
         out: list[int] = []
-        for ids in found:
-            assert ids is not None
-            out += ids
-        return out
+        raw: list[bytes] = []
+        for entry in found:
+            assert entry is not None
+            out += entry[0]
+            raw.append(entry[1])
+        return TokenIds(out, b"".join(raw))
 
-    def _put(self, k: tuple[int, str], ids: list[int]) -> None:
+    def _put(self, k: tuple[int, str], entry: tuple[list[int], bytes]) -> None:
         if k in self._map:
             return
-        self._map[k] = ids
-        self._bytes += _entry_bytes(k[1], ids)
+        self._map[k] = entry
+        self._bytes += _entry_bytes(k[1], entry)
 
     def _evict(self) -> None:
         m = self._map
         while self._bytes > self.max_bytes and m:
-            (_, seg), ids = m.popitem(last=False)
-            self._bytes -= _entry_bytes(seg, ids)
+            (_, seg), entry = m.popitem(last=False)
+            self._bytes -= _entry_bytes(seg, entry)
             self.stats.evicted += 1
 
 
-def _entry_bytes(seg: str, ids: list[int]) -> int:
-    return sys.getsizeof(seg) + 8 * len(ids) + _ENTRY_OVERHEAD
+def _entry_bytes(seg: str, entry: tuple[list[int], bytes]) -> int:
+    return sys.getsizeof(seg) + 8 * len(entry[0]) + len(entry[1]) + _ENTRY_OVERHEAD

@@ -63,7 +63,7 @@ class AutoLLMBackend:
 
     def __init__(self, pool: TritonClientPool, url: str, model: str, triton_model: str, version: str = "",
                  protocol: str = "auto", stream_idle_timeout_s: float | None = None,
-                 vllm_guide_key: str = "auto", text_wire: TextWire | None = None) -> None:
+                 vllm_guide_key: str = "auto", text_wire: TextWire | None = None, tokens_per_block: int = 32) -> None:
         self.pool = pool
         self.url = url
         self.model = model
@@ -73,6 +73,7 @@ class AutoLLMBackend:
         self.stream_idle_timeout_s = stream_idle_timeout_s
         self.vllm_guide_key = vllm_guide_key
         self.text_wire = text_wire
+        self.tokens_per_block = tokens_per_block
         self._adapter: SpecAdapter | None = None
         self._lock = asyncio.Lock()
 
@@ -103,7 +104,8 @@ class AutoLLMBackend:
             require_protocol(protocol, spec, self.triton_model, detected=detected, wire=self.text_wire)
             rpc = self.pool.rpc(self.url)
             common: dict[str, Any] = {"model": self.model, "triton_model": self.triton_model, "version": self.version,
-                                      "stream_idle_timeout_s": self.stream_idle_timeout_s}
+                                      "stream_idle_timeout_s": self.stream_idle_timeout_s,
+                                      "tokens_per_block": self.tokens_per_block}
             adapter: SpecAdapter
             if protocol == "vllm":
                 adapter = VLLMAdapter(rpc, spec, guide_key=self.vllm_guide_key, **common)

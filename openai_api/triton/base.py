@@ -32,19 +32,22 @@ class SpecAdapter:
     `protocol` names the wire protocol; `param_inputs` maps an OpenAI-side parameter to the Triton input
     names that carry it, newest release first (adapters whose protocol takes parameters as tensors set it;
     `supports` and `input_name` read it). `stream_idle_timeout_s` is the stall guard's idle time for this
-    model's streams (None: never)."""
+    model's streams (None: never). `tokens_per_block`: the engine's tokens per KV cache block (the model entry's
+    `tokens_per_block`), by which a protocol that reports reused KV blocks turns them into cached prompt
+    tokens."""
 
     protocol = ""
     param_inputs: Mapping[str, tuple[str, ...]] = {}
 
     def __init__(self, rpc: TritonRPC, spec: ModelSpec, *, model: str, triton_model: str, version: str = "",
-                 stream_idle_timeout_s: float | None = None) -> None:
+                 stream_idle_timeout_s: float | None = None, tokens_per_block: int = 32) -> None:
         self.rpc = rpc
         self.spec = spec
         self.model = model
         self.triton_model = triton_model
         self.version = version
         self.stream_idle_timeout_s = stream_idle_timeout_s
+        self.tokens_per_block = tokens_per_block
 
     @property
     def guide_kinds(self) -> frozenset[GuideKind]:

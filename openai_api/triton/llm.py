@@ -126,6 +126,11 @@ class GenerationChunk:
     how many tokens it took (when the backend says; else the count is estimated by the tokenizer).
     With `GenerationRequest.top_logprobs` > 0, `top_logprobs` holds per token of `token_ids` its most
     likely alternatives as (token id, log-prob), most likely first, at most `top_logprobs` of them.
+
+    `cached_tokens`: how many of the request's prompt tokens the backend read from its KV cache instead of
+    computing them, as the backend itself reported it with this response (TensorRT-LLM's reused KV blocks x
+    the model's `tokens_per_block`, at most the prompt's length); None where this response says nothing.
+    Unlike the rest it is the request's figure, not a delta: the latest one reported stands.
     """
 
     token_ids: list[int]
@@ -133,6 +138,7 @@ class GenerationChunk:
     text: str | None = None
     num_tokens: int | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    cached_tokens: int | None = None
 
 
 # Request fields an adapter may or may not be able to honour, by the name the OpenAI API uses.

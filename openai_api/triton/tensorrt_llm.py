@@ -7,6 +7,12 @@ gRPC stream per request with `streaming=true`: every response holds only the new
 get one unary `infer` with `exclude_input_in_output=true` (or the prompt stripped if that input is
 absent). The model's config is read once to learn input names, dtypes and decoupling, so releases
 that use UINT32 scalars or `random_seed`/`min_length` work unchanged.
+
+Prompt-cache reuse (tensorrtllm_backend docs/model_config.md): a model whose config declares the optional input
+`return_perf_metrics` (BOOL [1]) and the output `kv_cache_reused_blocks` (INT32 [1]) is sent
+`return_perf_metrics=true` and asked for that output alone; every response then carries the KV cache blocks
+the request reused, which become `GenerationChunk.cached_tokens` (blocks x the model's `tokens_per_block`, at
+most the prompt). A model without them is asked nothing and reports nothing.
 """
 
 from __future__ import annotations
@@ -22,7 +28,14 @@ from openai_api.errors import BackendError, InvalidRequestError
 from openai_api.lora import AdapterError, LoraAdapter
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
-from openai_api.triton.wire import InferRequest, ModelSpec, raw_output, words_tensor
+from openai_api.triton.wire import (
+    InferRequest,
+    ModelSpec,
+    cached_prompt_tokens,
+    output_int,
+    raw_output,
+    words_tensor,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +75,9 @@ def trtllm_guide(guide: Guide) -> tuple[str, str]:
     return "ebnf_grammar", "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
+# TensorRT-LLM's per-request perf metrics: the flag that asks for them, and the one output read (INT32 [1]).
+PERF_METRICS, REUSED_BLOCKS = "return_perf_metrics", "kv_cache_reused_blocks"
+
 # LoRA (see `openai_api.lora` for the tensors' layout): the task id, and the weights with their config.
 _LORA_ID, _LORA_WEIGHTS, _LORA_CONFIG = "lora_task_id", "lora_weights", "lora_config"
 
@@ -89,6 +105,8 @@ class TensorRTLLMAdapter(SpecAdapter):
         super().__init__(*args, **kwargs)
         # The LoRA task ids this replica was sent the weights of (and answered): only their ids are sent.
         self.lora_sent: set[int] = set()
+        # Whether the model reports KV cache reuse (module docstring): asked on every request, or never.
+        self.reports_reuse = PERF_METRICS in self.spec.inputs and REUSED_BLOCKS in self.spec.outputs
 
     def supports(self, param: str) -> bool:
         if param == "lora":
@@ -150,7 +168,14 @@ class TensorRTLLMAdapter(SpecAdapter):
             r.output("sequence_length")
         if req.return_logprobs and "output_log_probs" in spec.outputs:
             r.output("output_log_probs")
+        if self.reports_reuse:
+            r.add(spec, PERF_METRICS, True)
+            r.output(REUSED_BLOCKS)
         return r
+
+    def _cached(self, resp: object, req: GenerationRequest) -> int | None:
+        """The prompt tokens a response says were read from the KV cache (None: it says nothing)."""
+        return cached_prompt_tokens(output_int(resp, REUSED_BLOCKS), self.tokens_per_block, len(req.prompt_ids))
 
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         lora = request.lora
@@ -208,6 +233,7 @@ class TensorRTLLMAdapter(SpecAdapter):
         # client did not ask for a stream.
         streaming = request.stream_tokens or "streaming" not in spec.inputs
         ids_dtype = "I" if getattr(spec.inputs.get("input_ids"), "dtype", "INT32") == "UINT32" else "i"
+        reuse = self.reports_reuse
         # The deadline (`timeout_s`) covers the whole request, first token to last; the stall guard ends a
         # stream that stops producing (Triton hung, GPU wedged) long before that.
         responses = self.rpc.stream(self._request(request, streaming, lora_weights), model=self.model,
@@ -218,7 +244,8 @@ class TensorRTLLMAdapter(SpecAdapter):
                 if not streaming:
                     yield self._final_chunk(spec, request, result)
                     continue
-                raw = raw_output(result.get_response(), "output_ids")
+                resp = result.get_response()
+                raw = raw_output(resp, "output_ids")
                 if raw is None:
                     continue
                 # Straight from the raw bytes: per streamed token several times cheaper than a numpy
@@ -228,10 +255,12 @@ class TensorRTLLMAdapter(SpecAdapter):
                 if request.return_logprobs and tokens:
                     lp = result.as_numpy("output_log_probs")
                     logprobs = lp.reshape(-1)[-len(tokens):].tolist() if lp is not None else None
-                yield GenerationChunk(tokens, logprobs)
+                chunk = GenerationChunk(tokens, logprobs)
+                if reuse:
+                    chunk.cached_tokens = self._cached(resp, request)
+                yield chunk
 
-    @staticmethod
-    def _final_chunk(spec: ModelSpec, req: GenerationRequest, result: Any) -> GenerationChunk:
+    def _final_chunk(self, spec: ModelSpec, req: GenerationRequest, result: Any) -> GenerationChunk:
         """The whole generation from a single (non-streaming) response: prompt stripped when the model
         echoes it, `sequence_length` and end/pad padding trimmed."""
         ids = result.as_numpy("output_ids")
@@ -248,4 +277,7 @@ class TensorRTLLMAdapter(SpecAdapter):
         if req.return_logprobs:
             lp = result.as_numpy("output_log_probs")
             logprobs = lp.reshape(-1)[: len(tokens)].tolist() if lp is not None and tokens else None
-        return GenerationChunk(tokens, logprobs)
+        chunk = GenerationChunk(tokens, logprobs)
+        if self.reports_reuse:
+            chunk.cached_tokens = self._cached(result.get_response(), req)
+        return chunk

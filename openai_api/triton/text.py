@@ -14,8 +14,10 @@ name first where releases differ): `text_input` BYTES [1], `max_tokens` INT32 [1
 (`runtime_top_k`), `top_p` (`runtime_top_p`), `temperature`, `repetition_penalty`, `presence_penalty`,
 `frequency_penalty`, `min_tokens` (`min_length`), `seed` UINT64 (`random_seed`), `stop_words` /
 `bad_words` BYTES [-1] (one string per word; the preprocessing model tokenizes them),
-`guided_decoding_guide_type` / `guided_decoding_guide` BYTES [1], and `return_num_output_tokens` BOOL
-asking for `num_output_tokens` INT32 [1]. With `max_batch_size > 0` every tensor gets the batch dim.
+`guided_decoding_guide_type` / `guided_decoding_guide` BYTES [1], `return_num_output_tokens` BOOL
+asking for `num_output_tokens` INT32 [1], and `return_perf_metrics` BOOL asking for `kv_cache_reused_blocks`
+INT32 [1] (the KV cache blocks the request reused; the ensemble maps both to and from its tensorrt_llm model).
+With `max_batch_size > 0` every tensor gets the batch dim.
 Output `text_output` BYTES: the ensemble's postprocessing model decodes each response's tokens on their
 own, so a streamed `text_output` is a delta (and a token that ends inside a UTF-8 character decodes to
 U+FFFD there, which nothing downstream can repair); the BLS model does the same unless its
@@ -41,9 +43,16 @@ it there; without reuse the preprocessing of some models, Qwen2-VL's, fails on t
 model's own image markers (`<|image|>` for Llama 3.2 Vision, `<image>` for VILA...), written by the chat
 template or the model entry's `image_placeholder`. The conversions run off the event loop.
 
-`text` (wire from the config block, `TextWire.configured`): the block names the tensors; see README. Its
+`text` (wire from the config block, `TextWire.configured`): the block names the tensors; see
+docs/reference/model-config.md. Its
 `image_url` (TensorRT-LLM's LLM-API model declares `image_url` BYTES [-1], and fetches http(s) URLs itself)
-gets one JPEG data URL per image, as `image_url_input` does.
+gets one JPEG data URL per image, as `image_url_input` does; its `reused_blocks` output (the LLM-API model's
+`kv_cache_reused_block`, which it sends as a number in text whatever its config says) is read as the KV cache
+blocks the request reused, asked for with its `return_perf_metrics` input when the block names one
+(`sampling_param_return_perf_metrics`).
+
+Reused blocks become `GenerationChunk.cached_tokens`: blocks x the model's `tokens_per_block`, at most the
+prompt's tokens (as the gateway counts them); every response that carries them says it again.
 
 Streaming, unary calls and cancellation are as for the vLLM adapter: decoupled models are called over one
 gRPC stream per request (`stream` true when the client streams or stop strings must be matched, else one
@@ -70,7 +79,7 @@ from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, GuideKind
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.tensorrt_llm import trtllm_guide
-from openai_api.triton.wire import INTEGER_DTYPES, InferRequest, ModelSpec
+from openai_api.triton.wire import INTEGER_DTYPES, InferRequest, ModelSpec, cached_prompt_tokens, output_int
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +125,9 @@ class TextWire:
     num_tokens: str | None = None
     return_num_tokens: str | None = None
     image_url: str | None = None
+    # KV cache reuse: a BOOL input that asks for it (sent true), and the output with the reused blocks.
+    perf_metrics: str | None = None
+    reused_blocks: str | None = None
     cumulative: bool = False
     cumulative_count: bool = False
     parameters: Mapping[str, str] = field(default_factory=dict)
@@ -128,7 +140,8 @@ class TextWire:
                    stream=block.get("stream"), exclude_input=block.get("exclude_input"),
                    stop_words=block.get("stop_words"), bad_words=block.get("bad_words"),
                    guide_type=block.get("guide_type"), guide=block.get("guide"), num_tokens=block.get("num_tokens"),
-                   image_url=block.get("image_url"), cumulative=cumulative, cumulative_count=cumulative,
+                   image_url=block.get("image_url"), perf_metrics=block.get("return_perf_metrics"),
+                   reused_blocks=block.get("reused_blocks"), cumulative=cumulative, cumulative_count=cumulative,
                    parameters=dict(block.get("parameters") or {}))
 
 
@@ -142,6 +155,7 @@ def trtllm_text_wire(spec: ModelSpec) -> TextWire:
     params = {p: next(n for n in cands if n in names)
               for p, cands in _TRTLLM_TEXT_PARAMS.items() if any(n in names for n in cands)}
     counted = "num_output_tokens" in spec.outputs and "return_num_output_tokens" in names
+    reuse = "kv_cache_reused_blocks" in spec.outputs and "return_perf_metrics" in names
 
     def declared(name: str) -> str | None:
         return name if name in names else None
@@ -152,6 +166,8 @@ def trtllm_text_wire(spec: ModelSpec) -> TextWire:
         guide_type=declared("guided_decoding_guide_type"), guide=declared("guided_decoding_guide"),
         num_tokens="num_output_tokens" if counted else None,
         return_num_tokens="return_num_output_tokens" if counted else None,
+        perf_metrics="return_perf_metrics" if reuse else None,
+        reused_blocks="kv_cache_reused_blocks" if reuse else None,
         # tensorrt_llm_bls: decodes all tokens so far per response when accumulate_tokens is set.
         cumulative=_flag(spec.parameters.get("accumulate_tokens")),
         parameters=params)
@@ -179,6 +195,8 @@ def wire_mismatches(wire: TextWire, spec: ModelSpec) -> list[str]:
     for key in ("stop_words", "bad_words", "guide_type", "guide", "image_url"):
         check("input", getattr(wire, key), text, "BYTES", key)
     check("output", wire.num_tokens, INTEGER_DTYPES, "an integer type", "num_tokens")
+    check("input", wire.perf_metrics, flag, "BOOL", "return_perf_metrics")
+    check("output", wire.reused_blocks, INTEGER_DTYPES | text, "an integer type (or BYTES)", "reused_blocks")
     for param, name in wire.parameters.items():
         check("input", name, None, "", f"parameters.{param}")
     return problems
@@ -251,10 +269,12 @@ class TextAdapter(SpecAdapter):
     protocol = "text"
 
     def __init__(self, rpc: TritonRPC, spec: ModelSpec, *, wire: TextWire, model: str, triton_model: str,
-                 version: str = "", stream_idle_timeout_s: float | None = None) -> None:
+                 version: str = "", stream_idle_timeout_s: float | None = None, tokens_per_block: int = 32) -> None:
         super().__init__(rpc, spec, model=model, triton_model=triton_model, version=version,
-                         stream_idle_timeout_s=stream_idle_timeout_s)
+                         stream_idle_timeout_s=stream_idle_timeout_s, tokens_per_block=tokens_per_block)
         self.wire = wire
+        # The output that reports the KV cache blocks a request reused, when the model declares it.
+        self.reused_blocks = wire.reused_blocks if wire.reused_blocks in spec.outputs else None
         # An ensemble over a decoupled model may not say decoupled in its own config; Triton then refuses
         # unary calls, and this turns true (see `generate`).
         self._always_stream = spec.decoupled
@@ -340,11 +360,19 @@ class TextAdapter(SpecAdapter):
         if count is not None and (ask := self._input(wire.return_num_tokens)):
             r.add(spec, ask, True)
         r.output(wire.output, *([count] if count is not None else []))
+        if self.reused_blocks is not None:
+            if ask := self._input(wire.perf_metrics):
+                r.add(spec, ask, True)
+            r.output(self.reused_blocks)
         return r
 
-    def _chunk(self, state: TextState, result: InferResult, first: bool) -> GenerationChunk:
-        return GenerationChunk(token_ids=[], text=state.text(_first_text(result, self.wire.output), first),
-                               num_tokens=state.count(_first_int(result, self.wire.num_tokens)))
+    def _chunk(self, state: TextState, result: InferResult, first: bool, req: GenerationRequest) -> GenerationChunk:
+        chunk = GenerationChunk(token_ids=[], text=state.text(_first_text(result, self.wire.output), first),
+                                num_tokens=state.count(_first_int(result, self.wire.num_tokens)))
+        if (name := self.reused_blocks) is not None:
+            chunk.cached_tokens = cached_prompt_tokens(output_int(result.get_response(), name), self.tokens_per_block,
+                                                       len(req.prompt_ids))
+        return chunk
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         if not request.prompt_text:
@@ -365,7 +393,7 @@ class TextAdapter(SpecAdapter):
                             self.model, self.triton_model)
                 self._always_stream = True
             else:
-                chunk = self._chunk(state, result, True)
+                chunk = self._chunk(state, result, True, request)
                 chunk.text = (chunk.text or "") + state.flush()
                 yield chunk
                 return
@@ -378,9 +406,9 @@ class TextAdapter(SpecAdapter):
         # aclosing: closing this generator early must close the stream (and so cancel the request) now.
         async with aclosing(responses):
             async for result in responses:
-                chunk = self._chunk(state, result, first)
+                chunk = self._chunk(state, result, first, request)
                 first = False
-                if chunk.text or chunk.num_tokens:
+                if chunk.text or chunk.num_tokens or chunk.cached_tokens is not None:
                     yield chunk
         tail = state.flush()
         if tail:
@@ -394,9 +422,10 @@ class TensorRTLLMTextAdapter(TextAdapter):
     protocol = "tensorrt_llm_text"
 
     def __init__(self, rpc: TritonRPC, spec: ModelSpec, *, model: str, triton_model: str, version: str = "",
-                 stream_idle_timeout_s: float | None = None) -> None:
+                 stream_idle_timeout_s: float | None = None, tokens_per_block: int = 32) -> None:
         super().__init__(rpc, spec, wire=trtllm_text_wire(spec), model=model, triton_model=triton_model,
-                         version=version, stream_idle_timeout_s=stream_idle_timeout_s)
+                         version=version, stream_idle_timeout_s=stream_idle_timeout_s,
+                         tokens_per_block=tokens_per_block)
         self.image_input = _trtllm_image_input(spec)
         self.prompt_table_ids = (_PROMPT_TABLE_ID in spec.inputs
                                  and _flag(spec.parameters.get("enable_kv_cache_reuse")))

@@ -24,6 +24,10 @@ multimodal models (BYTES [-1]): one element per image, the image file's bytes ba
 decodes each with Pillow into `multi_modal_data["image"]`). A model whose config has no such input takes
 no images (`supports("images")` is false, and the services refuse image parts by name).
 
+Cached prompt tokens: the vLLM backend has no output for them (its `num_input_tokens` counts the prompt, not
+what vLLM's prefix cache held; vllm_backend src/utils/request.py as of 2026-01), so chunks never carry
+`cached_tokens` and usage says the count is unknown.
+
 Stop strings are matched by the gateway on the text (and the stream closed, which cancels the
 request); single-token stop words and `end_id` go to vLLM as `stop_token_ids`. Token-id bad words
 cannot be expressed in SamplingParams, so a model with bad words configured refuses requests. A request's
@@ -180,9 +184,10 @@ class VLLMAdapter(SpecAdapter):
     protocol = "vllm"
 
     def __init__(self, rpc: TritonRPC, spec: ModelSpec, *, model: str, triton_model: str, version: str = "",
-                 stream_idle_timeout_s: float | None = None, guide_key: str = "auto") -> None:
+                 stream_idle_timeout_s: float | None = None, guide_key: str = "auto", tokens_per_block: int = 32
+                 ) -> None:
         super().__init__(rpc, spec, model=model, triton_model=triton_model, version=version,
-                         stream_idle_timeout_s=stream_idle_timeout_s)
+                         stream_idle_timeout_s=stream_idle_timeout_s, tokens_per_block=tokens_per_block)
         # "auto": the current spelling, until the backend refuses it by name (then the older one, for good).
         self.guide_key = GUIDE_KEYS[0] if guide_key == "auto" else guide_key
         self._guide_key_fixed = guide_key != "auto"

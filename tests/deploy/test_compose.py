@@ -164,7 +164,7 @@ def _compose_config() -> dict[str, Any]:
 
 def test_compose_model_config_points_at_the_triton_service() -> None:
     config = _compose_config()
-    # dns:///: every container of the (scalable) triton service is a replica (README "Fleet")
+    # dns:///: every container of the (scalable) triton service is a replica (docs/deployment/fleet.md)
     for entry in config["llm"]:
         assert entry["url"] == "dns:///triton:8001", "LLMs stream over gRPC"
     for kind in ("embedding", "rerank"):

@@ -121,7 +121,7 @@ def test_gateway_runs_as_numeric_non_root_user(gateway: Dockerfile) -> None:
 
 def test_gateway_installs_base_deps_only(gateway: Dockerfile) -> None:
     runs = " ".join(ins.args for ins in gateway.all("RUN"))
-    assert re.search(r"pip install --no-cache-dir \.(\s|$)", runs), "expected `pip install .` as in the README"
+    assert re.search(r"pip install --no-cache-dir \.(\s|$)", runs), "expected `pip install .` as the docs say"
     for heavy in ("torch", "[triton", "nvidia-pytriton", "transformers", "[dev"):
         assert heavy not in runs, f"the gateway image installs {heavy}"
     assert not gateway.all("RUN", gateway.final_stage) or all(

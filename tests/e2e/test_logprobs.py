@@ -93,8 +93,10 @@ def test_chat_top_logprobs_on_the_vllm_interface(client: openai.OpenAI, referenc
     ref_text, ref_lps = reference_logprobs
     assert text == ref_text and "Paris" in text
     assert "".join(e.token for e in entries) == text
-    # The chosen tokens' log-probs are the model's own: the TensorRT-LLM interface reports the same ones.
-    assert [e.logprob for e in entries] == pytest.approx(ref_lps, rel=1e-6, abs=1e-6)
+    # The chosen tokens' log-probs are the model's own: the TensorRT-LLM interface reports the same ones, but for
+    # float32 rounding: its model may read the prompt's first block from its prefix KV cache and compute the rest
+    # in a smaller forward pass, whose sums round differently (~1e-5; smollm2_prefix_cache.py).
+    assert [e.logprob for e in entries] == pytest.approx(ref_lps, rel=1e-6, abs=1e-4)
     check_alternatives(entries, k)
 
 

@@ -24,7 +24,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -62,7 +61,7 @@ def sha(secret: str) -> str:
 @pytest.fixture(scope="module")
 def kv_page() -> Iterator[int]:
     class Page(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(TRTLLM_PAGE)))
@@ -183,7 +182,7 @@ def test_the_vllm_dashboards_queries_return_data(prometheus: httpx.Client, clien
             assert result, (model, target["panel"], expr)
             values = [float(s["value"][1]) for s in result]
             assert all(math.isfinite(v) for v in values), (model, expr, values)
-            if "increase(" in expr or "rate(" in expr and "histogram_quantile" not in expr:
+            if "increase(" in expr or ("rate(" in expr and "histogram_quantile" not in expr):
                 assert max(values) > 0, (model, expr, values)
     kv = prom_query(prometheus, f'vllm:kv_cache_usage_perc{{model_name="{LLM}"}}')
     assert float(kv[0]["value"][1]) == KV_FRACTION

@@ -15,7 +15,6 @@ import os
 import signal
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,8 @@ class FakeBackend:
     """An `LLMBackend` that plays a script of chunks, records every request and how each stream ended.
 
     `fail_at=k` raises `error` instead of yielding chunk k (k == len(script): after the last chunk).
+    `cached`: what every chunk says of the prompt tokens read from the KV cache (`GenerationChunk.cached_tokens`),
+    or a function of the request giving it (None: nothing, as a backend that cannot say).
     """
 
     model = MODEL
@@ -26,8 +28,10 @@ class FakeBackend:
     guide_kinds: frozenset[GuideKind] | None = GUIDE_KINDS
 
     def __init__(self, script: list[list[int]], *, fail_at: int | None = None,
-                 error: GatewayError | None = None) -> None:
+                 error: GatewayError | None = None,
+                 cached: int | Callable[[GenerationRequest], int | None] | None = None) -> None:
         self.script = script
+        self.cached = cached
         self.fail_at = fail_at
         self.error = error or BackendError("Triton failed the request.")
         self.requests: list[GenerationRequest] = []
@@ -43,12 +47,13 @@ class FakeBackend:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
         self.requests.append(request)
+        cached = self.cached(request) if callable(self.cached) else self.cached
         try:
             for k, ids in enumerate(self.script):
                 if k == self.fail_at:
                     raise self.error
                 self.yielded += 1
-                yield GenerationChunk(token_ids=list(ids))
+                yield GenerationChunk(token_ids=list(ids), cached_tokens=cached)
             if self.fail_at == len(self.script):
                 raise self.error
             self.completed += 1

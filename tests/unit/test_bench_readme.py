@@ -1,8 +1,8 @@
-"""The README's performance table is what `bench.report.readme_table` renders from the committed
-`bench/results/latest.json`, and that file's `summary` holds every key the issue names.
+"""The docs' performance table (docs/performance/index.md) is what `bench.report.readme_table` renders from
+the committed `bench/results/latest.json`, and that file's `summary` holds every key the issue names.
 
-After a bench run: `.venv/bin/python -m bench.report` prints the table to paste between the
-README's `bench-table` markers."""
+After a bench run: `.venv/bin/python scripts/docs.py` rewrites the table between the page's `bench-table`
+markers (`.venv/bin/python -m bench.report` prints it)."""
 
 from __future__ import annotations
 
@@ -20,13 +20,16 @@ def latest() -> dict[str, Any]:
     return json.loads((REPO / "bench" / "results" / "latest.json").read_text())
 
 
-def test_readme_table_is_rendered_from_latest_json() -> None:
-    readme = (REPO / "README.md").read_text()
-    assert START in readme and END in readme
-    committed = readme.split(START, 1)[1].split(END, 1)[0].strip("\n")
+PAGE = REPO / "docs" / "performance" / "index.md"
+
+
+def test_docs_table_is_rendered_from_latest_json() -> None:
+    page = PAGE.read_text()
+    assert START in page and END in page
+    committed = page.split(START, 1)[1].split(END, 1)[0].strip("\n")
     assert committed == readme_table(latest()).strip("\n"), (
-        "README.md's performance table is not what bench/results/latest.json renders: run "
-        "`.venv/bin/python -m bench.report` and paste its output between the bench-table markers"
+        "docs/performance/index.md's table is not what bench/results/latest.json renders: run "
+        "`.venv/bin/python scripts/docs.py` (it rewrites the table between the bench-table markers)"
     )
 
 

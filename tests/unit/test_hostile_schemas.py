@@ -1,7 +1,8 @@
 """Schemas and bodies the gateway cannot check (issue #20): nested deep, huge, `$ref` loops and long
 `$ref` chains, in `response_format`, `tools` and every other place a client's JSON is walked. Each is
 a 200 or a 400 naming the parameter and the limit, never a 5xx; the app runs in-process with a fake
-backend (no Triton), and the oracle is the limits as the README states them."""
+backend (no Triton), and the oracle is the limits as the docs state them
+(docs/guides/structured-outputs.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from tests.unit.fakes import FakeBackend, llm_only_config
 
 MODEL = "smollm2-135m-instruct"
 AUTH = {"Authorization": "Bearer k1"}
-# The README's limits (written out here, not imported: the test checks what the README promises).
+# The docs' limits (written out here, not imported: the test checks what the docs promise).
 DEPTH, VALUES, HOPS, OPTIONAL = 128, 50_000, 32, 1000
 
 

@@ -377,3 +377,34 @@ def test_the_plain_text_path_writes_the_same_events_as_the_delta_path() -> None:
     got = [b"".join(fast.text(p)) for p in pieces] + [b"".join(fast.close())]
     want = [b"".join(slow.push([Delta("content", p)] if p else [])) for p in pieces] + [b"".join(slow.close())]
     assert got == want and fast.blocks == slow.blocks == [{"type": "text", "text": 'Hello, "wörld"\n!'}]
+
+
+async def test_anthropic_clients_list_models_in_anthropics_shape(app: FastAPI) -> None:
+    """With `anthropic-version` (which the SDKs always send) `/v1/models` is Anthropic's page of model objects:
+    the served model and its alias, read by the official SDK's own types; an OpenAI client still gets OpenAI's
+    list; an unknown model is Anthropic's 404."""
+    import anthropic
+    import httpx2  # the SDK's own HTTP client package
+
+    http = httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://127.0.0.1")
+    client = anthropic.AsyncAnthropic(api_key=KEY, base_url="http://127.0.0.1", http_client=http)
+    page = await client.models.list()
+    assert [(m.id, m.type) for m in page.data] == [(MODEL, "model"), ("claude-sonnet-4-5", "model")]
+    assert page.data[0].created_at.year >= 2026 and page.has_more is False and page.first_id == MODEL
+    first = await client.models.list(limit=1)
+    assert [m.id for m in first.data] == [MODEL] and first.has_more is True and first.last_id == MODEL
+    second = await client.models.list(limit=1, after_id=MODEL)
+    assert [m.id for m in second.data] == ["claude-sonnet-4-5"] and second.has_more is False
+    before = await client.models.list(before_id="claude-sonnet-4-5")
+    assert [m.id for m in before.data] == [MODEL]
+    alias = await client.models.retrieve("claude-sonnet-4-5")
+    assert alias.display_name == f"claude-sonnet-4-5 ({MODEL})"
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        await client.models.retrieve("claude-nope")
+    assert missing.value.body["error"]["type"] == "not_found_error"  # type: ignore[index]
+    with pytest.raises(anthropic.BadRequestError):
+        await client.models.list(limit=0)
+    await http.aclose()
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        openai_list = (await c.get("/v1/models", headers={"Authorization": f"Bearer {KEY}"})).json()
+    assert openai_list["object"] == "list" and openai_list["data"][0]["object"] == "model"

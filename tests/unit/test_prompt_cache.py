@@ -283,3 +283,29 @@ async def test_chat_prompts_through_the_preprocessor_equal_whole_ones(tmp_path: 
     rt.context_length = 2000
     with pytest.raises(ContextLengthExceededError):
         await cached.chat(rt, msgs, add_generation_prompt=True)
+
+
+def test_the_ids_carry_their_int32_tensor_bytes() -> None:
+    """The prompt's ids come with their INT32 tensor bytes joined from the segments' (Triton's input_ids is
+    sent from them, not converted id by id); the bytes are the ids, and a list whose length changed after
+    (never done, but cheap to guard) is converted as before."""
+    from array import array
+
+    from openai_api.text.prompt_cache import TokenIds
+    from openai_api.triton.wire import encode_tensor
+
+    if not (SMOLLM2 / "tokenizer.json").exists():
+        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
+    tok = _tok(SMOLLM2)
+    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
+    b = _boundaries(tok, template)
+    cache = PromptTokenCache(8 * 1024 * 1024)
+    for turn in range(3):
+        msgs = [{"role": "user", "content": f"{i}: " + "".join(SNIPPETS)} for i in range(turn + 2)]
+        ids = _encode(cache, tok, b, template.render(msgs, add_generation_prompt=True))
+        assert isinstance(ids, TokenIds) and ids.int32_le == array("i", ids).tobytes()
+        assert encode_tensor("INT32", ids) is ids.int32_le and encode_tensor("UINT32", ids) is ids.int32_le
+        assert encode_tensor("INT64", ids) == array("q", ids).tobytes()
+    ids.append(7)
+    assert encode_tensor("INT32", ids) == array("i", ids).tobytes()
+    assert type(ids[1:]) is list and type(ids + [1]) is list  # noqa: RUF005 (the operator is what is checked)

@@ -37,6 +37,14 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   request (``smollm2_engine.LoraHooks``); a task id alone must be cached, else the request fails with
   TensorRT-LLM's words: "LoRA task <id> not found in cache. Please send LoRA weights with request".
   Counters ``lora_loads``, ``lora_hits``, ``lora_misses``, ``lora_evictions`` count each case.
+* KV cache reuse, as TensorRT-LLM's ``enable_kv_cache_reuse`` (``smollm2_prefix_cache.py``): with the config's
+  ``enable_kv_cache_reuse`` parameter true, prompts are cut into blocks of ``tokens_per_block`` tokens kept
+  (LRU, at most ``kv_cache_reuse_bytes``) for later requests, which prefill only the tokens after the longest
+  cached run of blocks. ``return_perf_metrics`` BOOL [1, 1] true adds TensorRT-LLM's perf outputs to every
+  response: ``kv_cache_reused_blocks``, ``kv_cache_alloc_new_blocks``, ``kv_cache_alloc_total_blocks`` INT32
+  [1, 1] and ``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``, ``last_token_time_ns``
+  INT64 [1, 1] (``SmolLM2Engine.perf_metric_tensors``). Requests with a LoRA adapter neither read nor store
+  blocks.
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over 8192 tokens) come back as a
   FINAL response carrying a ``TritonError``.
 * cancellation (client cancels the gRPC stream) is polled before every token step; the request is
@@ -132,6 +140,7 @@ class TritonPythonModel(SmolLM2Engine):
             state={
                 "exclude_input": bool(batched_scalar(request, "exclude_input_in_output", False)),
                 "return_log_probs": bool(batched_scalar(request, "return_log_probs", False)),
+                "return_perf_metrics": bool(batched_scalar(request, "return_perf_metrics", False)),
             },
         )
 
@@ -182,4 +191,6 @@ class TritonPythonModel(SmolLM2Engine):
             pb_utils.Tensor("output_log_probs", np.asarray(lp, dtype=np.float32).reshape(1, 1, -1)),
             pb_utils.Tensor("cum_log_probs", np.asarray([[cum]], dtype=np.float32)),
         ]
+        if job.state["return_perf_metrics"]:
+            outputs += self.perf_metric_tensors(job)
         self.send(job, outputs, final)

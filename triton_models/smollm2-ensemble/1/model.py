@@ -20,7 +20,10 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   (types ``json``, ``json_schema``, ``regex``, ``ebnf_grammar``; rules in ``smollm2_guide.py``).
 * outputs: ``text_output`` BYTES [1, 1]; ``output_log_probs`` FP32 [1, 1, T] and ``cum_log_probs``
   FP32 [1, 1] with ``return_log_probs``; ``num_input_tokens`` / ``num_output_tokens`` INT32 [1, 1] when
-  their ``return_*`` input is true.
+  their ``return_*`` input is true; with ``return_perf_metrics`` BOOL [1, 1] true, TensorRT-LLM's perf outputs
+  (``kv_cache_reused_blocks`` etc., as the ensemble maps them from its tensorrt_llm model) on every response,
+  from the engine's prefix KV cache (config parameters ``enable_kv_cache_reuse``, ``tokens_per_block``,
+  ``kv_cache_reuse_bytes``; see ``smollm2_prefix_cache.py``).
 * streaming (``stream`` true): one response per generated token whose ``text_output`` is that token
   decoded ON ITS OWN with special tokens skipped, as the postprocessing model decodes each streamed
   response: a delta (a token ending inside a UTF-8 character decodes to U+FFFD, as there), and
@@ -62,7 +65,8 @@ from smollm2_engine import (
 )
 from smollm2_guide import trtllm_guide
 
-_FLAGS = ("exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens")
+_FLAGS = ("exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
+          "return_perf_metrics")
 
 
 class TritonPythonModel(SmolLM2Engine):
@@ -140,4 +144,6 @@ class TritonPythonModel(SmolLM2Engine):
             outputs.append(pb_utils.Tensor("num_input_tokens", np.asarray([[len(job.prompt)]], dtype=np.int32)))
         if state["return_num_output_tokens"]:
             outputs.append(pb_utils.Tensor("num_output_tokens", np.asarray([[len(ids)]], dtype=np.int32)))
+        if state["return_perf_metrics"]:
+            outputs += self.perf_metric_tensors(job)
         self.send(job, outputs, final)
