@@ -36,6 +36,11 @@ class Page:
                                    self.session, check=False)
         return result.get("result", {}).get("value")
 
+    def close(self) -> None:
+        target = self.browser.call("Target.getTargetInfo", {}, self.session).get("targetInfo", {}).get("targetId")
+        if target:
+            self.browser.call("Target.closeTarget", {"targetId": target})
+
     def wait_for(self, expression: str, timeout_s: float = 60.0) -> Any:
         """Evaluate `expression` until it is truthy (returned), or fail after `timeout_s` (a hang guard)."""
         deadline = time.monotonic() + timeout_s
@@ -69,6 +74,25 @@ class Browser:
         self.ws = connect(f"ws://127.0.0.1:{port}{path}", max_size=None, open_timeout=30)
         self._next = 0
         self.pages: dict[str, Page] = {}
+        self.events: list[dict[str, Any]] = []  # received while waiting for a reply, for `wait_event`
+
+    def _receive(self, timeout_s: float) -> dict[str, Any]:
+        message: dict[str, Any] = json.loads(self.ws.recv(timeout=timeout_s))
+        if message.get("method") == "Network.requestWillBeSent" and message.get("sessionId") in self.pages:
+            self.pages[message["sessionId"]].requested.append(message["params"]["request"]["url"])
+        return message
+
+    def wait_event(self, session: str, methods: set[str], timeout_s: float = 60.0) -> dict[str, Any]:
+        """The next event of `session` among `methods` (one already received first)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for i, event in enumerate(self.events):
+                if event.get("sessionId") == session and event.get("method") in methods:
+                    return self.events.pop(i)
+            left = deadline - time.monotonic()
+            assert left > 0, f"no {methods} within {timeout_s} s"
+            self.events.append(self._receive(left))
+            del self.events[:-1000]  # the ones nobody waits for
 
     def call(self, method: str, params: dict[str, Any], session: str | None = None,
              check: bool = True) -> dict[str, Any]:
@@ -79,10 +103,11 @@ class Browser:
             message["sessionId"] = session
         self.ws.send(json.dumps(message))
         while True:
-            reply = json.loads(self.ws.recv(timeout=60))
-            if reply.get("method") == "Network.requestWillBeSent" and reply.get("sessionId") in self.pages:
-                self.pages[reply["sessionId"]].requested.append(reply["params"]["request"]["url"])
-            if reply.get("id") == ident:
+            reply = self._receive(60)
+            if "id" not in reply:
+                self.events.append(reply)
+                del self.events[:-1000]
+            elif reply.get("id") == ident:
                 assert not check or "error" not in reply, (method, reply.get("error"))
                 result: dict[str, Any] = reply.get("result", {})
                 return result

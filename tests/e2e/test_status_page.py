@@ -108,6 +108,7 @@ def test_the_status_page_shows_a_replica_going_down(browser: Browser, gateway: G
     text = page.evaluate("document.body.innerText")
     assert "serving" in text  # the gateway still serves: the other replica and the LLM are up
     only_the_gateway(page.requested, gateway)
+    page.close()
 
 
 def test_a_browser_without_a_bearer_header_uses_basic_auth(browser: Browser, gateway: GatewayServer) -> None:
@@ -115,21 +116,23 @@ def test_a_browser_without_a_bearer_header_uses_basic_auth(browser: Browser, gat
     assert r.status_code == 401 and any(v.startswith("Basic") for v in r.headers.get_list("www-authenticate"))
     page = browser.new_page()
     page.send("Fetch.enable", handleAuthRequests=True)  # what a person types into the browser's prompt
-    page.browser.call("Page.navigate", {"url": f"{gateway.url}/status"}, page.session)
-    deadline = time.monotonic() + 60
-    while True:  # answer the browser's credentials prompt (Fetch.authRequired), then let requests go on
-        event = page.browser.ws.recv(timeout=60)
-        message = json.loads(event)
-        if message.get("method") == "Fetch.requestPaused":
-            page.send("Fetch.continueRequest", requestId=message["params"]["requestId"])
-        elif message.get("method") == "Fetch.authRequired":
-            page.send("Fetch.continueWithAuth", requestId=message["params"]["requestId"],
+    page.send("Page.navigate", url=f"{gateway.url}/status?refresh=0")
+    asked = False
+    while True:  # answer the browser's credentials prompt (Fetch.authRequired), let requests go on, until loaded
+        event = browser.wait_event(page.session, {"Fetch.requestPaused", "Fetch.authRequired",
+                                                  "Page.loadEventFired"})
+        if event["method"] == "Fetch.requestPaused":
+            page.send("Fetch.continueRequest", requestId=event["params"]["requestId"])
+        elif event["method"] == "Fetch.authRequired":
+            asked = True
+            assert event["params"]["authChallenge"]["scheme"].lower() == "basic"
+            page.send("Fetch.continueWithAuth", requestId=event["params"]["requestId"],
                       authChallengeResponse={"response": "ProvideCredentials", "username": "ops",
                                              "password": ADMIN})
-        elif message.get("method") == "Page.loadEventFired":
+        else:
             break
-        assert time.monotonic() < deadline
     page.send("Fetch.disable")
+    assert asked
     assert "Gateway status" in page.wait_for("document.title")
 
 
