@@ -94,14 +94,19 @@ class Browser:
             self.events.append(self._receive(left))
             del self.events[:-1000]  # the ones nobody waits for
 
-    def call(self, method: str, params: dict[str, Any], session: str | None = None,
-             check: bool = True) -> dict[str, Any]:
+    def post(self, method: str, params: dict[str, Any], session: str | None = None) -> int:
+        """Send a command without waiting for its answer (one that answers only after events the caller must
+        handle first, as a navigation whose requests are paused); returns its id."""
         self._next += 1
-        ident = self._next
-        message: dict[str, Any] = {"id": ident, "method": method, "params": params}
+        message: dict[str, Any] = {"id": self._next, "method": method, "params": params}
         if session is not None:
             message["sessionId"] = session
         self.ws.send(json.dumps(message))
+        return self._next
+
+    def call(self, method: str, params: dict[str, Any], session: str | None = None,
+             check: bool = True) -> dict[str, Any]:
+        ident = self.post(method, params, session)
         while True:
             reply = self._receive(60)
             if "id" not in reply:

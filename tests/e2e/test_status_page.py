@@ -116,7 +116,7 @@ def test_a_browser_without_a_bearer_header_uses_basic_auth(browser: Browser, gat
     assert r.status_code == 401 and any(v.startswith("Basic") for v in r.headers.get_list("www-authenticate"))
     page = browser.new_page()
     page.send("Fetch.enable", handleAuthRequests=True)  # what a person types into the browser's prompt
-    page.send("Page.navigate", url=f"{gateway.url}/status?refresh=0")
+    browser.post("Page.navigate", {"url": f"{gateway.url}/status?refresh=0"}, page.session)  # answers once let go
     asked = False
     while True:  # answer the browser's credentials prompt (Fetch.authRequired), let requests go on, until loaded
         event = browser.wait_event(page.session, {"Fetch.requestPaused", "Fetch.authRequired",

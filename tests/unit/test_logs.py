@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -143,3 +144,43 @@ def test_an_access_record_is_a_line_of_text_or_json_fields(captured: tuple[loggi
     record = json.loads(out.getvalue().splitlines()[-1])
     assert {k: record[k] for k in fields} == fields
     assert record["message"] == "POST /v1/chat/completions 200" and isinstance(record["process"], int)
+
+
+async def test_the_access_log_in_json_names_the_key_the_model_its_timings_and_its_trace(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the app (keys file, tracing on, the unit tier's fake backend): the access record's JSON has the
+    key's name (never the key), the model, status, timings and the ids of the request's server span."""
+    import hashlib
+    import json
+
+    import httpx
+    from opentelemetry.exporter.otlp.proto.http import trace_exporter
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from openai_api.app import create_app
+    from openai_api.settings import Settings
+    from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+
+    # tracing on, its spans kept in memory (nothing is sent anywhere)
+    monkeypatch.setattr(trace_exporter, "OTLPSpanExporter", lambda **_: InMemorySpanExporter())
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "team-a", "secret_sha256": hashlib.sha256(b"sk-a").hexdigest()}]}))
+    app = create_app(llm_only_config(tmp_path, url="127.0.0.1:1"),
+                     Settings(config_file=tmp_path, keys_file=keys, otlp_traces_endpoint="http://127.0.0.1:9/v1/t"))
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    rt.backend.inner = FakeBackend([[i] for i in rt.tokenizer.encode("Hello there")])
+    caplog.set_level("INFO", logger="openai_api.access")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "stream": True}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
+        r = await c.post("/v1/chat/completions", json=body,
+                         headers={"Authorization": "Bearer sk-a", "traceparent":
+                                  "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+        assert r.status_code == 200
+    await app.state.gateway.services.close()
+    [record] = [rec for rec in caplog.records if rec.name == "openai_api.access"]
+    line = json.loads(logs.JSONFormatter().format(record))
+    assert line["key"] == "team-a" and line["model"] == MODEL and line["status"] == 200
+    assert line["duration_ms"] > 0 and line["ttft_ms"] > 0 and line["completion_tokens"] == 2
+    assert line["trace_id"] == "0af7651916cd43dd8448eb211c80319c" and len(line["span_id"]) == 16
+    assert "sk-a" not in json.dumps(line) and hashlib.sha256(b"sk-a").hexdigest() not in json.dumps(line)
+    assert "key=team-a" in record.getMessage() and "trace_id=0af7651916cd43dd8448eb211c80319c" in record.getMessage()
