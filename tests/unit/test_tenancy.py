@@ -48,7 +48,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     app = create_app(llm_only_config(tmp_path, url="127.0.0.1:1"),
                      Settings(config_file=tmp_path, keys_file=keys, responses_store=16, api_keys=["plain"]))
     rt = app.state.gateway.services.registry.llm(MODEL)
-    rt.backend = FakeBackend([[i] for i in rt.tokenizer.encode("The secret is 42.")])
+    rt.backend = FakeBackend([[i] for i in rt.tokenizer.encode("The secret is quokka.")])
     await app.state.gateway.services.start()
     yield app
     await app.state.gateway.services.close()
@@ -65,14 +65,14 @@ async def respond(client: httpx.AsyncClient, key: dict[str, str], **body: Any) -
 
 
 async def test_another_keys_stored_response_does_not_exist_for_it(client: httpx.AsyncClient) -> None:
-    first = (await respond(client, A, input="Remember: the secret is 42.", store=True)).json()
+    first = (await respond(client, A, input="Remember: the secret is quokka.", store=True)).json()
     rid = first["id"]
     for key in (B, EMBED):  # another team, and the same team's key narrowed to other models
         for method, path in (("GET", f"/v1/responses/{rid}"), ("GET", f"/v1/responses/{rid}/input_items"),
                              ("DELETE", f"/v1/responses/{rid}")):
             r = await client.request(method, path, headers=key)
             assert r.status_code == 404, (key, method, path, r.text)
-            assert r.json()["error"]["code"] == "not_found" and "42" not in r.text
+            assert r.json()["error"]["code"] == "not_found" and "quokka" not in r.text  # (ids are hex: no "q")
         r = await respond(client, key, input="What is the secret?", previous_response_id=rid)
         assert r.status_code == 404 and r.json()["error"]["code"] in ("previous_response_not_found",
                                                                       "model_not_found")
