@@ -25,7 +25,7 @@ from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.guides import check_schema
 from openai_api.services.registry import LLMRuntime
 from openai_api.services.schema_refs import CheckedSchema, RootDefs
-from openai_api.text.parsers import ParsedToolCall, ToolContext
+from openai_api.text.families import ParsedToolCall, ToolContext
 from openai_api.triton.llm import Guide
 
 
@@ -34,7 +34,7 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None = None  # passed to the template's `tools` variable
     system_text: str | None = None  # injected when the template ignores `tools`
     prefill: str = ""  # appended after the generation prompt
-    # The tool format read from the output with `tool_choice` auto (`text.parsers.FAMILIES`); None: no
+    # The tool format read from the output with `tool_choice` auto (`text.families.FAMILIES`); None: no
     # tools, or the output is a forced call's guided JSON.
     family: str | None = None
     ctx: ToolContext = field(default_factory=ToolContext)
