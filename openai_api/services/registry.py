@@ -116,8 +116,8 @@ def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | No
         logger.info("model %s: tool parser %s%s, reasoning parser %s%s", m.name, tool,
                     f" (auto: {found.why})" if found is not None else "", reasoning,
                     " (auto)" if m.reasoning_parser == "auto" else "")
-    # A template that does not render tools gets the hermes call format described in a system message by the
-    # gateway (`services.tools`): then hermes is the gateway's own choice, not a guess at the model's format.
+    # A template that does not render tools gets its family's call format described in a system message by the
+    # gateway (`services.tools`); with no marker anywhere that is hermes: the gateway's own choice, not a guess.
     own_prompt = found is not None and found.evidence == "none" and template is not None and not template.uses_tools
     if found is not None and found.guess and not own_prompt:
         logger.warning("model %s: tool_parser auto could only guess %r (%s). If the model writes its tool calls "
