@@ -16,8 +16,10 @@ from openai_api.config import GatewayConfig
 from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
 from openai_api.http.fastpath import JSONRouteMiddleware
+from openai_api.http.guard import GuardMiddleware
+from openai_api.http.inflight import InFlightLimiter
 from openai_api.http.keys import RATELIMIT_HEADERS, KeysMiddleware
-from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
+from openai_api.http.lifecycle import Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddleware
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers

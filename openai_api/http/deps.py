@@ -15,8 +15,10 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
+from openai_api.http.admission import Admission
+from openai_api.http.inflight import InFlightLimiter, request_ticket
 from openai_api.http.keys import presented_key
-from openai_api.http.limits import Admission, InFlightLimiter, Lifecycle, request_ticket
+from openai_api.http.lifecycle import Lifecycle
 from openai_api.observability import Metrics
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, api_key_digest
