@@ -43,6 +43,15 @@ class Reloader(Protocol):
     def services(self) -> Services: ...
 
 
+class Process(Protocol):
+    """What the app's state keeps of the composition root that built it (`openai_api.process.GatewayProcess`, above
+    this layer): started and closed by the app's lifespan; a test that builds an app without serving it closes it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 # scope["state"] key of the pinned services (set by `openai_api.reload.PinGeneration`).
 SERVICES_KEY = "services"
 
@@ -59,6 +68,7 @@ class AppState:
     quota: QuotaService
     # Swaps `services` on SIGHUP or a config file change (openai_api/reload.py); None: never reloaded.
     reloader: Reloader | None = None
+    process: Process | None = None
 
 
 @dataclass(slots=True)
