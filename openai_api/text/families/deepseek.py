@@ -117,4 +117,4 @@ DEEPSEEK_DSML = ToolFormat(
                f'string="<true for a string value, else false>"><value></{DSML}parameter>\n...\n</{DSML}invoke>\n'
                f"</{DSML}function_calls>", _write_dsml, result=_BARE),
     Marks(template=lambda t: DSML in t, token=DSML, tokens=lambda t: any(DSML in x for x in t)),
-    inner=_DS, models="DeepSeek V3.2, V4")
+    models="DeepSeek V3.2, V4")
