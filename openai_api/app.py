@@ -1,8 +1,7 @@
-"""The application factory: config -> registry -> services -> routers, behind pure-ASGI middleware."""
+"""The application factory: the process's objects (`process.GatewayProcess`) -> routers, behind pure-ASGI middleware."""
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -17,8 +16,8 @@ from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
 from openai_api.http.docs import install_docs
 from openai_api.http.fastpath import JSONRouteMiddleware
+from openai_api.http.guard import GuardMiddleware
 from openai_api.http.keys import RATELIMIT_HEADERS, KeysMiddleware
-from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
 from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddleware
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
@@ -37,14 +36,11 @@ from openai_api.http.routers import (
     status,
     tokenize,
 )
-from openai_api.observability import Metrics
-from openai_api.quota.factory import build_store
-from openai_api.quota.service import QuotaService
-from openai_api.reload import ConfigReloader, PinGeneration, check_models, model_names
-from openai_api.services.container import Services, build_services
-from openai_api.services.status import StatusService
+from openai_api.process import GatewayProcess
+from openai_api.reload import PinGeneration
+from openai_api.services.container import Services
 from openai_api.settings import Settings
-from openai_api.tracing import TracingMiddleware, build_tracing
+from openai_api.tracing import TracingMiddleware
 
 logger = logging.getLogger(__name__)
 # Routes served by `JSONRouteMiddleware` without FastAPI's per-request machinery: the ones a benchmark
@@ -54,55 +50,29 @@ HOT_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/e
 
 
 def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[str] | None = None) -> FastAPI:
-    """The gateway as an ASGI app: its `AppState` (services, metrics, lifecycle, limiter) is
-    `app.state.gateway`, reached by the routers through the typed dependencies in `http.deps`."""
+    """The gateway as an ASGI app over one `GatewayProcess` (the composition root: what lives as long as the
+    process, and SIGHUP), started and closed by the app's lifespan. Its `AppState` (services, metrics, lifecycle,
+    limiter, quotas) is `app.state.gateway`, reached by the routers through the typed dependencies in `http.deps`."""
     logs.install()  # however the app is served: control characters a client sent never reach a log line
-    metrics_ = Metrics(vllm_names=settings.vllm_metrics)
-    svc = build_services(config, settings, metrics_)
-    lifecycle = Lifecycle()
-    limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model, settings.retry_after_s,
-                              models=model_names(svc), metrics=metrics_)
-    # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
-    store = build_store(settings.redis_url, settings.redis_fail_mode, settings.redis_timeout_s) \
-        if settings.keys_file else None
-    quota = QuotaService(settings.keys_file, settings.api_keys, metrics_, store)
-    state = AppState(settings=settings, services=svc, metrics=metrics_, lifecycle=lifecycle, limiter=limiter,
-                     quota=quota)
+    process = GatewayProcess(config, settings)
+    state = AppState(settings=settings, services=process.services, metrics=process.metrics,
+                     lifecycle=process.lifecycle, limiter=process.limiter, quota=process.quota,
+                     reloader=process.reloader, status=process.status, process=process)
 
     def swapped(new: Services) -> None:  # a config reload (openai_api/reload.py): new requests get `new`
         state.services = new
-        limiter.models = model_names(new)
 
-    reloader = ConfigReloader(config, svc, settings, metrics_, on_swap=swapped,
-                              also_on_sighup=(lambda: quota.reload("SIGHUP")) if settings.keys_file else None)
-    state.reloader = reloader
-    metrics_.catalog = lambda: state.services.registry.served()  # the vLLM view names what is served now
-    if settings.status_page:
-        state.status = StatusService(metrics_)
+    process.on_swap(swapped)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # Check each model against Triton's own config now, so a mismatch is reported at start-up
-        # rather than on the first request. Triton being down is not fatal: /health/ready says so.
-        # Bounded: a hung (not dead) Triton must not keep the gateway from starting.
-        await check_models(svc)
-        await svc.start()
-        await quota.start()
-        await reloader.start()  # the replica prober; SIGHUP and the config file's poll (after the keys' handler)
-        if state.status is not None:
-            state.status.start()  # samples the request counter for the page's recent error rates
+        await process.start()
         # Everything built so far (models, tokenizers, templates, routes) lives as long as the process: out of
         # the collector's sight, a full collection no longer walks it (it cost ~55-60 ms here, landing inside
         # whatever request triggered it).
         gc.freeze()
         yield
-        if state.status is not None:
-            await state.status.close()
-        await reloader.close()
-        await quota.close()
-        await reloader.services.close()  # the process-lifetime parts every generation shared
-        if tracing is not None:
-            await asyncio.to_thread(tracing.shutdown)  # the last batch of spans goes out
+        await process.close()
 
     # Swagger UI and ReDoc with their assets served here (http/docs.py): FastAPI's own pages load them from a CDN.
     app = FastAPI(title="OpenAI-compatible gateway for Triton", version=__version__, lifespan=lifespan,
@@ -125,11 +95,11 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     # outside the routes; inside it, the direct dispatch of the hot JSON routes.
     app.add_middleware(JSONRouteMiddleware, paths=HOT_ROUTES, routes=[rt for r in api_routers for rt in r.routes],
                        handlers=app.exception_handlers)
-    app.add_middleware(PinGeneration, reloader=reloader)  # each request keeps the config it arrived under
-    app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, limiter=limiter,
-                       lifecycle=lifecycle, metrics=metrics_, log_prompts=settings.log_prompts)
+    app.add_middleware(PinGeneration, reloader=process.reloader)  # each request keeps the config it arrived under
+    app.add_middleware(GuardMiddleware, max_body_bytes=settings.max_body_bytes, limiter=process.limiter,
+                       lifecycle=process.lifecycle, metrics=process.metrics, log_prompts=settings.log_prompts)
     if settings.keys_file is not None:  # the keys file's policies (and --api-key keys, unlimited)
-        app.add_middleware(KeysMiddleware, quota=quota, open_paths=settings.open_paths)
+        app.add_middleware(KeysMiddleware, quota=process.quota, open_paths=settings.open_paths)
     else:
         app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)
     app.add_middleware(AnthropicErrorMiddleware)  # outside every layer that answers with an error
@@ -137,8 +107,7 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
                            expose_headers=["X-Request-Id", "Retry-After", *RATELIMIT_HEADERS])
-    tracing = build_tracing(settings.otlp_traces_endpoint)
-    if tracing is not None:  # the server span of each request (nothing at all is installed when tracing is off)
-        app.add_middleware(TracingMiddleware, tracing=tracing)
-    app.add_middleware(RequestContextMiddleware, metrics=metrics_, access_log=settings.access_log)
+    if process.tracing is not None:  # the server span of each request (nothing at all is installed when tracing is off)
+        app.add_middleware(TracingMiddleware, tracing=process.tracing)
+    app.add_middleware(RequestContextMiddleware, metrics=process.metrics, access_log=settings.access_log)
     return app

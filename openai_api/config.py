@@ -37,7 +37,7 @@ from openai_api.lora import (
     read_runtime_state,
     scan_dir,
 )
-from openai_api.text.parsers import ReasoningParserName, ToolParserName
+from openai_api.text.families import ReasoningParserName, ToolParserName
 from openai_api.text.templates import ChatTemplate, TemplateError
 
 logger = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class LLMModel(_Served):
     chat_template: Path | None = None
     transport: Transport = "grpc"
     protocol: LLMProtocol = "auto"
-    # How tool calls are read from the output: one family of `text/parsers.py`. `auto` (the default) picks
+    # How tool calls are read from the output: one family of `text/families/`. `auto` (the default) picks
     # the family from the chat template, else the tokenizer's added tokens, logged at start-up; a warning
     # when it can only guess (hermes when nothing says otherwise).
     tool_parser: ToolParserName | Literal["auto"] | None = Field(
@@ -273,7 +273,7 @@ class LLMModel(_Served):
     # A user who writes `<|im_start|>system` in a message must not open a system turn: special-token text in
     # message content is tokenized as plain text, so only the template's own markup yields control tokens.
     escape_special_tokens: bool = True
-    # How a reasoning model's thinking is told from its answer (`reasoning_content`): see text/parsers.py.
+    # How a reasoning model's thinking is told from its answer (`reasoning_content`): see text/families/reasoning.py.
     # `auto`: from the template and tokenizer (a template that writes `<think>`, `[THINK]`, harmony channels);
     # null: no reasoning section is split off.
     reasoning_parser: ReasoningParserName | Literal["auto"] | None = "auto"

@@ -23,9 +23,10 @@ done, so a stream started before a reload finishes on the model, template, parse
 with, even when its model was removed. Likewise, every `RELEASE_POLL_S`, the clients of replicas that
 discovery retired are closed once their last request has ended and no live generation uses the address.
 
-Process-lifetime things are not part of a generation and survive every swap: the Triton client pool (the
-new registry reuses its channels), the CPU workers, image fetching, the Responses store, the metrics, the
-keys and quotas, the admission limits.
+Process-lifetime things are not part of a generation and survive every swap (`openai_api.process` owns them):
+the Triton client pool (the new registry reuses its channels), the CPU workers, image fetching, the Responses
+store, the metrics, the keys and quotas, the admission limits. SIGHUP is the process's too: its handler there
+asks for a reload here (`reload_soon`).
 
 With `--workers N` the supervisor passes SIGHUP to every worker, and each worker watches the file itself;
 a worker started after a change (a restart) loads the file as it is now, since its start-up config's digest
@@ -36,10 +37,8 @@ a worker started after a change (a restart) loads the file as it is now, since i
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
-import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -151,17 +150,16 @@ class Generation:
 
 
 class ConfigReloader:
-    """Holds the current `Generation` of the app at `state` and replaces it on SIGHUP or a file change
-    (see the module docstring). `on_swap(services)` is called on the event loop right after each swap."""
+    """Holds the current `Generation` and replaces it when asked (`reload`, `reload_soon`: SIGHUP) or when the
+    file changes (see the module docstring). `on_swap(services)` is called on the event loop right after each
+    swap."""
 
     def __init__(self, config: GatewayConfig, services: Services, settings: Settings, metrics: Metrics, *,
-                 on_swap: Callable[[Services], None] | None = None, poll_s: float = RELOAD_POLL_S,
-                 also_on_sighup: Callable[[], object] | None = None) -> None:
+                 on_swap: Callable[[Services], None] | None = None, poll_s: float = RELOAD_POLL_S) -> None:
         self.settings = settings
         self.metrics = metrics
         self.on_swap = on_swap
         self.poll_s = poll_s
-        self.also_on_sighup = also_on_sighup
         self.current = Generation(1, config, services)
         self.current.on_drained = self._drained
         self.retired: list[Generation] = []  # replaced, with requests still in flight
@@ -175,15 +173,14 @@ class ConfigReloader:
         self._adapter_stats: dict[Path, tuple[int, int, int]] = {}  # each persist_adapters record file, as last seen
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._signal = False
 
     @property
     def services(self) -> Services:
         return self.current.services
 
     async def start(self) -> None:
-        """Start the generation's background work, the file poll and the SIGHUP handler. A config loaded at
-        start-up from a file that has changed since (a worker restarted after a reload) is reloaded now."""
+        """Start the generation's background work and the file poll. A config loaded at start-up from a file that
+        has changed since (a worker restarted after a reload) is reloaded now."""
         self.current.start()
         self._spawn(self._release_every(), "triton-client-release")
         if self.path is None:
@@ -191,15 +188,12 @@ class ConfigReloader:
         if self.current.config.digest is not None and file_digest(self.path) != self.current.config.digest:
             await self.reload("file changed since start-up")
         self._spawn(self._poll(), "config-file-poll")
-        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-            # Only where this loop runs in the main thread (a real gateway process; not a test's thread).
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._on_sighup)
-            self._signal = True
 
-    def _on_sighup(self) -> None:
-        if self.also_on_sighup is not None:  # the keys file: one SIGHUP reloads both
-            self.also_on_sighup()
-        self._spawn(self.reload("SIGHUP", force=True), "config-reload")
+    def reload_soon(self, why: str) -> None:
+        """Reload the file in the background, even when its content is unchanged (SIGHUP: a template file it
+        names may have changed)."""
+        if self.path is not None:
+            self._spawn(self.reload(why, force=True), "config-reload")
 
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.create_task(coro, name=name)
@@ -326,12 +320,7 @@ class ConfigReloader:
         logger.info("config generation %d closed: its last request is done", gen.number)
 
     async def close(self) -> None:
-        """Stop the poll and the SIGHUP handler; stop every generation's background work."""
-        if self._signal:
-            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # removing it restored the default: a kill
-            self._signal = False
+        """Stop the poll and every generation's background work."""
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -20,7 +20,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from openai_api.http.connections import EdgeLimits, guarded_protocol, raise_fd_limit
-from openai_api.http.limits import Lifecycle
+from openai_api.http.lifecycle import Lifecycle
 from openai_api.settings import Settings
 from openai_api.text.workers import map_big_allocations
 

@@ -15,8 +15,10 @@ from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
 
+from openai_api.http.admission import Admission
+from openai_api.http.inflight import InFlightLimiter, request_ticket
 from openai_api.http.keys import presented_key
-from openai_api.http.limits import Admission, InFlightLimiter, Lifecycle, request_ticket
+from openai_api.http.lifecycle import Lifecycle
 from openai_api.observability import Metrics
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, api_key_digest
@@ -42,6 +44,15 @@ class Reloader(Protocol):
     def services(self) -> Services: ...
 
 
+class Process(Protocol):
+    """What the app's state keeps of the composition root that built it (`openai_api.process.GatewayProcess`, above
+    this layer): started and closed by the app's lifespan; a test that builds an app without serving it closes it."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 # scope["state"] key of the pinned services (set by `openai_api.reload.PinGeneration`).
 SERVICES_KEY = "services"
 
@@ -60,6 +71,7 @@ class AppState:
     reloader: Reloader | None = None
     # The status page's data (services/status.py); None with --no-status-page.
     status: StatusService | None = None
+    process: Process | None = None
 
 
 @dataclass(slots=True)

@@ -1,9 +1,9 @@
 """The per-key policies of one gateway process: who a key is, what it may do now, and what it used.
 
-`QuotaService` holds the key table (reloaded from `--keys-file` on SIGHUP and when the file's mtime
-changes; a bad file is refused with one log line and the old table stays), the store of counters
-(this process, the supervisor's with `--workers`, or Redis with `--redis-url`), and the per-key metrics.
-Counters are keyed by key name, so a reload keeps them for every key that stays.
+`QuotaService` holds the key table (reloaded from `--keys-file` when the file's mtime changes, and on SIGHUP,
+whose handler `openai_api.process` owns; a bad file is refused with one log line and the old table stays), the
+store of counters (this process, the supervisor's with `--workers`, or Redis with `--redis-url`), and the per-key
+metrics. Counters are keyed by key name, so a reload keeps them for every key that stays.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ import contextlib
 import hmac
 import logging
 import math
-import signal
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -293,9 +292,6 @@ class QuotaService:
         if self.keys_file is None:
             return
         self._tasks.append(asyncio.create_task(self._poll(), name="keys-file-poll"))
-        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-            # Only where this loop runs in the main thread (a real gateway process; not a test's thread).
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload, "SIGHUP")
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -304,8 +300,6 @@ class QuotaService:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
         self._tasks.clear()
-        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
-            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await self.store.close()
 
 

@@ -80,7 +80,7 @@ class _Sampling(_Request):
     stop: str | list[str] | None = None
     stream: StreamFlag = False
     stream_options: StreamOptions | None = None
-    # OpenAI's own cap; the in-flight limits bound prompts x n further (see http.limits.Ticket).
+    # OpenAI's own cap; the in-flight limits bound prompts x n further (see http.inflight.Ticket).
     n: int = Field(default=1, ge=1, le=128)
     presence_penalty: float | None = Field(default=None, ge=-2, le=2)
     frequency_penalty: float | None = Field(default=None, ge=-2, le=2)

@@ -1,4 +1,11 @@
-"""Every service of one gateway, built together from the model config and the settings."""
+"""The services of one config generation, over the process-lifetime parts every generation shares.
+
+Two lifetimes (`openai_api.process` owns both): `ProcessParts` live as long as the process - the Triton client
+pool (a reload's registry reuses its channels), the CPU workers with the prompt-token cache, image fetching and the
+Responses store - and are built once. `Services` are one model config's: the model registry (tokenizers,
+templates, parsers, assembled backends, replica sets) and one service per endpoint over it, built by
+`build_services` at start-up and by `rebuild_services` for each config reload, over the same parts.
+"""
 
 from __future__ import annotations
 
@@ -27,9 +34,45 @@ from openai_api.triton.client import TritonClientPool
 
 
 @dataclass
-class Services:
-    registry: ModelRegistry
+class ProcessParts:
+    """What every config generation's services share, for the life of the process. `preprocess` holds the CPU
+    workers (`preprocess.workers`), the template render limits and the prompt-token cache (`preprocess.cache`)."""
+
+    pool: TritonClientPool
     preprocess: Preprocessor
+    images: ImageService
+    store: ResponseStore | None
+
+    @classmethod
+    def from_settings(cls, settings: Settings, metrics: Metrics) -> ProcessParts:
+        cache = PromptTokenCache(int(settings.prompt_cache_mb * 1024 * 1024)) if settings.prompt_cache_mb > 0 else None
+        pre = Preprocessor(CPUWorkers(settings.cpu_workers),
+                           RenderLimits(settings.template_timeout_s, settings.template_max_chars), cache)
+        store = ResponseStore(build_object_store(
+            settings.responses_store_url, settings.responses_store, settings.responses_store_max_bytes,
+            settings.responses_store_ttl_s, settings.redis_timeout_s)) if settings.responses_store else None
+        return cls(TritonClientPool(), pre, ImageService.from_settings(settings, metrics), store)
+
+    async def start(self) -> None:
+        """At the process's start: the Responses store opens (an unusable folder fails the start)."""
+        if self.store is not None:
+            await self.store.start()
+
+    async def close(self) -> None:
+        """At the process's end: the CPU workers, image fetching, the Triton clients, the Responses store."""
+        self.preprocess.workers.close()
+        self.images.close()
+        await self.pool.close()
+        if self.store is not None:
+            await self.store.close()
+
+
+@dataclass
+class Services:
+    """One config generation: its registry and one service per endpoint, over the process's `parts`."""
+
+    registry: ModelRegistry
+    parts: ProcessParts
     chat: ChatService
     completions: CompletionsService
     embeddings: EmbeddingsService
@@ -40,48 +83,33 @@ class Services:
     tokenize: TokenizeService
     messages: MessagesService
 
-    async def start(self) -> None:
-        """At the process's start: the Responses store opens (an unusable folder fails the start)."""
-        if self.responses.store is not None:
-            await self.responses.store.start()
-
-    async def close(self) -> None:
-        """At the process's end: the process-lifetime parts (CPU workers, image fetching, Triton clients, the
-        Responses store)."""
-        self.preprocess.workers.close()
-        self.chat.images.close()
-        await self.registry.pool.close()
-        if self.responses.store is not None:
-            await self.responses.store.close()
+    @property
+    def preprocess(self) -> Preprocessor:
+        return self.parts.preprocess
 
 
 def build_services(config: GatewayConfig, settings: Settings, metrics: Metrics,
-                   pool: TritonClientPool | None = None) -> Services:
-    """The registry (each model's tokenizer, template and assembled Triton backend), the preprocessing
-    workers, and one service per endpoint over them."""
-    registry = ModelRegistry(config, pool or TritonClientPool(), metrics, settings.stream_idle_timeout_s)
-    cache = PromptTokenCache(int(settings.prompt_cache_mb * 1024 * 1024)) if settings.prompt_cache_mb > 0 else None
-    pre = Preprocessor(CPUWorkers(settings.cpu_workers),
-                       RenderLimits(settings.template_timeout_s, settings.template_max_chars), cache)
-    store = ResponseStore(build_object_store(
-        settings.responses_store_url, settings.responses_store, settings.responses_store_max_bytes,
-        settings.responses_store_ttl_s, settings.redis_timeout_s)) if settings.responses_store else None
-    return _assemble(registry, pre, ImageService.from_settings(settings, metrics), store, settings)
+                   parts: ProcessParts | None = None) -> Services:
+    """The registry (each model's tokenizer, template and assembled Triton backend) and one service per endpoint
+    over it, on `parts` (made from `settings` when none are given: a bench or a test building services alone
+    then closes them itself, `services.parts.close()`)."""
+    parts = parts or ProcessParts.from_settings(settings, metrics)
+    registry = ModelRegistry(config, parts.pool, metrics, settings.stream_idle_timeout_s)
+    return _assemble(registry, parts, settings)
 
 
 def rebuild_services(old: Services, config: GatewayConfig, settings: Settings, metrics: Metrics) -> Services:
-    """The services of a new config (a reload, `openai_api.reload`): a new registry over `old`'s process-lifetime
-    parts, which it shares: the Triton client pool (its channels are reused), the CPU workers, image fetching
-    and the Responses store. No event-loop work: it may run in a thread."""
-    registry = ModelRegistry(config, old.registry.pool, metrics, settings.stream_idle_timeout_s, old.registry)
-    return _assemble(registry, old.preprocess, old.chat.images, old.responses.store, settings)
+    """The services of a new config (a reload, `openai_api.reload`): a new registry over `old`'s process parts,
+    which it shares (the Triton client pool's channels are reused). No event-loop work: it may run in a thread."""
+    registry = ModelRegistry(config, old.parts.pool, metrics, settings.stream_idle_timeout_s, old.registry)
+    return _assemble(registry, old.parts, settings)
 
 
-def _assemble(registry: ModelRegistry, pre: Preprocessor, images: ImageService,
-              store: ResponseStore | None, settings: Settings) -> Services:
-    chat = ChatService(registry, pre, images)
-    return Services(registry=registry, preprocess=pre, chat=chat, completions=CompletionsService(registry, pre),
+def _assemble(registry: ModelRegistry, parts: ProcessParts, settings: Settings) -> Services:
+    pre = parts.preprocess
+    chat = ChatService(registry, pre, parts.images)
+    return Services(registry=registry, parts=parts, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
                     models=ModelsService(registry), health=HealthService(registry),
-                    responses=ResponsesService(chat, store), tokenize=TokenizeService(registry, pre, chat),
+                    responses=ResponsesService(chat, parts.store), tokenize=TokenizeService(registry, pre, chat),
                     messages=MessagesService(chat, settings.keep_billing_header))

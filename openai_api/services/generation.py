@@ -23,7 +23,7 @@ from openai_api.schemas.openai import _Sampling
 from openai_api.services.guides import backend_refusal
 from openai_api.services.registry import LLMRuntime
 from openai_api.text.detokenizer import IncrementalDetokenizer
-from openai_api.text.parsers import REASONING, OutputParser
+from openai_api.text.families import REASONING, OutputParser
 from openai_api.text.stops import StopStringMatcher
 from openai_api.triton.llm import GenerationChunk, GenerationRequest, Guide
 from openai_api.triton.routing import session_key

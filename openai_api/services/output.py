@@ -1,7 +1,7 @@
 """One choice's generated text as what an API returns: reasoning, content and tool calls.
 
 `ChoiceOutput` takes a choice's text as it is generated (or all of it at once, `last=True`) and returns
-`Delta`s in order. The model's parser families (`text.parsers`) split it: the thinking goes to
+`Delta`s in order. The model's parser families (`text.families`) split it: the thinking goes to
 `reasoning` deltas, and with `tool_choice: auto` the family's call markup is held back (never sent as
 content) and each call is sent once its region ends. A forced call's guided JSON is read here instead
 (`services.tools`: a named call streams its arguments as generated, a `required` call is sent whole once
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from openai_api.services.tools import ToolPlan
-from openai_api.text.parsers import ParsedToolCall, Parser, make_parser
+from openai_api.text.families import ChoiceParser, ParsedToolCall, make_parser, thinks
 from openai_api.tracing import traced_step
 
 
@@ -55,10 +55,11 @@ class ChoiceOutput:
                  prompt: str | None = None, control: frozenset[str] = frozenset()) -> None:
         self.plan = plan
         family = plan.family if plan.forced is None else None
-        self.parser: Parser | None = make_parser(family or tool_parser, reasoning, tools_active=family is not None,
-                                                 ctx=plan.ctx, prompt=prompt, control=control)
+        self.parser: ChoiceParser | None = make_parser(family or tool_parser, reasoning,
+                                                       tools_active=family is not None, ctx=plan.ctx, prompt=prompt,
+                                                       control=control)
         # Reasoning tokens are counted only for a model with a thinking section (per-token bookkeeping).
-        self._thinks = reasoning is not None or tool_parser == "harmony"
+        self._thinks = thinks(tool_parser, reasoning)
         self.calls = 0
         self.reasoning_tokens = 0
         self._produced = 0

@@ -13,8 +13,8 @@ from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.lora import LoraAdapter
 from openai_api.observability import Metrics
 from openai_api.services.backends import InstrumentedLLMBackend, LoraBackend, encoder_backend, llm_backend
-from openai_api.text.parsers import (
-    END_MARKERS,
+from openai_api.text.families import (
+    FAMILIES,
     TOOL_PARSER_NAMES,
     ReasoningParserName,
     ToolParserName,
@@ -55,7 +55,7 @@ class LLMRuntime:
     bad_token_words: list[list[int]] = field(default_factory=list)
     # The bad words as text, for protocols that take words as strings.
     bad_strings: list[str] = field(default_factory=list)
-    # The output's parser families, `auto` resolved at start-up (`text.parsers`); None: none.
+    # The output's parser families, `auto` resolved at start-up (`text.families`); None: none.
     tool_parser: ToolParserName = "hermes"
     reasoning_parser: ReasoningParserName | None = None
     # Special tokens the detokenizer drops: every one but the parser families' markers. None: decode
@@ -117,8 +117,8 @@ def resolve_parsers(m: LLMModel, tok: TextTokenizer, template: ChatTemplate | No
         logger.info("model %s: tool parser %s%s, reasoning parser %s%s", m.name, tool,
                     f" (auto: {found.why})" if found is not None else "", reasoning,
                     " (auto)" if m.reasoning_parser == "auto" else "")
-    # A template that does not render tools gets the hermes call format described in a system message by the
-    # gateway (`services.tools`): then hermes is the gateway's own choice, not a guess at the model's format.
+    # A template that does not render tools gets its family's call format described in a system message by the
+    # gateway (`services.tools`); with no marker anywhere that is hermes: the gateway's own choice, not a guess.
     own_prompt = found is not None and found.evidence == "none" and template is not None and not template.uses_tools
     if found is not None and found.guess and not own_prompt:
         logger.warning("model %s: tool_parser auto could only guess %r (%s). If the model writes its tool calls "
@@ -142,7 +142,7 @@ def build_llm(m: LLMModel, info: ModelInfo, backend: LLMBackend, tok: TextTokeni
     pad_id = info.pad_id if info.pad_id is not None and info.pad_id >= 0 else (
         tok.pad_token_id if tok.pad_token_id is not None else end_id)
     stop_words = _words(tok, info.stop_words)
-    for marker in END_MARKERS.get(tool_parser, ()):  # e.g. gpt-oss's <|call|>: stops like its EOS does
+    for marker in FAMILIES[tool_parser].stops:  # e.g. gpt-oss's <|call|>: stops like its EOS does
         marker_id = tok.tokenizer.token_to_id(marker)
         if marker_id is not None and [marker_id] not in stop_words and marker_id != end_id:
             stop_words.append([marker_id])

@@ -1,15 +1,17 @@
 """The prompt side of tool calling: how `tools` and `tool_choice` shape the prompt and the output guide.
 
-Templates that read `tools` get them as the `tools` variable. Templates that ignore tools (SmolLM2's)
-get a system message describing them and the expected call format, as the chatglm.cpp seed server
-does. With `tool_choice` "auto" the model may call a tool or answer; the tool parser reads its output.
+Templates that read `tools` get them as the `tools` variable. Templates that ignore tools (SmolLM2's, DeepSeek
+V3.1's) get a system message describing them and the call format of the model's own family, as the chatglm.cpp
+seed server does, and an earlier assistant turn's calls written back as text in that format: what each family
+writes is its own definition's prompt side (`text.families.CallPrompt`), never named here. With `tool_choice`
+"auto" the model may call a tool or answer; the family's parse side reads its output.
 
 A forced call is enforced, not hoped for: `tool_choice` naming a function prefills the assistant turn
-with the start of that call in the model's own format (`<tool_call>\n{"name": "f", "arguments": `) and
-guides the rest to the function's parameters schema, so the output *is* the arguments; `required`
+with the start of that call in the model's own format (`<tool_call>\n{"name": "f", "arguments": ` for hermes)
+and guides the rest to the function's parameters schema, so the output *is* the arguments; `required`
 prefills the start of a call and guides the output to one of the offered calls (`{"name": <one of
-them>, "arguments": <its schema>}`), or to a non-empty list of them when `parallel_tool_calls` allows.
-The gateway then builds `tool_calls` from that JSON itself. A model whose backend takes no guide gets a
+them>, <the family's arguments key>: <its schema>}`), or to a non-empty list of them when `parallel_tool_calls`
+allows. The gateway then builds `tool_calls` from that JSON itself. A model whose backend takes no guide gets a
 400 for a forced `tool_choice` instead of a call that may not come. Each tool's `$ref`s are hoisted into the
 guide's root `$defs` (`schema_refs.RootDefs`): inside the wrapper, `#` is no longer the tool's schema.
 """
@@ -25,7 +27,7 @@ from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.guides import check_schema
 from openai_api.services.registry import LLMRuntime
 from openai_api.services.schema_refs import CheckedSchema, RootDefs
-from openai_api.text.parsers import ParsedToolCall, ToolContext
+from openai_api.text.families import FAMILIES, ParsedToolCall, ToolContext, WrittenCall
 from openai_api.triton.llm import Guide
 
 
@@ -34,7 +36,7 @@ class ToolPlan:
     tools: list[dict[str, Any]] | None = None  # passed to the template's `tools` variable
     system_text: str | None = None  # injected when the template ignores `tools`
     prefill: str = ""  # appended after the generation prompt
-    # The tool format read from the output with `tool_choice` auto (`text.parsers.FAMILIES`); None: no
+    # The tool format read from the output with `tool_choice` auto (`text.families.FAMILIES`); None: no
     # tools, or the output is a forced call's guided JSON.
     family: str | None = None
     ctx: ToolContext = field(default_factory=ToolContext)
@@ -85,19 +87,6 @@ def _complete_items(text: str) -> list[Any]:
         items.append(item)
 
 
-def _tool_system_text(tools: list[dict[str, Any]], family: str) -> str:
-    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    if family == "llama3_json":
-        fmt = '{"name": <function-name>, "parameters": <arguments-json-object>}'
-    elif family == "pythonic":
-        fmt = "[<function-name>(<argument>=<value>, ...)]"
-    else:
-        fmt = ('<tool_call>\n{"name": <function-name>, "arguments": <arguments-json-object>}\n</tool_call>')
-    return ("You are a function calling AI model. You may call one or more of the functions described in "
-            f"<tools></tools> to answer the user.\n<tools>\n{lines}\n</tools>\nTo call a function, reply with "
-            f"the call in exactly this form:\n{fmt}\nIf no function is needed, answer normally.")
-
-
 def _validate_tools(tools: list[dict[str, Any]]) -> list[str]:
     names = []
     for i, t in enumerate(tools):
@@ -146,20 +135,20 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
     if choice == "none":
         return ToolPlan()
     family = rt.tool_parser
+    prompt = FAMILIES[family].prompt
     plan = ToolPlan(family=family, ctx=ToolContext.from_tools(req.tools), parallel=req.parallel_tool_calls is not False)
     if rt.template is not None and rt.template.uses_tools:
         plan.tools = req.tools
     else:
-        plan.system_text = _tool_system_text(req.tools, family)
-    hermes = family == "hermes"
+        plan.system_text = prompt.system_text(req.tools)
     if choice in (None, "auto"):
         return plan
     plan.family = None  # a forced call: the output is guided JSON, read by `calls_from`
-    plan.args_key = "parameters" if family == "llama3_json" else "arguments"
+    plan.args_key = prompt.args_key
     # A reasoning model thinks first: no prefill (it would skip the thinking), and its backend applies
     # the guide once the reasoning section has ended. Only the JSON formats have a call opening to prefill.
     reasons = rt.reasoning_parser is not None
-    opening = "" if reasons else ("<tool_call>\n" if hermes else "")
+    opening = "" if reasons else prompt.opening
     if choice == "required":
         defs = RootDefs()
         call = _call_schema(req.tools, plan.args_key, "#/items" if plan.parallel else "#", defs)
@@ -175,9 +164,8 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
         defs = RootDefs()
         params = defs.place(_parameters(req.tools, names.index(name)), "#", name)
         # The call's start in the model's own format keeps the model in context; the guide does the rest.
-        json_call = family in ("hermes", "llama3_json")  # formats whose call opens with this JSON
         opens = f'{{"name": {json.dumps(name)}, "{plan.args_key}": '
-        plan.prefill = "" if reasons or not json_call else opening + opens
+        plan.prefill = "" if reasons or not prompt.json_call else opening + opens
         plan.forced, plan.forced_name, plan.parallel = "named", name, False
         plan.guide = _guide(params, defs)
         return plan
@@ -185,32 +173,32 @@ def plan_tools(rt: LLMRuntime, req: ChatCompletionRequest) -> ToolPlan:
                               "{'type': 'function', 'function': {'name': ...}}.", param="tool_choice")
 
 
-def tool_call_text(call: dict[str, Any], family: str | None) -> str:
-    """An assistant's earlier tool call, written back in the model's own call format for templates
-    that do not render `tool_calls` themselves."""
-    fn = call.get("function", {})
+def written_call(call: dict[str, Any]) -> WrittenCall:
+    """An assistant's earlier tool call (OpenAI's shape), for its family to write back: arguments as the JSON
+    value they hold (the text itself when they hold none)."""
+    fn = call.get("function") or {}
     args: Any = fn.get("arguments", "{}")
     try:
         args = json.loads(args) if isinstance(args, str) else args
     except ValueError:
         pass
-    if family != "llama3_json":
-        return "<tool_call>\n" + json.dumps({"name": fn.get("name"), "arguments": args}, ensure_ascii=False) \
-            + "\n</tool_call>"
-    return json.dumps({"name": fn.get("name"), "parameters": args}, ensure_ascii=False)
+    return WrittenCall(str(fn.get("name") or ""), args, str(call.get("id") or ""))
 
 
 def apply_plan_to_messages(plan: ToolPlan, messages: list[dict[str, Any]], rt: LLMRuntime) -> list[dict[str, Any]]:
+    """`messages` for a template that ignores tools: earlier calls and tool results written as text in the model's
+    own family's format, and the plan's system text (the tools and the call format) in the first system message."""
     if rt.template is not None and rt.template.uses_tools:
         return messages
+    prompt = FAMILIES[rt.tool_parser].prompt
     out = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(tool_call_text(c, rt.tool_parser) for c in m["tool_calls"])
+            calls = prompt.write([written_call(c) for c in m["tool_calls"]])
             m = {**m, "content": ((m.get("content") or "") + ("\n" if m.get("content") else "") + calls)}
             m.pop("tool_calls")
         elif m["role"] == "tool":
-            m = {**m, "content": f"<tool_response>\n{m.get('content') or ''}\n</tool_response>"}
+            m = {**m, "content": prompt.result_text(str(m.get("content") or ""))}
         out.append(m)
     if plan.system_text:
         if out and out[0]["role"] == "system":

@@ -49,7 +49,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     rt = app.state.gateway.services.registry.llm(MODEL)
     rt.context_length = 200_000  # the agents' prompts are long; the fake backend does not care
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 def script(app: FastAPI, text: str) -> FakeBackend:

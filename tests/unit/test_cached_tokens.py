@@ -231,7 +231,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     app = create_app(load_config(Path(str(config.source))),
                      Settings(config_file=tmp_path, api_keys=[KEY], responses_store=4))
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 def script(app: FastAPI, text: str, cached: Any) -> FakeBackend:

@@ -7,8 +7,11 @@ No Triton: every model points at a closed port and the generations' backends are
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
+import os
+import signal
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +23,7 @@ from fastapi import FastAPI
 
 from openai_api.app import create_app
 from openai_api.config import BUNDLED_CONFIG, GatewayConfig, load_config
+from openai_api.process import GatewayProcess
 from openai_api.reload import ConfigReloader, Generation
 from openai_api.services.container import Services
 from openai_api.settings import Settings
@@ -82,8 +86,7 @@ async def gateway(tmp_path: Path) -> AsyncIterator[tuple[FastAPI, ConfigReloader
     assert isinstance(reloader, ConfigReloader) and reloader.path == path
     fake_all(reloader.services)
     yield app, reloader, path
-    await reloader.close()
-    await reloader.services.close()
+    await app.state.gateway.process.close()
 
 
 async def model_ids(client: httpx.AsyncClient) -> list[str]:
@@ -237,5 +240,34 @@ async def test_a_process_started_from_an_older_load_of_the_file_serves_the_file_
         assert reloader.current.number == 2
         assert sorted(app.state.gateway.services.registry.llms) == ["a", "b"]
     finally:
-        await reloader.close()
-        await reloader.services.close()
+        await app.state.gateway.process.close()
+
+
+async def test_one_sighup_handler_reloads_the_keys_file_then_the_model_config_and_is_gone_after_close(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The process owns SIGHUP (`openai_api.process`): one handler, installed by `start()`, reloads the keys file and
+    the model config (rebuilt although unchanged: only a forced reload does that, never the file poll); after
+    `close()` SIGHUP is ignored, not the default kill."""
+    path = write_config(tmp_path / "model_config.json", ["a"])
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "first", "secret_sha256": hashlib.sha256(b"sk-1").hexdigest()}]}),
+                    encoding="utf-8")
+    process = GatewayProcess(load_config(path), Settings(config_file=path, keys_file=keys))
+    fake_all(process.services)
+    previous = signal.getsignal(signal.SIGHUP)
+    caplog.set_level(logging.INFO)
+    try:
+        await process.start()
+        os.kill(os.getpid(), signal.SIGHUP)
+        for _ in range(1200):  # (a hang guard only: the reload loads a tokenizer in a thread)
+            if process.reloader.current.number == 2:
+                break
+            await asyncio.sleep(0.05)
+        assert process.reloader.current.number == 2
+        assert [r.getMessage() for r in caplog.records if r.name == "openai_api.keys"
+                and "reloaded (SIGHUP)" in r.getMessage()]
+        await process.close()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        await process.close()
+        signal.signal(signal.SIGHUP, previous)

@@ -14,7 +14,9 @@ from starlette.responses import Response, StreamingResponse
 
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.http.fastpath import JSONRouteMiddleware
-from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
+from openai_api.http.guard import GuardMiddleware
+from openai_api.http.inflight import InFlightLimiter
+from openai_api.http.lifecycle import Lifecycle
 from openai_api.http.middleware import RequestContextMiddleware
 from openai_api.http.responses import install_error_handlers, json_response
 from openai_api.observability import Metrics

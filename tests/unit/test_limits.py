@@ -13,7 +13,9 @@ import httpx
 import pytest
 
 from openai_api.errors import BackendTimeoutError
-from openai_api.http.limits import GuardMiddleware, InFlightLimiter, Lifecycle
+from openai_api.http.guard import GuardMiddleware
+from openai_api.http.inflight import InFlightLimiter
+from openai_api.http.lifecycle import Lifecycle
 from openai_api.observability import Metrics
 from openai_api.triton.errors import map_triton_error
 from openai_api.triton.rpc import StallGuard
@@ -84,7 +86,7 @@ async def test_the_route_admits_once_and_the_guard_gives_the_slots_back() -> Non
     """Admission is the route's one call (`request_ticket(scope).admit`), global and per model at once; the
     guard middleware returns the slots when the response is done, a stream's only after its last byte."""
     from openai_api.errors import GatewayError
-    from openai_api.http.limits import request_ticket
+    from openai_api.http.inflight import request_ticket
     from openai_api.http.middleware import send_error
 
     release = asyncio.Event()
@@ -287,7 +289,7 @@ def test_stream_idle_timeout_reaches_every_llm_adapter(tmp_path: Any) -> None:
 
 def test_fan_out_takes_a_slot_per_sequence_from_both_limits() -> None:
     from openai_api.errors import InvalidRequestError, OverloadedError
-    from openai_api.http.limits import Ticket
+    from openai_api.http.inflight import Ticket
 
     lim = InFlightLimiter(max_total=5, max_per_model=4, retry_after_s=1, models={"m", "x"})
     t = Ticket(lim)

@@ -176,7 +176,7 @@ async def test_the_access_log_in_json_names_the_key_the_model_its_timings_and_it
                          headers={"Authorization": "Bearer sk-a", "traceparent":
                                   "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
         assert r.status_code == 200
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
     [record] = [rec for rec in caplog.records if rec.name == "openai_api.access"]
     line = json.loads(logs.JSONFormatter().format(record))
     assert line["key"] == "team-a" and line["model"] == MODEL and line["status"] == 200

@@ -39,7 +39,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     (tmp_path / "model_config.json").write_text(json.dumps(data))
     app = create_app(load_config(tmp_path / "model_config.json"), Settings(config_file=tmp_path, api_keys=[KEY]))
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 def script(app: FastAPI, text: str, **kw: Any) -> FakeBackend:

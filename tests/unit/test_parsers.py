@@ -1,4 +1,4 @@
-"""The parser engine (`openai_api.text.parsers`) on every family's golden corpus, fed whole, one character at
+"""The parser engine (`openai_api.text.families`) on every family's golden corpus, fed whole, one character at
 a time, and one token at a time through the gateway's own detokenizer with the family's real tokenizer.
 
 The oracle is the corpus (tests/data/families/corpus/<family>.json): expectations written from each
@@ -20,10 +20,12 @@ import pytest
 from tokenizers import Tokenizer
 
 from openai_api.text.detokenizer import IncrementalDetokenizer
-from openai_api.text.parsers import (
+from openai_api.text.families import (
     FAMILIES,
     HARMONY_MARKERS,
     REASONING,
+    REASONING_PARSER_NAMES,
+    TOOL_PARSER_NAMES,
     Piece,
     ToolContext,
     detect_family,
@@ -136,7 +138,8 @@ def test_corpus_case_whole_char_by_char_and_token_by_token(path: Path, name: str
         assert m not in (whole["content"] or "") and m not in (whole["reasoning_content"] or "")
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+# Region families (harmony, its own parser, ends a generation at each call: its corpus has no parallel case).
+@pytest.mark.parametrize("family", sorted(name for name, fmt in FAMILIES.items() if fmt.parser is None))
 def test_markers_split_at_every_boundary_never_leak(family: str) -> None:
     """Each family's parallel-calls case cut in two at every position: same answer as whole."""
     path = CORPUS / f"{family}.json"
@@ -311,6 +314,13 @@ def test_pythonic_calls_are_parsed_never_evaluated() -> None:
     parser = make_parser("pythonic", None, tools_active=True)
     assert parser is not None
     assert summary(parser.push(deep) + parser.finish())["tool_calls"] == []  # too deep: content, no crash
+
+
+def test_the_registry_holds_exactly_the_names_the_config_takes() -> None:
+    """A name the config validates and the registry lacks would pass start-up and fail per request."""
+    assert sorted(FAMILIES) == sorted(TOOL_PARSER_NAMES)
+    assert all(name == fmt.name for name, fmt in FAMILIES.items())
+    assert set(REASONING) | {"harmony"} == set(REASONING_PARSER_NAMES)
 
 
 def test_every_family_has_markers_the_detokenizer_keeps() -> None:

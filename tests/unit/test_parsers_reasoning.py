@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from openai_api.text.parsers import REASONING, OutputParser, ReasoningParserName
+from openai_api.text.families import REASONING, OutputParser, ReasoningParserName
 
 
 class ReasoningSplitter:

@@ -38,7 +38,7 @@ EVENT_SCHEMAS = {
 async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, responses_store=8))
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 def script(app: FastAPI, text: str) -> FakeBackend:
@@ -151,7 +151,7 @@ async def test_previous_response_id_needs_the_store_and_continues_the_conversati
     script(no_store, "x")
     r = await post(no_store, {"input": "x", "previous_response_id": first["id"]})
     assert r.status_code == 400 and r.json()["error"]["code"] == "response_store_disabled"
-    await no_store.state.gateway.services.close()
+    await no_store.state.gateway.process.close()
 
 
 @pytest.mark.parametrize("body", [

@@ -209,7 +209,7 @@ async def app(tmp_path: Any) -> Any:
 
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, api_keys=["k"]))
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 def _refusing(app: Any, detail: str = REFUSED) -> Any:

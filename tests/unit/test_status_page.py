@@ -49,7 +49,7 @@ async def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterat
                                    error=BackendError("Triton failed."))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
         yield c
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 async def test_only_admin_keys_read_it_and_a_browser_is_asked_for_basic_auth(client: httpx.AsyncClient) -> None:
@@ -109,4 +109,4 @@ async def test_settings_turn_the_page_and_the_docs_off(tmp_path: Path) -> None:
         for path in ("/status", "/docs", "/redoc", "/docs/static/swagger-ui.css"):
             assert (await c.get(path)).status_code == 404, path
         assert (await c.get("/openapi.json")).status_code == 200
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()

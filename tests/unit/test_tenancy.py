@@ -49,9 +49,9 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
                      Settings(config_file=tmp_path, keys_file=keys, responses_store=16, api_keys=["plain"]))
     rt = app.state.gateway.services.registry.llm(MODEL)
     rt.backend = FakeBackend([[i] for i in rt.tokenizer.encode("The secret is quokka.")])
-    await app.state.gateway.services.start()
+    await app.state.gateway.services.parts.start()
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 @pytest.fixture

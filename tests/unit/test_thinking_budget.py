@@ -70,7 +70,7 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     config = llm_only_config(tmp_path)
     app = create_app(load_config(Path(str(config.source))), Settings(config_file=tmp_path, api_keys=[KEY]))
     yield app
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 def ids(tok: Tokenizer, text: str) -> list[int]:

@@ -328,7 +328,7 @@ async def open_app(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
     rt.backend.inner = FakeBackend([[i] for i in rt.tokenizer.encode("Hello there")])  # under the metrics wrapper
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as c:
         yield c
-    await app.state.gateway.services.close()
+    await app.state.gateway.process.close()
 
 
 async def test_open_vllm_metrics_name_no_key(open_app: httpx.AsyncClient) -> None:

@@ -1,0 +1,130 @@
+"""Admission: a route's one decision, after its body was validated, of whether this request runs now.
+
+In order: the count limits of the body (`--max-messages`, `--max-embedding-inputs`, `--max-rerank-documents`: a
+400 naming the field) and its nesting depth (`services.bounds`), then the caller's allow-list (a model the key may
+not use is a 404, as an unknown one), then the in-flight slots of the request's ticket (`http.inflight`: a 429
+past a limit, the share a key's priority allows). The request's model is recorded for its metrics and access log,
+and a traced request gets an `admission` span. Without the guard middleware (a bare app in a test) there is no
+ticket: nothing is counted.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel
+
+from openai_api.errors import InvalidRequestError, ModelNotFoundError
+from openai_api.http.inflight import Ticket
+from openai_api.observability import current_stats
+from openai_api.quota.caller import current_caller
+from openai_api.schemas.dialects import RankingRequest, RootRerankRequest, TEIEmbedRequest
+from openai_api.schemas.openai import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    ResponsesRequest,
+)
+from openai_api.services.bounds import check_body_depth
+from openai_api.settings import Settings
+from openai_api.tracing import child_span
+
+
+class Admission:
+    """One request's admission, decided once by its route after the body was validated (see the module
+    docstring). Without the guard middleware (a bare app in a test) there is no ticket: nothing is counted."""
+
+    __slots__ = ("settings", "ticket")
+
+    def __init__(self, ticket: Ticket | None, settings: Settings) -> None:
+        self.ticket = ticket
+        self.settings = settings
+
+    @staticmethod
+    def allowed(model: str) -> None:
+        """The key's allow-list alone (with a keys file): a model it may not use does not exist for it, the same 404
+        as an unknown one. Every `_admit` checks it; a route that must look at the model before it can be admitted
+        (Anthropic's Messages: whether the model takes images) calls this first, so nothing it answers tells
+        whether a model it may not use exists."""
+        caller = current_caller()
+        if caller is not None and not caller.allows(model):
+            raise ModelNotFoundError(f"The model {model!r} does not exist.", param="model")
+
+    def _admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+        self.allowed(model)
+        caller = current_caller()
+        share = caller.share if caller is not None else 1.0
+        stats = current_stats()
+        if stats is not None and not stats.model and (self.ticket is None or model in self.ticket.limiter.models):
+            stats.model = model
+        if self.ticket is not None:
+            with child_span("admission", **{"gen_ai.request.model": model, "openai_api.sequences": sequences}):
+                self.ticket.admit(model, sequences, param, share)  # traced requests only: a refusal ends it in error
+
+    def chat(self, body: ChatCompletionRequest) -> None:
+        _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")
+        check_body_depth(body)  # before anything walks its JSON (templates, schema checks, copies)
+        self._admit(body.model, body.n, "n")
+
+    def completions(self, body: CompletionRequest) -> None:
+        prompts = _prompt_count(body.prompt)
+        check_body_depth(body)
+        self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
+
+    def responses(self, body: ResponsesRequest) -> None:
+        check_body_depth(body)
+        self._admit(body.model)
+
+    def embeddings(self, body: EmbeddingRequest) -> None:
+        _check_count(_embedding_inputs(body), self.settings.max_embedding_inputs, "input", "inputs")
+        self._admit(body.model)
+
+    def rerank(self, body: RerankRequest) -> None:
+        _check_count(len(body.documents), self.settings.max_rerank_documents, "documents", "documents")
+        self._admit(body.model)
+
+    def tei_embed(self, body: TEIEmbedRequest, model: str) -> None:
+        """TEI `/embed`; `model` is the one serving it (TEI's body names none)."""
+        count = 1 if isinstance(body.inputs, str) else len(body.inputs)
+        _check_count(count, self.settings.max_embedding_inputs, "inputs", "inputs")
+        self._admit(model)
+
+    def ranking(self, body: RankingRequest) -> None:
+        """NIM `/v1/ranking`."""
+        _check_count(len(body.passages), self.settings.max_rerank_documents, "passages", "passages")
+        self._admit(body.model)
+
+    def root_rerank(self, body: RootRerankRequest, model: str) -> None:
+        """`/rerank`: TEI's `texts` or Infinity's `documents`; `model` is the one serving it."""
+        param = "texts" if body.texts is not None else "documents"
+        count = len(body.texts if body.texts is not None else body.documents or [])
+        _check_count(count, self.settings.max_rerank_documents, param, param)
+        self._admit(model)
+
+    def tokenize(self, model: str, messages: int = 0, body: BaseModel | None = None) -> None:
+        """`/tokenize` and `/detokenize`: tokenizer work only, but a request in flight like any other."""
+        _check_count(messages, self.settings.max_messages, "messages", "messages")
+        if body is not None:
+            check_body_depth(body)
+        self._admit(model)
+
+
+def _check_count(count: int, limit: int | None, param: str, what: str) -> None:
+    if limit is not None and count > limit:
+        raise InvalidRequestError(f"'{param}' has {count} {what}; this server accepts at most {limit}.",
+                                  param=param, code="too_many_items")
+
+
+def _embedding_inputs(body: EmbeddingRequest) -> int:
+    inp = body.input
+    if isinstance(inp, str) or (inp and all(isinstance(x, int) for x in inp)):
+        return 1
+    return len(inp)
+
+
+def _prompt_count(prompt: Any) -> int:
+    """How many prompts a completions `prompt` holds: a string or one list of token ids is one."""
+    if isinstance(prompt, str) or not prompt or all(isinstance(x, int) for x in prompt):
+        return 1
+    return len(prompt)
