@@ -600,8 +600,8 @@ class SmolLM2Engine:
             return True
         if job.max_new == 0:
             job.finish_reason = "length"
-            self.respond(job, [], final=True)
             self._finish(job, "completed")
+            self.respond(job, [], final=True)
             return True
         prefill = job.scheduled_ns == 0
         keys: list[bytes] = []
@@ -632,9 +632,9 @@ class SmolLM2Engine:
                 token, log_prob, ranked = job.end_id, 0.0, None
         if token == job.end_id or token in job.stop_ids:
             job.finish_reason = "stop"
-            self.respond(job, [], final=True)
             self._keep_answer(job)
             self._finish(job, "completed")
+            self.respond(job, [], final=True)
             return True
         if job.guide_state is not None:
             job.guide_state.accept(token)
@@ -657,11 +657,13 @@ class SmolLM2Engine:
             # Only an end id could follow: stop now instead of running the model to sample it.
             job.finish_reason = "stop"
         done = job.finish_reason is not None
-        if job.streaming or done:
-            self.respond(job, [token], final=done)
         if done:
+            # Counters and the kept answer first: once the client holds the last response, the stats file and the
+            # prefix cache already show this request (tests read both right after an answer).
             self._keep_answer(job)
             self._finish(job, "completed")
+        if job.streaming or done:
+            self.respond(job, [token], final=done)
         return done
 
     def _reuse(self, job: Job) -> list[bytes]:
@@ -681,9 +683,9 @@ class SmolLM2Engine:
         return keys
 
     def _keep_answer(self, job: Job) -> None:
-        """After a request's last response: store the blocks its generated tokens filled (its cache holds the
-        prompt and every generated token fed back so far), so the next turn of a conversation, whose prompt
-        repeats this answer, finds them too (TensorRT-LLM stores a finished request's blocks as well)."""
+        """When a request ends (just before its last response): store the blocks its generated tokens filled (its
+        cache holds the prompt and every generated token fed back so far), so the next turn of a conversation,
+        whose prompt repeats this answer, finds them too (TensorRT-LLM stores a finished request's blocks as well)."""
         cache = self.prefix_cache
         if cache is None or job.lora is not None or job.cache is None:
             return

@@ -384,23 +384,23 @@ class TritonPythonModel:
         n = len(job.generated)
         # request_output_len == 0, or a guided request's JSON object is complete (it ends as on end_id)
         if n >= job.max_new or (job.script is not None and n >= len(job.script)):
-            self._respond(job, None, final=True)
             self._finish("completed")
+            self._respond(job, None, final=True)
             return True
         token = TOKEN_CYCLE[n % len(TOKEN_CYCLE)] if job.script is None else job.script[n]
         if token == job.end_id and n >= job.min_tokens:
-            self._respond(job, None, final=True)
             self._finish("completed")
+            self._respond(job, None, final=True)
             return True
         job.generated.append(token)
         self.stats["tokens_generated"] += 1  # only this thread writes it; read under the lock
         done = n + 1 >= job.max_new or (
             bool(job.stop_words) and any(job.generated[-len(w):] == w for w in job.stop_words if len(w) <= n + 1)
         )
+        if done:  # counters first: once the client holds the last response, the stats file shows this request
+            self._finish("completed")
         if job.streaming or done:
             self._respond(job, token, final=done)
-        if done:
-            self._finish("completed")
         return done
 
     # ------------------------------------------------------------------ responses and stats
