@@ -17,7 +17,10 @@ bash scripts/setup_tests.sh  # Redis and the npm clients the e2e tests use: pyte
 .venv/bin/python -m ruff check .
 .venv/bin/python -m mypy
 workers="${TEST_WORKERS:-2}"
+# Every run reports its 30 slowest tests (set-up, call and teardown each), so where the minutes go stays visible
+# (docs/contributing/testing.md keeps the last figures).
+durations=(--durations=30 --durations-min=5)
 if [ "$workers" = "0" ]; then
-  exec .venv/bin/python -m pytest "$@"
+  exec .venv/bin/python -m pytest "${durations[@]}" "$@"
 fi
-exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "${durations[@]}" "$@"
