@@ -14,7 +14,8 @@ router = APIRouter()
 @router.post("/v1/messages", tags=["anthropic"])
 async def create_message(body: MessagesRequest, service: MessagesSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     """Anthropic's Messages API: a `message` object, or its SSE events when `stream` is set. Errors are in
-    Anthropic's shape (`http.anthropic`); `anthropic-version` and `anthropic-beta` headers are accepted."""
+    Anthropic's shape (`http.dialects.anthropic_messages`); `anthropic-version` and `anthropic-beta` headers are
+    accepted."""
     admission.allowed(service.model(body.model))  # before anything looks at the model (its image support)
     chat_req = service.chat_request(body)
     admission.chat(chat_req)
