@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from openai_api.errors import (
     INTERNAL_ERROR_MESSAGE,
@@ -20,14 +19,11 @@ from openai_api.errors import (
     InvalidRequestError,
     NotFoundError,
 )
+from openai_api.http.dialects.base import OPENAI, ServiceResult
 from openai_api.http.dialects.table import dialect_for
-from openai_api.http.sse import coalesced
 from openai_api.services.bounds import MAX_JSON_DEPTH, deep_body_error
 
 logger = logging.getLogger(__name__)
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
@@ -39,22 +35,10 @@ def error_response(err: GatewayError, request: Request) -> Response:
     return Response(body, status_code=status, media_type="application/json", headers=err.headers or None)
 
 
-async def service_response(result: dict[str, Any] | AsyncGenerator[bytes, None],
-                           flush_interval_s: float = 0.0, keepalive: bytes = b"",
-                           keepalive_s: float = 0.0) -> Response:
-    """A dict becomes JSON; a stream is primed with its first event first, so that errors raised before
-    anything was sent still become a proper status code instead of a broken 200 stream. Stream events
-    arriving within `flush_interval_s` of the previous write share the next write, and `keepalive` is
-    written after every `keepalive_s` without one (`http.sse`)."""
-    if isinstance(result, dict):
-        return json_response(result)
-    try:
-        first = await anext(result)
-    except StopAsyncIteration:
-        first = b""
-    return StreamingResponse(coalesced(first, result, flush_interval_s, keepalive, keepalive_s),
-                             media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+async def service_response(result: ServiceResult, flush_interval_s: float = 0.0) -> Response:
+    """A service's answer on OpenAI's wire (`dialects.base.OpenAIDialect.respond`), for the routes that name no
+    dialect of their own (`/v1/responses`: `dialects.openai_responses`)."""
+    return await OPENAI.respond(result, flush_interval_s)
 
 
 # Pydantic puts union-branch and validator tags into error locations ("str", "list[int]",

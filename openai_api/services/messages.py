@@ -52,8 +52,8 @@ are Anthropic's:
   `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, the final usage,
   every count: `message_start`'s cache figure is the backend's as of the first tokens) and
   `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping` (`PING`, written by
-  the HTTP edge's stream writer, `http.sse.coalesced`). An error after the stream began is an `error` event
-  in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's does: its
+  the dialect's stream writer, `http.dialects.anthropic_messages`). An error after the stream began is an
+  `error` event in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's does: its
   text goes straight to a `text_delta` whose bytes are built from a per-block prefix, with no parser pass.
 """
 
@@ -319,7 +319,7 @@ class MessagesService:
         answer = MessageAnswer(call, prepared, request_id, applied)
         if call.stream:
             encoder = MessagesStreamEncoder(answer)
-            # Pings on quiet streams: the HTTP edge's writer adds them (`PING`, `PING_INTERVAL_S`).
+            # Pings on quiet streams: the dialect's writer adds them (`PING`, `PING_INTERVAL_S`).
             return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, answer.id)
         greq = prepared.greqs[0]
         if not prepared.stops and not prepared.rt.stop_strings:

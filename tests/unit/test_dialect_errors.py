@@ -24,9 +24,10 @@ from openai_api.settings import Settings
 from tests.unit.fakes import MODEL, llm_only_config
 
 
-@pytest.mark.parametrize("path, name", [("/v1/chat/completions", "openai"), ("/v1/completions", "openai"),
-                                        ("/v1/responses", "openai"), ("/v1/messages", "anthropic"),
-                                        ("/v1/messages/count_tokens", "anthropic"), ("/health", "openai")])
+@pytest.mark.parametrize("path, name", [
+    ("/v1/chat/completions", "openai_chat"), ("/v1/completions", "openai_completions"),
+    ("/v1/responses/resp_1", "openai_responses"), ("/v1/messages", "anthropic"),
+    ("/v1/messages/count_tokens", "anthropic"), ("/health", "openai")])
 def test_each_path_has_one_dialect(path: str, name: str) -> None:
     assert dialect_for(path).name == name
 

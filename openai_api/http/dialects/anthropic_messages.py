@@ -41,12 +41,13 @@ import orjson
 from pydantic import ValidationError
 
 from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error
+from openai_api.http.dialects.base import OpenAIDialect
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.context_edits import parse_edits
 from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.guides import schema_guide
-from openai_api.services.messages import HIDDEN_THINKING, MessagesCall, MessagesService
+from openai_api.services.messages import HIDDEN_THINKING, PING, PING_INTERVAL_S, MessagesCall, MessagesService
 from openai_api.services.parts import (
     Image,
     Part,
@@ -392,8 +393,13 @@ def parse(req: CountTokensRequest, service: MessagesService) -> MessagesCall:
     return MessagesCall(chat, req.model, stream, stops, budget, omit, edits, images, fmt)
 
 
-class AnthropicErrors:
+class AnthropicMessages(OpenAIDialect):
+    """Anthropic's wire: its errors (see the module docstring) and a `ping` on quiet streams (`PING`, written by
+    the stream writer's own timer, `http.sse.coalesced`: no task or queue per event)."""
+
     name = "anthropic"
+    keepalive = PING
+    keepalive_s = PING_INTERVAL_S
 
     def error(self, err: GatewayError, request_id: str | None) -> tuple[int, bytes]:
         status, payload = anthropic_error(err.status, err.message)
@@ -405,4 +411,4 @@ class AnthropicErrors:
         return b"event: error\ndata: " + orjson.dumps(anthropic_error(err.status, err.message)[1]) + b"\n\n"
 
 
-ANTHROPIC_ERRORS = AnthropicErrors()
+DIALECT = AnthropicMessages()

@@ -4,10 +4,9 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from openai_api.http.deps import AdmissionDep, Ctx, MessagesSvc
-from openai_api.http.dialects.anthropic_messages import parse
-from openai_api.http.responses import json_response, service_response
+from openai_api.http.dialects.anthropic_messages import DIALECT, parse
+from openai_api.http.responses import json_response
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
-from openai_api.services.messages import PING, PING_INTERVAL_S
 
 router = APIRouter()
 
@@ -20,9 +19,7 @@ async def create_message(body: MessagesRequest, service: MessagesSvc, admission:
     admission.allowed(service.model(body.model))  # before anything looks at the model (its image support)
     call = parse(body, service)
     admission.chat(call.chat)
-    # A quiet stream gets Anthropic's `ping` from the writer's own timer (no task or queue per event).
-    return await service_response(await service.create(call, ctx.request_id), ctx.flush_interval_s,
-                                  PING, PING_INTERVAL_S)
+    return await DIALECT.respond(await service.create(call, ctx.request_id), ctx.flush_interval_s)
 
 
 @router.post("/v1/messages/count_tokens", tags=["anthropic"])
