@@ -53,8 +53,9 @@ are Anthropic's:
   every count: `message_start`'s cache figure is the backend's as of the first tokens) and
   `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping` (`PING`, written by
   the dialect's stream writer, `http.dialects.anthropic_messages`). An error after the stream began is an
-  `error` event in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's does: its
-  text goes straight to a `text_delta` whose bytes are built from a per-block prefix, with no parser pass.
+  `error` event in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's
+  does: its text goes straight to a `text_delta` whose bytes are built from a per-block prefix, with no parser
+  pass.
 """
 
 from __future__ import annotations
