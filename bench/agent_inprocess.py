@@ -33,6 +33,7 @@ from openai_api.observability import Metrics
 from openai_api.schemas.anthropic import MessagesRequest
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.container import build_services
+from openai_api.services.context import RequestContext
 from openai_api.settings import Settings
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest
 from openai_api.triton.wire import encode_tensor
@@ -93,9 +94,10 @@ class InProcessGateway:
         if path == "/v1/messages":
             m = MessagesRequest.model_validate(json.loads(raw))
             svc = self.services.messages
-            out = await svc.create(parse(m, svc), "bench")
+            out = await svc.create(parse(m, svc), RequestContext("bench"))
         elif path == "/v1/responses":
-            out = await self.services.responses.create(ResponsesRequest.model_validate_json(raw), "bench")
+            out = await self.services.responses.create(ResponsesRequest.model_validate_json(raw),
+                                                       RequestContext("bench"))
         else:
             raise ValueError(f"no in-process route for {path}")
         assert isinstance(out, dict), "non-streamed requests only"
@@ -159,7 +161,7 @@ class InProcessGateway:
                 c1 = clock()
                 chat_req = ChatCompletionRequest.model_validate(responses_chat_body(self.services.responses, r))
             c2 = clock()
-            prepared = await self.services.chat.prepare(chat_req, "bench")
+            prepared = await self.services.chat.prepare(chat_req, RequestContext("bench"))
             c3 = clock()
             encode_tensor("INT32", prepared.greqs[0].prompt_ids)
             c4 = clock()

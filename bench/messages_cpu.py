@@ -62,6 +62,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
     from openai_api.schemas.anthropic import MessagesRequest
     from openai_api.schemas.openai import ChatCompletionRequest
     from openai_api.services.chat import ChatService
+    from openai_api.services.context import RequestContext
     from openai_api.services.messages import MessagesService
     from openai_api.services.preprocess import Preprocessor
     from openai_api.services.registry import ModelRegistry
@@ -107,7 +108,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
 
     async def one_chat(body: dict[str, Any]) -> int:
         req = ChatCompletionRequest.model_validate(body)
-        out = await chat.create(req, "rid")
+        out = await chat.create(req, RequestContext("rid"))
         if isinstance(out, dict):
             orjson.dumps(out)  # as the route answers it
             return int(out["usage"]["completion_tokens"])
@@ -118,7 +119,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
 
     async def one_messages(body: dict[str, Any]) -> int:
         req = MessagesRequest.model_validate(body)
-        out = await messages.create(parse(req, messages), "rid")
+        out = await messages.create(parse(req, messages), RequestContext("rid"))
         if isinstance(out, dict):
             orjson.dumps(out)
             return int(out["usage"]["output_tokens"])

@@ -149,7 +149,6 @@ class RequestContextMiddleware:
         scope.setdefault("state", {})["request_id"] = rid_s
         header = (b"x-request-id", rid_s.encode("latin-1"))
         stats = RequestStats(start, rid_s)
-        stats.headers = scope["headers"]
         token = bind_stats(stats)
 
         async def send_wrapper(message: Message) -> None:

@@ -72,6 +72,7 @@ import orjson
 from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error_body
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.chat import ChatService, PreparedChat, count_tokens
+from openai_api.services.context import RequestContext
 from openai_api.services.context_edits import Applied, Edit, apply_edits, needs_prompt_tokens
 from openai_api.services.generation import TextEvent, sequence_events
 from openai_api.services.images import chat_image_sources
@@ -311,13 +312,13 @@ class MessagesService:
             raise _named_block(e, call, chat_req) from None
         return {"input_tokens": len(prompt.ids)}
 
-    async def create(self, call: MessagesCall, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, call: MessagesCall, ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         chat_req, applied = await self.edited(call)
         try:
-            prepared = await self.chat.prepare(chat_req, request_id)
+            prepared = await self.chat.prepare(chat_req, ctx)
         except InvalidRequestError as e:
             raise _named_block(_format_error(e, call), call, chat_req) from None
-        answer = MessageAnswer(call, prepared, request_id, applied)
+        answer = MessageAnswer(call, prepared, ctx.request_id, applied)
         if call.stream:
             encoder = MessagesStreamEncoder(answer)
             # Pings on quiet streams: the dialect's writer adds them (`PING`, `PING_INTERVAL_S`).

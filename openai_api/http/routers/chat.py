@@ -14,4 +14,4 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     call = parse(body)
     admission.chat(call)
-    return await DIALECT.respond(await chat.create(call, ctx.request_id), ctx.flush_interval_s)
+    return await DIALECT.respond(await chat.create(call, ctx.request), ctx.flush_interval_s)
