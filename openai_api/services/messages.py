@@ -80,6 +80,7 @@ from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
 from openai_api.services.streaming import sse_stream
 from openai_api.services.tools import plan_tools
+from openai_api.text.templates import ChatTemplate
 
 # Seconds without an event after which a stream sends a `ping` (Anthropic keeps quiet streams alive so;
 # a tool call's markup is held back until it is whole, which can be many seconds of silence).
@@ -279,6 +280,15 @@ class MessagesService:
     def model(self, name: str) -> str:
         """The served model a request's `model` names: itself, or the model whose `aliases` list it."""
         return name if name in self.chat.registry.llms else self.aliases.get(name, name)
+
+    def takes_images(self, model: str) -> bool:
+        """Whether the served `model` takes images (a 404 when there is no such model)."""
+        return self.chat.registry.llm(model).backend.supports("images")
+
+    def template(self, model: str) -> ChatTemplate | None:
+        """The served `model`'s chat template (None: no such model, or none), for its reasoning controls."""
+        rt = self.chat.registry.llms.get(model)
+        return rt.template if rt is not None else None
 
     async def edited(self, call: MessagesCall) -> tuple[ChatCompletionRequest, Applied | None]:
         """The chat request after the call's `context_management` edits (`services.context_edits`), and what

@@ -41,7 +41,7 @@ import orjson
 from pydantic import ValidationError
 
 from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error
-from openai_api.http.dialects.base import OpenAIDialect
+from openai_api.http.dialects.base import Wire
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.context_edits import parse_edits
@@ -349,6 +349,7 @@ def output_effort(config: dict[str, Any] | None) -> str | None:
         raise _bad("output_config.effort: must be 'low', 'medium', 'high' or 'max'.", "output_config.effort")
     return effort
 
+
 def parse(req: CountTokensRequest, service: MessagesService) -> MessagesCall:
     """The typed call a Messages (or count_tokens) body is (see the module docstring): every block and field
     checked once, here, naming the client's own field; the chat request built from typed parts, its
@@ -360,14 +361,13 @@ def parse(req: CountTokensRequest, service: MessagesService) -> MessagesCall:
     conversation = turns(req, strip_billing=not service.keep_billing_header)
     images = image_paths(conversation)
     model = service.model(req.model)
-    if images and not service.chat.registry.llm(model).backend.supports("images"):
+    if images and not service.takes_images(model):
         raise _bad(f"{images[0]}: image content blocks are not supported: the model {req.model!r} takes no "
                    "images (its Triton backend has no image input).", images[0], "unsupported_content")
     body: dict[str, Any] = {"model": model, "messages": chat_messages(conversation),
                             "tools": chat_tools(req.tools), "tool_choice": tool_choice,
                             "parallel_tool_calls": parallel, "response_format": output_format(req)}
-    rt = service.chat.registry.llms.get(model)
-    controls = reasoning_kwargs(rt.template if rt is not None else None, effort, enable_thinking)
+    controls = reasoning_kwargs(service.template(model), effort, enable_thinking)
     if controls:
         body["chat_template_kwargs"] = controls
     stream, stops, omit = False, [], False
@@ -393,7 +393,7 @@ def parse(req: CountTokensRequest, service: MessagesService) -> MessagesCall:
     return MessagesCall(chat, req.model, stream, stops, budget, omit, edits, images, fmt)
 
 
-class AnthropicMessages(OpenAIDialect):
+class AnthropicMessages(Wire):
     """Anthropic's wire: its errors (see the module docstring) and a `ping` on quiet streams (`PING`, written by
     the stream writer's own timer, `http.sse.coalesced`: no task or queue per event)."""
 

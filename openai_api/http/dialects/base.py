@@ -53,20 +53,12 @@ class Dialect(Protocol):
         ...
 
 
-class OpenAIDialect:
-    """OpenAI's wire, for every OpenAI surface: errors as the gateway's status and
-    `{"error": {"message", "type", "param", "code"}}` (in a stream, a `data:` event of the same object), no
-    keepalive. A subclass sets `keepalive` (an SSE event written after `keepalive_s` without a write)."""
+class Wire:
+    """`respond` for every dialect: JSON, or SSE with the dialect's `keepalive` (an SSE event written after
+    `keepalive_s` without a write; none by default)."""
 
-    name = "openai"
     keepalive = b""
     keepalive_s = 0.0
-
-    def error(self, err: GatewayError, request_id: str | None) -> tuple[int, bytes]:
-        return err.status, orjson.dumps(error_body(err))
-
-    def stream_error(self, err: GatewayError) -> bytes:
-        return b"data: " + orjson.dumps(error_body(err)) + b"\n\n"
 
     async def respond(self, result: ServiceResult, flush_interval_s: float = 0.0) -> Response:
         if isinstance(result, dict):
@@ -77,6 +69,19 @@ class OpenAIDialect:
             first = b""
         return StreamingResponse(coalesced(first, result, flush_interval_s, self.keepalive, self.keepalive_s),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class OpenAIDialect(Wire):
+    """OpenAI's wire, for every OpenAI surface: errors as the gateway's status and
+    `{"error": {"message", "type", "param", "code"}}` (in a stream, a `data:` event of the same object)."""
+
+    name = "openai"
+
+    def error(self, err: GatewayError, request_id: str | None) -> tuple[int, bytes]:
+        return err.status, orjson.dumps(error_body(err))
+
+    def stream_error(self, err: GatewayError) -> bytes:
+        return b"data: " + orjson.dumps(error_body(err)) + b"\n\n"
 
 
 OPENAI = OpenAIDialect()
