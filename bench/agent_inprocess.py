@@ -4,7 +4,7 @@ Triton, and where a turn's CPU goes.
 ``InProcessGateway`` builds the services exactly as the gateway does (``services.container.build_services``
 from the bench's model config and the default settings, so the prompt cache is on at its default size unless
 ``prompt_cache_mb`` says otherwise) and runs a request as its route does: ``/v1/messages`` as FastAPI gives it
-(``json.loads`` of the body, then ``MessagesRequest`` validated, ``chat_request``, ``create``); ``/v1/responses``
+(``json.loads`` of the body, then ``MessagesRequest`` validated, ``parse``, ``create``); ``/v1/responses``
 as the JSON fast path does (``model_validate_json`` of the bytes, then ``create``); the answer dumped with
 orjson. Only the backend differs: the model's runtime is given one that records the ``GenerationRequest``
 (its ``prompt_ids`` are what the TensorRT-LLM adapter would put in ``input_ids``) and answers one token. CPU
@@ -28,10 +28,12 @@ from typing import Any
 import orjson
 
 from openai_api.config import load_config
+from openai_api.http.dialects.anthropic_messages import parse
 from openai_api.observability import Metrics
 from openai_api.schemas.anthropic import MessagesRequest
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.container import build_services
+from openai_api.services.context import RequestContext
 from openai_api.settings import Settings
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest
 from openai_api.triton.wire import encode_tensor
@@ -92,9 +94,10 @@ class InProcessGateway:
         if path == "/v1/messages":
             m = MessagesRequest.model_validate(json.loads(raw))
             svc = self.services.messages
-            out = await svc.create(m, svc.chat_request(m), "bench")
+            out = await svc.create(parse(m, svc), RequestContext("bench"))
         elif path == "/v1/responses":
-            out = await self.services.responses.create(ResponsesRequest.model_validate_json(raw), "bench")
+            out = await self.services.responses.create(ResponsesRequest.model_validate_json(raw),
+                                                       RequestContext("bench"))
         else:
             raise ValueError(f"no in-process route for {path}")
         assert isinstance(out, dict), "non-streamed requests only"
@@ -152,13 +155,13 @@ class InProcessGateway:
             if path == "/v1/messages":
                 m = MessagesRequest.model_validate(json.loads(body))
                 c1 = clock()
-                chat_req = self.services.messages.chat_request(m)
+                chat_req = parse(m, self.services.messages).chat
             else:
                 r = ResponsesRequest.model_validate_json(body)
                 c1 = clock()
                 chat_req = ChatCompletionRequest.model_validate(responses_chat_body(self.services.responses, r))
             c2 = clock()
-            prepared = await self.services.chat.prepare(chat_req, "bench")
+            prepared = await self.services.chat.prepare(chat_req, RequestContext("bench"))
             c3 = clock()
             encode_tensor("INT32", prepared.greqs[0].prompt_ids)
             c4 = clock()

@@ -84,6 +84,7 @@ def child(streams: int, tokens: int, kinds: tuple[str, ...]) -> dict[str, Any]:
     from openai_api.schemas.openai import ChatCompletionRequest
     from openai_api.services.backends import InstrumentedLLMBackend
     from openai_api.services.chat import ChatService
+    from openai_api.services.context import RequestContext
     from openai_api.services.preprocess import Preprocessor
     from openai_api.services.registry import ModelRegistry
     from openai_api.text.workers import CPUWorkers
@@ -157,7 +158,7 @@ def child(streams: int, tokens: int, kinds: tuple[str, ...]) -> dict[str, Any]:
         t0 = time.perf_counter()
         req = ChatCompletionRequest.model_validate({"model": model, "messages": [{"role": "user", "content": PROMPT}],
                                                     "max_tokens": n, "stream": True})
-        out = await chat.create(req, "rid")
+        out = await chat.create(req, RequestContext("rid"))
         assert not isinstance(out, dict)
         got, ttft = 0, 0.0
         async for chunk in out:

@@ -6,10 +6,10 @@
 ``git archive``d there with ``models/`` linked in: the children import it and record its path)
 
 Issue #25 asks that Messages cost no more gateway CPU per token than chat: it is a dialect at the HTTP edge
-over the same chat service, so what it adds is its own request mapping (``MessagesService.chat_request``),
+over the same chat service, so what it adds is its own request mapping (``http.dialects.anthropic_messages.parse``),
 its event encoder (``MessagesStreamEncoder``, ``BlockBuilder``), the ping relay (``with_pings``) and its
 bigger events. This measures exactly that pipeline for both dialects in one process: the request body
-validated (``ChatCompletionRequest`` / ``MessagesRequest`` + ``chat_request``), the service's
+validated (``ChatCompletionRequest`` / ``MessagesRequest`` + ``parse``), the service's
 ``create``, and every byte of the SSE stream (or the unary answer dumped as the route does), over a
 scripted backend that yields the synthetic model's tokens one per chunk (the ids of " The quick brown
 fox jumps over the lazy dog", cycled), with the bundled ``smollm2-135m-instruct`` entry (SmolLM2
@@ -57,10 +57,12 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
     import orjson
 
     from openai_api.config import BUNDLED_CONFIG, load_config
+    from openai_api.http.dialects.anthropic_messages import parse
     from openai_api.observability import Metrics
     from openai_api.schemas.anthropic import MessagesRequest
     from openai_api.schemas.openai import ChatCompletionRequest
     from openai_api.services.chat import ChatService
+    from openai_api.services.context import RequestContext
     from openai_api.services.messages import MessagesService
     from openai_api.services.preprocess import Preprocessor
     from openai_api.services.registry import ModelRegistry
@@ -106,7 +108,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
 
     async def one_chat(body: dict[str, Any]) -> int:
         req = ChatCompletionRequest.model_validate(body)
-        out = await chat.create(req, "rid")
+        out = await chat.create(req, RequestContext("rid"))
         if isinstance(out, dict):
             orjson.dumps(out)  # as the route answers it
             return int(out["usage"]["completion_tokens"])
@@ -117,7 +119,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
 
     async def one_messages(body: dict[str, Any]) -> int:
         req = MessagesRequest.model_validate(body)
-        out = await messages.create(req, messages.chat_request(req), "rid")
+        out = await messages.create(parse(req, messages), RequestContext("rid"))
         if isinstance(out, dict):
             orjson.dumps(out)
             return int(out["usage"]["output_tokens"])

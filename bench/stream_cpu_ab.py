@@ -109,9 +109,15 @@ def child(streams: int, tokens: int, profile: Path | None, cases: tuple[str, ...
 
     ChatStreamEncoder.__init__ = spy_init  # type: ignore[method-assign]
 
+    try:  # the explicit request context (checkouts from issue #37 on); a bare request id before it
+        from openai_api.services.context import RequestContext
+        ctx: Any = RequestContext("rid")
+    except ImportError:
+        ctx = "rid"
+
     async def one(body: dict[str, Any]) -> int:
         req = ChatCompletionRequest.model_validate(body)
-        stream = await svc.create(req, "rid")
+        stream = await svc.create(req, ctx)
         if isinstance(stream, dict):  # a non-streamed answer
             return int(stream["usage"]["completion_tokens"])
         n = 0

@@ -12,7 +12,6 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from openai_api import __version__, logs
 from openai_api.config import GatewayConfig
-from openai_api.http.anthropic import AnthropicErrorMiddleware
 from openai_api.http.deps import AppState
 from openai_api.http.docs import install_docs
 from openai_api.http.fastpath import JSONRouteMiddleware
@@ -102,7 +101,6 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         app.add_middleware(KeysMiddleware, quota=process.quota, open_paths=settings.open_paths)
     else:
         app.add_middleware(APIKeyMiddleware, keys=settings.api_keys, open_paths=settings.open_paths)
-    app.add_middleware(AnthropicErrorMiddleware)  # outside every layer that answers with an error
     origins = [*settings.cors_origins, *(cors_origins or [])]
     if origins:
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],

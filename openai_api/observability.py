@@ -293,7 +293,7 @@ class RequestStats:
     the last body message (`more_body` false) is handed to the server, so the guard can tell a client
     that left mid-response (499) from one that closed after reading everything."""
 
-    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "headers", "model",
+    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "model",
                  "object_id", "prompt_tokens", "request_id", "span_id", "start", "status", "trace_id", "ttft")
 
     def __init__(self, start: float, request_id: str = "") -> None:
@@ -308,8 +308,6 @@ class RequestStats:
         self.event_stream = False  # the response is text/event-stream (set with `status`)
         # The id the gateway gave what this request made (a response's `resp_...`): logged beside the request id.
         self.object_id = ""
-        # The request's headers as ASGI gives them (lower-case names): routing reads a session header from them.
-        self.headers: list[tuple[bytes, bytes]] = []
         self.ttft = 0.0  # seconds from the arrival to the first token of its first sequence (0: none)
         # The server span's ids (hex) while tracing is on, for the access log.
         self.trace_id = ""

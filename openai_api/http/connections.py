@@ -49,7 +49,8 @@ from typing import cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from openai_api.errors import GatewayError, HeadersTooLargeError, RequestTimeoutError, error_response_bytes
+from openai_api.errors import GatewayError, HeadersTooLargeError, RequestTimeoutError
+from openai_api.http.dialects.table import dialect_for
 
 logger = logging.getLogger(__name__)
 
@@ -245,13 +246,14 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
             if self.flow is not None:
                 self.flow.resume_reading()  # read (and drop) what is on its way, so the client can read the status
             cycle = self.cycle
+            path = cycle.scope["path"] if cycle is not None else ""  # before the request line: OpenAI's shape
             if cycle is not None and not cycle.response_complete:
                 # The app (waiting for this body) sees the client gone, and its access-log line the status.
                 cycle.scope["state"][EDGE_STATUS] = err.status
                 cycle.disconnected = True
                 cycle.message_event.set()
-            body = error_response_bytes(err)
-            head = (f"HTTP/1.1 {err.status} {HTTPStatus(err.status).phrase}\r\ncontent-type: application/json\r\n"
+            status, body = dialect_for(path).error(err, None)
+            head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
                     f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii")
             self.transport.write(head + body)
             if self.transport.can_write_eof():

@@ -10,7 +10,7 @@ dependency is a plain function of the request: FastAPI resolves them, and so doe
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Protocol
 
 from fastapi import Depends, Request
@@ -26,6 +26,7 @@ from openai_api.quota.service import QuotaService
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.container import Services
+from openai_api.services.context import RequestContext
 from openai_api.services.embeddings import EmbeddingsService
 from openai_api.services.messages import MessagesService
 from openai_api.services.models import HealthService, ModelsService
@@ -74,15 +75,21 @@ class AppState:
     process: Process | None = None
 
 
-@dataclass(slots=True)
-class RequestContext:
-    """What a route passes to a service besides the body: the request's id (also Triton's request id),
-    how its SSE writes are coalesced, and who is calling (the key's name, team and policy; the anonymous
-    caller without keys)."""
+@dataclass(frozen=True, slots=True)
+class RouteContext:
+    """What a route knows of its request besides the body: the services' explicit request context (`request`:
+    id, caller, headers; `services.context`) and how its SSE writes are coalesced."""
 
-    request_id: str
+    request: RequestContext
     flush_interval_s: float
-    caller: Caller = field(default_factory=lambda: Caller(ANONYMOUS))
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def caller(self) -> Caller:
+        return self.request.caller
 
 
 def app_state(request: Request) -> AppState:
@@ -90,10 +97,11 @@ def app_state(request: Request) -> AppState:
     return state
 
 
-def request_context(request: Request) -> RequestContext:
+def request_context(request: Request) -> RouteContext:
     rid = request.scope.get("state", {}).get("request_id")
-    return RequestContext(rid if isinstance(rid, str) else uuid.uuid4().hex,
-                          app_state(request).settings.stream_flush_interval_s, caller(request))
+    context = RequestContext(rid if isinstance(rid, str) else uuid.uuid4().hex, caller(request),
+                             request.scope.get("headers", ()))
+    return RouteContext(context, app_state(request).settings.stream_flush_interval_s)
 
 
 def caller(request: Request) -> Caller:
@@ -163,7 +171,7 @@ def metrics(request: Request) -> Metrics:
     return app_state(request).metrics
 
 
-Ctx = Annotated[RequestContext, Depends(request_context)]
+Ctx = Annotated[RouteContext, Depends(request_context)]
 AdmissionDep = Annotated[Admission, Depends(admission)]
 ChatSvc = Annotated[ChatService, Depends(chat_service)]
 CompletionsSvc = Annotated[CompletionsService, Depends(completions_service)]

@@ -24,8 +24,9 @@ import logging
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_api.errors import InvalidRequestError, PayloadTooLargeError, ShuttingDownError, error_response_bytes
+from openai_api.errors import InvalidRequestError, PayloadTooLargeError, ShuttingDownError
 from openai_api.http.connections import EDGE_STATUS
+from openai_api.http.dialects.table import dialect_for
 from openai_api.http.inflight import TICKET_KEY, InFlightLimiter, Ticket
 from openai_api.http.lifecycle import DRAINING_OPEN_PATHS, Lifecycle
 from openai_api.http.middleware import send_error
@@ -62,8 +63,8 @@ class GuardMiddleware:
             return
         if self.lifecycle.draining and scope["path"] not in DRAINING_OPEN_PATHS:
             self._rejected("draining")
-            await send_error(send, ShuttingDownError("The server is shutting down; retry on another instance."),
-                             _CLOSE)
+            await send_error(scope, send,
+                             ShuttingDownError("The server is shutting down; retry on another instance."), _CLOSE)
             return
         body = await self._read_body(scope, receive, send)
         if body is None:
@@ -87,12 +88,12 @@ class GuardMiddleware:
             text = declared.strip()
             if not text.isdigit():
                 self._rejected("bad_content_length")
-                await send_error(send, InvalidRequestError("The Content-Length header is malformed.",
-                                                           code="invalid_content_length"), _CLOSE)
+                await send_error(scope, send, InvalidRequestError("The Content-Length header is malformed.",
+                                                                  code="invalid_content_length"), _CLOSE)
                 return None
             if int(text) > limit:
                 self._rejected("body_too_large")
-                await send_error(send, self._too_large(), _CLOSE)
+                await send_error(scope, send, self._too_large(), _CLOSE)
                 return None
         parts: list[bytes] = []
         size = 0
@@ -109,7 +110,7 @@ class GuardMiddleware:
                 size += len(chunk)
                 if size > limit:
                     self._rejected("body_too_large")
-                    await send_error(send, self._too_large(), _CLOSE)
+                    await send_error(scope, send, self._too_large(), _CLOSE)
                     return None
                 parts.append(chunk)
             if not message.get("more_body", False):
@@ -164,22 +165,22 @@ class GuardMiddleware:
             if not (disconnected or self.lifecycle.cutting) or task.uncancel() > 0:
                 raise
             if not disconnected:
-                await _cut_short(stats, send)
+                await _cut_short(scope, stats, send)
         finally:
             tasks.discard(task)
             watcher.cancel()
 
 
-async def _cut_short(stats: RequestStats, send: Send) -> None:
+async def _cut_short(scope: Scope, stats: RequestStats, send: Send) -> None:
     """End a response the shutdown cut: 503 before it started, else a final SSE error event (streams)."""
     err = ShuttingDownError("The server shut down before this response was complete; retry on another instance.")
     if not stats.status:
-        await send_error(send, err, _CLOSE)
+        await send_error(scope, send, err, _CLOSE)
         return
     if stats.complete:
         return
     if stats.event_stream:
-        await send({"type": "http.response.body", "body": b"data: " + error_response_bytes(err) + b"\n\n",
+        await send({"type": "http.response.body", "body": dialect_for(scope["path"]).stream_error(err),
                     "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 

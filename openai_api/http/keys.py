@@ -75,7 +75,7 @@ class KeysMiddleware:
         if caller is None:
             msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY' (or 'x-api-key')."
                    if secret is None else "Incorrect API key provided.")
-            await send_error(send, AuthenticationError(msg), challenges(scope["path"]))
+            await send_error(scope, send, AuthenticationError(msg), challenges(scope["path"]))
             return
         state[CALLER_KEY] = caller
         begun: Decision | None = None
@@ -89,12 +89,12 @@ class KeysMiddleware:
                         span.set_attribute("openai_api.quota.admitted", begun.ok)
             except GatewayError as e:  # the shared store is unreachable and the fail mode is closed
                 quota.m_requests.labels(quota.label(caller.name), str(e.status)).inc()
-                await send_error(send, e)
+                await send_error(scope, send, e)
                 return
             if not begun.ok:
                 err = refusal(begun, limits, caller.name)
                 quota.m_requests.labels(quota.label(caller.name), str(err.status)).inc()
-                await send_error(send, err, ratelimit_headers(limits, begun, None))
+                await send_error(scope, send, err, ratelimit_headers(limits, begun, None))
                 return
             caller.meter = quota.meter(caller)
         meter = caller.meter

@@ -21,18 +21,21 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_api.errors import AuthenticationError, GatewayError, error_response_bytes
+from openai_api.errors import AuthenticationError, GatewayError
+from openai_api.http.dialects.table import dialect_for
 from openai_api.logs import AccessLine
 from openai_api.observability import Metrics, RequestStats, bind_stats, unbind_stats
 
 access_logger = logging.getLogger("openai_api.access")
 
 
-async def send_error(send: Send, err: GatewayError, extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    body = error_response_bytes(err)
+async def send_error(scope: Scope, send: Send, err: GatewayError,
+                     extra_headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """Answer `err` from a middleware, written by the dialect of the request's path (`http.dialects`)."""
+    status, body = dialect_for(scope["path"]).error(err, scope.get("state", {}).get("request_id"))
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                *extra_headers, *((k.lower().encode(), v.encode()) for k, v in err.headers.items())]
-    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -111,7 +114,7 @@ class APIKeyMiddleware:
         if not self._authorized(auth):
             msg = ("You didn't provide an API key. Provide it as 'Authorization: Bearer YOUR_KEY' (or 'x-api-key')."
                    if auth is None else "Incorrect API key provided.")
-            await send_error(send, AuthenticationError(msg), challenges(scope["path"]))
+            await send_error(scope, send, AuthenticationError(msg), challenges(scope["path"]))
             return
         await self.app(scope, receive, send)
 
@@ -146,7 +149,6 @@ class RequestContextMiddleware:
         scope.setdefault("state", {})["request_id"] = rid_s
         header = (b"x-request-id", rid_s.encode("latin-1"))
         stats = RequestStats(start, rid_s)
-        stats.headers = scope["headers"]
         token = bind_stats(stats)
 
         async def send_wrapper(message: Message) -> None:

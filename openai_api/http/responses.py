@@ -1,17 +1,16 @@
-"""Turning service results into HTTP responses, and errors into OpenAI's error shape."""
+"""Turning service results into HTTP responses, and errors into the shape of the dialect a route speaks."""
 
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from openai_api.errors import (
     INTERNAL_ERROR_MESSAGE,
@@ -19,41 +18,27 @@ from openai_api.errors import (
     InternalError,
     InvalidRequestError,
     NotFoundError,
-    error_response_bytes,
 )
-from openai_api.http.sse import coalesced
+from openai_api.http.dialects.base import OPENAI, ServiceResult
+from openai_api.http.dialects.table import dialect_for
 from openai_api.services.bounds import MAX_JSON_DEPTH, deep_body_error
 
 logger = logging.getLogger(__name__)
-
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
 
 def json_response(payload: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(orjson.dumps(payload), status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(err: GatewayError) -> Response:
-    return Response(error_response_bytes(err), status_code=err.status, media_type="application/json",
-                    headers=err.headers or None)
+def error_response(err: GatewayError, request: Request) -> Response:
+    """`err` written once, by the dialect of the request's path (`http.dialects`)."""
+    status, body = dialect_for(request.url.path).error(err, request.scope.get("state", {}).get("request_id"))
+    return Response(body, status_code=status, media_type="application/json", headers=err.headers or None)
 
 
-async def service_response(result: dict[str, Any] | AsyncGenerator[bytes, None],
-                           flush_interval_s: float = 0.0, keepalive: bytes = b"",
-                           keepalive_s: float = 0.0) -> Response:
-    """A dict becomes JSON; a stream is primed with its first event first, so that errors raised before
-    anything was sent still become a proper status code instead of a broken 200 stream. Stream events
-    arriving within `flush_interval_s` of the previous write share the next write, and `keepalive` is
-    written after every `keepalive_s` without one (`http.sse`)."""
-    if isinstance(result, dict):
-        return json_response(result)
-    try:
-        first = await anext(result)
-    except StopAsyncIteration:
-        first = b""
-    return StreamingResponse(coalesced(first, result, flush_interval_s, keepalive, keepalive_s),
-                             media_type="text/event-stream",
-                             headers=SSE_HEADERS)
+async def service_response(result: ServiceResult, flush_interval_s: float = 0.0) -> Response:
+    """A service's answer on OpenAI's wire (`dialects.base.OpenAIDialect.respond`), for the routes that name no
+    dialect of their own (`/v1/responses`: `dialects.openai_responses`)."""
+    return await OPENAI.respond(result, flush_interval_s)
 
 
 # Pydantic puts union-branch and validator tags into error locations ("str", "list[int]",
@@ -93,32 +78,32 @@ def validation_error(exc: RequestValidationError) -> InvalidRequestError:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(GatewayError)
-    async def _gateway(_: Request, exc: GatewayError) -> Response:
-        return error_response(exc)
+    async def _gateway(request: Request, exc: GatewayError) -> Response:
+        return error_response(exc, request)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        return error_response(validation_error(exc))
+    async def _validation(request: Request, exc: RequestValidationError) -> Response:
+        return error_response(validation_error(exc), request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return error_response(NotFoundError("Not found.", code="not_found"))
+            return error_response(NotFoundError("Not found.", code="not_found"), request)
         if exc.status_code == 405:
             # RFC 9110 15.5.6: a 405 must carry Allow; Starlette puts it in the exception's headers.
             err: GatewayError = InvalidRequestError("Method not allowed.", code="method_not_allowed",
                                                     headers=dict(exc.headers or {}))
             err.status = 405
-            return error_response(err)
+            return error_response(err, request)
         if isinstance(exc.__cause__, RecursionError):  # FastAPI's own parser, on a body nested past its reach
             return error_response(deep_body_error(await request.body()) or InvalidRequestError(
                 f"The request body is nested too deeply to read; the gateway's limit is {MAX_JSON_DEPTH} levels "
-                "of JSON nesting in a request body.", code="too_deeply_nested"))
+                "of JSON nesting in a request body.", code="too_deeply_nested"), request)
         err = InvalidRequestError(str(exc.detail))
         err.status = exc.status_code
-        return error_response(err)
+        return error_response(err, request)
 
     @app.exception_handler(Exception)
-    async def _internal(_: Request, exc: Exception) -> Response:
+    async def _internal(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error", exc_info=exc)
-        return error_response(InternalError(INTERNAL_ERROR_MESSAGE))
+        return error_response(InternalError(INTERNAL_ERROR_MESSAGE), request)

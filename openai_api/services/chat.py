@@ -13,6 +13,7 @@ from typing import Any
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.bounds import MAX_JSON_DEPTH, find_excess
+from openai_api.services.context import RequestContext
 from openai_api.services.generation import (
     Collected,
     TextEvent,
@@ -269,7 +270,7 @@ class ChatService:
             continue_final_message=req.continue_final_message, tools=plan.tools, bos_token=rt.tokenizer.bos_token,
             eos_token=rt.tokenizer.eos_token, **extra)
 
-    async def prepare(self, req: ChatCompletionRequest, request_id: str) -> PreparedChat:
+    async def prepare(self, req: ChatCompletionRequest, ctx: RequestContext) -> PreparedChat:
         """Everything before generation, shared by chat and the Responses API: the model, the tool plan,
         the output guide, the prompt (rendered and tokenized) and one `GenerationRequest` per choice."""
         rt = self.registry.llm(req.model)
@@ -289,7 +290,7 @@ class ChatService:
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = resolve_max_tokens(rt, requested, prompt_tokens, "messages")
         images = await self.images.load(sources) if sources else []
-        greqs = [build_generation_request(rt, req, prompt.ids, max_tokens, request_id, i, prompt.text)
+        greqs = [build_generation_request(rt, req, prompt.ids, max_tokens, ctx.request_id, i, prompt.text, ctx.headers)
                  for i in range(req.n)]
         for g in greqs:
             g.return_logprobs = req.logprobs
@@ -305,13 +306,15 @@ class ChatService:
         text = whole[: out.thinking_chars]
         return await self.preprocess.run(len(text), count_tokens, rt, text) if text else 0
 
-    async def create(self, req: ChatCompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, req: ChatCompletionRequest,
+                     ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
 
         For streams, nothing is yielded before the first tokens arrived from Triton, so a caller that
         awaits the first item still gets backend errors as exceptions (and a proper HTTP status).
         """
-        p = await self.prepare(req, request_id)
+        p = await self.prepare(req, ctx)
+        request_id = ctx.request_id
         rt, greqs, stops, prompt_tokens = p.rt, p.greqs, p.stops, p.prompt_tokens
         completion_id = f"chatcmpl-{request_id}" if request_id else f"chatcmpl-{uuid.uuid4().hex}"
         created = int(time.time())

@@ -10,6 +10,7 @@ from typing import Any
 
 from openai_api.errors import GatewayError, InvalidRequestError
 from openai_api.schemas.openai import CompletionRequest
+from openai_api.services.context import RequestContext
 from openai_api.services.generation import (
     TextEvent,
     TokenLogprobs,
@@ -109,7 +110,9 @@ class CompletionsService:
                 f"({rt.backend.protocol}) that returns only the sampled token's log-probability: use logprobs=0.",
                 param="logprobs", code="unsupported_parameter")
 
-    async def create(self, req: CompletionRequest, request_id: str) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, req: CompletionRequest,
+                     ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        request_id = ctx.request_id
         rt = self.registry.llm(req.model)
         if req.unknown_fields():
             logger.debug("ignoring unknown completion fields: %s", req.unknown_fields())
@@ -123,7 +126,7 @@ class CompletionsService:
             max_tokens = resolve_max_tokens(rt, req.max_tokens, len(ids), "prompt")
             for i in range(req.n):
                 g = build_generation_request(rt, req, ids, max_tokens, f"{request_id}-{len(greqs)}" if greqs
-                                             else request_id, i, text)
+                                             else request_id, i, text, ctx.headers)
                 g.return_logprobs = req.logprobs is not None
                 g.top_logprobs = req.logprobs or 0
                 g.guide = guide

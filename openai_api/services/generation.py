@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from openai_api.errors import BackendError, ContextLengthExceededError, InvalidRequestError
 from openai_api.schemas.openai import _Sampling
+from openai_api.services.context import Headers
 from openai_api.services.guides import backend_refusal
 from openai_api.services.registry import LLMRuntime
 from openai_api.text.detokenizer import IncrementalDetokenizer
@@ -352,7 +353,8 @@ def _cache_key(req: _Sampling) -> str | None:
 
 
 def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
-                             request_id: str, choice_index: int = 0, prompt_text: str = "") -> GenerationRequest:
+                             request_id: str, choice_index: int = 0, prompt_text: str = "",
+                             headers: Headers = ()) -> GenerationRequest:
     info, gdefaults = rt.info, rt.tokenizer.generation_defaults
     # A bias of 0 changes nothing (some clients send {} or zeros by default): only a real bias is refused.
     if req.logit_bias and any(v != 0 for v in req.logit_bias.values()):
@@ -396,5 +398,5 @@ def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[in
         stop_texts=stop_texts,
         bad_texts=rt.bad_strings,
         timeout_s=rt.config.timeout_s,
-        session=session_key(rt.config.routing, req.user, _cache_key(req)),
+        session=session_key(rt.config.routing, req.user, _cache_key(req), headers),
     )

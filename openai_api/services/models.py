@@ -9,8 +9,8 @@ from typing import Any
 
 from openai_api.services.registry import ModelRegistry
 from openai_api.triton import health
+from openai_api.triton.llm import keeps_marker_tokens
 
-ID_PROTOCOLS = ("tensorrt_llm", "fastertransformer")
 # (served model, Anthropic model object) pairs (`ModelsService.anthropic_models`).
 AnthropicModels = list[tuple[str, dict[str, Any]]]
 
@@ -36,9 +36,8 @@ class ModelsService:
             kinds = rt.backend.guide_kinds  # None until Triton's config was read
             card["capabilities"] = {
                 "tools": True, "tool_parser": rt.tool_parser, "reasoning_parser": rt.reasoning_parser,
-                # Whether the family's marker tokens reach the parser: token-id protocols decode them here,
-                # the vLLM backend is told to keep them; other text backends drop special tokens.
-                "parser_markers": rt.drop_ids is None or getattr(rt.backend, "protocol", "") in ("vllm", *ID_PROTOCOLS),
+                # Whether the family's marker tokens reach the parser (the adapter layer knows per protocol).
+                "parser_markers": rt.drop_ids is None or keeps_marker_tokens(rt.backend),
                 "parallel_tool_calls": True, "forced_tool_calls": None if kinds is None else "json_schema" in kinds,
                 "structured_outputs": None if kinds is None else bool(kinds),
                 "guided_types": None if kinds is None else sorted(kinds),

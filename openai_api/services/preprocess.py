@@ -33,7 +33,7 @@ from openai_api.text.prompt_cache import NO_BOUNDARIES, PromptTokenCache
 from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
 from openai_api.text.workers import CPUWorkers, JobTimeoutError
 from openai_api.tracing import child_span, traced_step
-from openai_api.triton.llm import TEXT_PROTOCOLS
+from openai_api.triton.llm import takes_prompt_text
 
 T = TypeVar("T")
 
@@ -232,7 +232,7 @@ class Preprocessor:
         if rt.template is None:
             raise InvalidRequestError(f"The model {rt.name!r} has no chat template; use /v1/completions.",
                                       param="model", code="no_chat_template")
-        takes_text = getattr(rt.backend, "protocol", "") in TEXT_PROTOCOLS
+        takes_text = takes_prompt_text(rt.backend)
         args = (rt, messages, prefill, takes_text, self.limits, self.cache, render_kwargs)
         try:
             with child_span("chat template", **{"gen_ai.request.model": rt.name}) as span:  # traced requests only

@@ -47,6 +47,7 @@ from openai_api.observability import current_stats
 from openai_api.quota.caller import Caller
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService, PreparedChat, collect_plain
+from openai_api.services.context import RequestContext
 from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.generation import TextEvent
 from openai_api.services.output import Delta, assemble
@@ -142,9 +143,9 @@ class ResponsesService:
             origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
         return [*system, *prior, *input_messages(req, origins)]
 
-    async def create(self, req: ResponsesRequest, request_id: str,
-                     caller: Caller) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """A response for `caller` (who owns it when it is stored); `request_id` is Triton's request id."""
+    async def create(self, req: ResponsesRequest, ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        """A response for `ctx.caller` (who owns it when it is stored); `ctx.request_id` is Triton's request id."""
+        request_id, caller = ctx.request_id, ctx.caller
         check_fields(req)
         tools = ResponseTools(req.tools, loaded_tools(req))
         if tools.omitted:
@@ -173,7 +174,7 @@ class ResponsesService:
             where = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or "input"
             raise InvalidRequestError(f"Invalid request: {err['msg']} ({where}).", param="input") from None
         try:
-            prepared = await self.chat.prepare(chat_req, request_id)
+            prepared = await self.chat.prepare(chat_req, ctx)
         except InvalidRequestError as e:
             raise input_error(e, origins) from None
         resp = ResponseBuilder(req, prepared, [m for m in messages if m.get("role") != "system"],

@@ -13,6 +13,21 @@ GuideKind = Literal["json_schema", "json_object", "regex", "grammar", "choice"]
 GUIDE_KINDS: frozenset[GuideKind] = frozenset({"json_schema", "json_object", "regex", "grammar", "choice"})
 # Wire protocols whose models take the prompt as text and tokenize it themselves (and answer with text).
 TEXT_PROTOCOLS = frozenset({"vllm", "tensorrt_llm_text", "text"})
+# Wire protocols on which a family's marker tokens reach the gateway's output parser: the token-id protocols
+# (decoded here) and vLLM's (told to keep them); other text protocols drop special tokens.
+_MARKER_PROTOCOLS = frozenset({"vllm", "tensorrt_llm", "fastertransformer"})
+
+
+def takes_prompt_text(backend: object) -> bool:
+    """Whether `backend` takes the prompt as text (tokenizing it itself) rather than as token ids: what a
+    service asks of the adapter layer instead of naming protocols (`LLMBackend.protocol`; False for a
+    backend that names none)."""
+    return getattr(backend, "protocol", "") in TEXT_PROTOCOLS
+
+
+def keeps_marker_tokens(backend: object) -> bool:
+    """Whether a family's special marker tokens reach the output parser through `backend`."""
+    return getattr(backend, "protocol", "") in _MARKER_PROTOCOLS
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,6 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from openai_api.config import RoutingConfig
-from openai_api.observability import current_stats
 from openai_api.triton.sharedmap import SharedTable, stable_id
 
 
@@ -265,27 +264,28 @@ def _bounded(kind: str, value: str) -> str:
     return f"{kind}:{value}" if len(value) <= _MAX_KEY_CHARS else f"{kind}#{stable_id(value):x}"
 
 
-def _header(names: tuple[bytes, ...]) -> str | None:
-    """The value of the first of `names` (lower-case) the current request carries, non-empty; None: none."""
-    stats = current_stats()
-    if stats is None or not stats.headers:
+def _header(headers: Sequence[tuple[bytes, bytes]], names: tuple[bytes, ...]) -> str | None:
+    """The value of the first of `names` (lower-case) among `headers`, non-empty; None: none."""
+    if not headers:
         return None
-    found = {k: v for k, v in stats.headers if k in names and v}
+    found = {k: v for k, v in headers if k in names and v}
     return next((found[n].decode("latin-1") for n in names if n in found), None)
 
 
-def session_key(config: RoutingConfig, user: str | None, cache_key: str | None = None) -> str | None:
-    """The request's session for affinity, the first of: its `session_header` value (read from the current
-    request's headers); with `agent_sessions`, OpenAI's `prompt_cache_key` (`cache_key`), then the session
-    header of a coding agent (`AGENT_SESSION_HEADERS`); its `user` when `session_user` is set. None: none."""
+def session_key(config: RoutingConfig, user: str | None, cache_key: str | None = None,
+                headers: Sequence[tuple[bytes, bytes]] = ()) -> str | None:
+    """The request's session for affinity, the first of: its `session_header` value (among the request's
+    `headers`, which the request context carries); with `agent_sessions`, OpenAI's `prompt_cache_key`
+    (`cache_key`), then the session header of a coding agent (`AGENT_SESSION_HEADERS`); its `user` when
+    `session_user` is set. None: none."""
     if config.session_header is not None:
-        value = _header((config.session_header.lower().encode("latin-1"),))
+        value = _header(headers, (config.session_header.lower().encode("latin-1"),))
         if value:
             return _bounded("h", value)
     if config.agent_sessions:
         if cache_key:
             return _bounded("k", cache_key)
-        value = _header(AGENT_SESSION_HEADERS)
+        value = _header(headers, AGENT_SESSION_HEADERS)
         if value:
             return _bounded("h", value)
     if config.session_user and user:

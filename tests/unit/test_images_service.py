@@ -19,6 +19,7 @@ from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService
+from openai_api.services.context import RequestContext
 from openai_api.services.images import ImageLimits, ImageService, ImageSource
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import LLMRuntime, ModelRegistry
@@ -280,7 +281,7 @@ CONVERSATION = [
 def test_image_parts_of_every_turn_reach_the_backend_in_order_with_the_templates_placeholders(
         registry: ModelRegistry) -> None:
     svc, _ = chat_service(registry)
-    prepared = asyncio.run(svc.prepare(request(messages=CONVERSATION), "r1"))
+    prepared = asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r1")))
     text = prepared.greqs[0].prompt_text
     assert text.count("<|vision_start|><|image_pad|><|vision_end|>") == 2
     assert text.index("first:") < text.index("<|vision_start|>") < text.index("a red one")
@@ -291,7 +292,7 @@ def test_a_configured_placeholder_stands_in_for_each_image_where_the_template_re
         registry: ModelRegistry) -> None:
     svc, _ = chat_service(registry, template=None, image_placeholder="<image>\n")
     assert not svc.registry.llm(MODEL).template.content_as_parts  # type: ignore[union-attr]
-    prepared = asyncio.run(svc.prepare(request(messages=CONVERSATION), "r2"))
+    prepared = asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r2")))
     text = prepared.greqs[0].prompt_text
     assert "first:<image>\n<|im_end|>" in text and "<image>\nand this?" in text
 
@@ -299,14 +300,14 @@ def test_a_configured_placeholder_stands_in_for_each_image_where_the_template_re
 def test_a_string_template_without_a_placeholder_refuses_the_image_part(registry: ModelRegistry) -> None:
     svc, _ = chat_service(registry, template=None)
     with pytest.raises(InvalidRequestError) as info:
-        asyncio.run(svc.prepare(request(messages=CONVERSATION), "r3"))
+        asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r3")))
     assert info.value.param == "messages[0].content[1]" and info.value.code == "unsupported_content"
 
 
 def test_a_model_without_image_input_refuses_the_first_image_part_by_name(registry: ModelRegistry) -> None:
     svc, backend = chat_service(registry, images=False)
     with pytest.raises(InvalidRequestError) as info:
-        asyncio.run(svc.prepare(request(messages=CONVERSATION), "r4"))
+        asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r4")))
     assert info.value.param == "messages[0].content[1]" and info.value.status == 400
     assert "does not take images" in info.value.message and backend.requests == []
 
@@ -322,19 +323,19 @@ def test_images_only_in_user_messages_and_detail_checked(registry: ModelRegistry
             ([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}],
              "messages[0].content[0].image_url.url")):
         with pytest.raises(InvalidRequestError) as info:
-            asyncio.run(svc.prepare(request(messages=messages), "r5"))
+            asyncio.run(svc.prepare(request(messages=messages), RequestContext("r5")))
         assert info.value.param == param
 
 
 def test_each_image_costs_its_configured_tokens_of_context(registry: ModelRegistry) -> None:
     svc, _ = chat_service(registry)
-    plain = asyncio.run(svc.prepare(request(messages=CONVERSATION), "r6")).prompt_tokens
+    plain = asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r6"))).prompt_tokens
     svc, _ = chat_service(registry, image_tokens=1000)
-    assert asyncio.run(svc.prepare(request(messages=CONVERSATION), "r7")).prompt_tokens == plain + 2000
+    assert asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r7"))).prompt_tokens == plain + 2000
     context = svc.registry.llm(MODEL).context_length
     svc, _ = chat_service(registry, image_tokens=context // 2)
     with pytest.raises(ContextLengthExceededError):
-        asyncio.run(svc.prepare(request(messages=CONVERSATION), "r8"))
+        asyncio.run(svc.prepare(request(messages=CONVERSATION), RequestContext("r8")))
 
 
 def test_responses_input_image_becomes_an_image_and_a_refusal_names_the_input_field(
@@ -346,11 +347,11 @@ def test_responses_input_image_becomes_an_image_and_a_refusal_names_the_input_fi
                                      {"type": "input_image", "image_url": data_url(RED), "detail": "auto"}]}]})
     messages = asyncio.run(responses._conversation(ok, Caller(ANONYMOUS)))
     prepared = asyncio.run(svc.prepare(ChatCompletionRequest.model_validate(
-        {"model": MODEL, "messages": messages}), "r9"))
+        {"model": MODEL, "messages": messages}), RequestContext("r9")))
     assert [(i.width, i.height) for i in prepared.greqs[0].images] == [(64, 48)]
     bad = ResponsesRequest.model_validate({"model": MODEL, "instructions": "be brief", "input": [
         {"role": "user", "content": "hello"},
         {"role": "user", "content": [{"type": "input_image", "image_url": "file:///etc/passwd"}]}]})
     with pytest.raises(InvalidRequestError) as info:
-        asyncio.run(responses.create(bad, "r10", Caller(ANONYMOUS)))
+        asyncio.run(responses.create(bad, RequestContext("r10", Caller(ANONYMOUS))))
     assert info.value.param == "input[1].content[0]" and "(reason: scheme)" in info.value.message

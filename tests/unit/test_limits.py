@@ -98,7 +98,7 @@ async def test_the_route_admits_once_and_the_guard_gives_the_slots_back() -> Non
         try:
             ticket.admit("m")
         except GatewayError as e:
-            await send_error(send, e)
+            await send_error(scope, send, e)
             return
         await release.wait()
         await send({"type": "http.response.start", "status": 200, "headers": []})

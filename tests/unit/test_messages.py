@@ -18,9 +18,11 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.config import load_config
 from openai_api.errors import BackendError, BackendUnavailableError
+from openai_api.http.dialects.anthropic_messages import turns
 from openai_api.http.sse import coalesced
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
-from openai_api.services.messages import PING, chat_messages
+from openai_api.services import parts
+from openai_api.services.messages import PING
 from openai_api.settings import Settings
 from tests.anthropic_events import accumulate, check_stream, parse_sse, validate
 from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
@@ -54,6 +56,15 @@ async def post(app: FastAPI, body: dict[str, Any], path: str = "/v1/messages",
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
         sent = {"x-api-key": KEY, "anthropic-version": "2023-06-01"} if headers is None else headers
         return await c.post(path, json={"model": MODEL, "max_tokens": 64, **body}, headers=sent)
+
+
+def chat_messages(req: CountTokensRequest, images: list[str] | None = None,
+                  strip_billing: bool = True) -> list[dict[str, Any]]:
+    """The chat messages (as dicts) the Messages dialect makes of `req`; each image block's path into `images`."""
+    conversation = turns(req, strip_billing)
+    if images is not None:
+        images += parts.image_paths(conversation)
+    return [m.model_dump(exclude_none=True) for m in parts.chat_messages(conversation)]
 
 
 def user(text: str) -> list[dict[str, Any]]:

@@ -231,41 +231,29 @@ def test_a_block_remembers_several_holders_most_recent_first() -> None:
     assert p.blocks[block_hashes([0, 1, 2, 3], 2)[1]] == ("a",)
 
 
-def test_session_key_from_header_or_user(monkeypatch: pytest.MonkeyPatch) -> None:
-    from openai_api.observability import RequestStats, bind_stats, unbind_stats
+def test_session_key_from_header_or_user() -> None:
     from openai_api.triton.routing import session_key
 
     cfg = RoutingConfig(session_header="X-Session-Id", session_user=True)
     assert session_key(cfg, "bob") == "u:bob"
-    stats = RequestStats(0.0)
-    stats.headers = [(b"x-session-id", b"abc")]
-    token = bind_stats(stats)
-    try:
-        assert session_key(cfg, "bob") == "h:abc"
-        assert session_key(RoutingConfig(), "bob") is None
-    finally:
-        unbind_stats(token)
+    headers = [(b"x-session-id", b"abc")]
+    assert session_key(cfg, "bob", None, headers) == "h:abc"
+    assert session_key(RoutingConfig(), "bob", None, headers) is None
 
 
 def test_agents_name_their_sessions_by_default() -> None:
     """Claude Code's X-Claude-Code-Session-Id, Codex's session_id (or session-id) header and OpenAI's
     prompt_cache_key name the session without any routing setting; an explicit session_header wins, and
     agent_sessions: false turns the defaults off."""
-    from openai_api.observability import RequestStats, bind_stats, unbind_stats
     from openai_api.triton.routing import session_key
 
     for header in (b"x-claude-code-session-id", b"session_id", b"session-id"):
-        stats = RequestStats(0.0)
-        stats.headers = [(b"user-agent", b"agent/1"), (header, b"s-42")]
-        token = bind_stats(stats)
-        try:
-            assert session_key(RoutingConfig(), None) == "h:s-42"
-            assert session_key(RoutingConfig(), None, "cache-7") == "k:cache-7"  # the body's key first
-            assert session_key(RoutingConfig(agent_sessions=False), None) is None
-            stats.headers.append((b"x-team-session", b"t-1"))
-            assert session_key(RoutingConfig(session_header="X-Team-Session"), None, "cache-7") == "h:t-1"
-        finally:
-            unbind_stats(token)
+        headers = [(b"user-agent", b"agent/1"), (header, b"s-42")]
+        assert session_key(RoutingConfig(), None, None, headers) == "h:s-42"
+        assert session_key(RoutingConfig(), None, "cache-7", headers) == "k:cache-7"  # the body's key first
+        assert session_key(RoutingConfig(agent_sessions=False), None, None, headers) is None
+        headers.append((b"x-team-session", b"t-1"))
+        assert session_key(RoutingConfig(session_header="X-Team-Session"), None, "cache-7", headers) == "h:t-1"
     assert session_key(RoutingConfig(), None, "cache-7") == "k:cache-7"  # no request headers at all
     long = session_key(RoutingConfig(), None, "x" * 10_000)
     assert long is not None and len(long) < 40 and long == session_key(RoutingConfig(), None, "x" * 10_000)

@@ -23,8 +23,9 @@ from typing import Any
 import jsonschema
 import pytest
 
+from openai_api.http.dialects import anthropic_messages as messages
 from openai_api.schemas.openai import ChatCompletionRequest
-from openai_api.services import messages, responses
+from openai_api.services import responses
 from openai_api.services.guides import request_guide
 from openai_api.services.response_tools import ResponseTools
 from openai_api.services.tools import plan_tools

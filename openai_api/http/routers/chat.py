@@ -4,7 +4,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from openai_api.http.deps import AdmissionDep, ChatSvc, Ctx
-from openai_api.http.responses import service_response
+from openai_api.http.dialects.openai_chat import DIALECT, parse
 from openai_api.schemas.openai import ChatCompletionRequest
 
 router = APIRouter()
@@ -12,5 +12,6 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", tags=["chat"])
 async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
-    admission.chat(body)
-    return await service_response(await chat.create(body, ctx.request_id), ctx.flush_interval_s)
+    call = parse(body)
+    admission.chat(call)
+    return await DIALECT.respond(await chat.create(call, ctx.request), ctx.flush_interval_s)
