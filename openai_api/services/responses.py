@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -123,34 +124,45 @@ class ResponsesService:
         """`GET /v1/responses/{id}/input_items`: a page of the stored response's input items, else a 404."""
         return page((await self._stored(response_id, caller)).input_items, after, limit, order)
 
-    async def _conversation(self, req: ResponsesRequest, caller: Caller,
-                            origins: list[str] | None = None) -> list[dict[str, Any]]:
+    async def _conversation(self, req: ResponsesRequest, caller: Caller, origins: list[str] | None = None,
+                            local: Mapping[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
         prior: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            if self.store is None:
-                raise InvalidRequestError(
-                    "previous_response_id needs the gateway's response store, which is off: start the gateway with "
-                    "--responses-store N (and send store: true), or send the whole conversation as input.",
-                    param="previous_response_id", code="response_store_disabled")
-            item = await self.store.get(caller, req.previous_response_id)
-            if item is None:  # OpenAI's answer: a 404 naming the field
-                raise NotFoundError(f"Previous response with id {req.previous_response_id!r} not found.",
-                                    param="previous_response_id", code="previous_response_not_found")
-            prior = item.conversation
+            kept = local.get(req.previous_response_id) if local is not None else None
+            if kept is not None:  # a WebSocket connection's own last response (`http.responses_ws`)
+                prior = kept
+            else:
+                prior = await self.stored_conversation(req.previous_response_id, caller)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         if origins is not None:
             origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
         return [*system, *prior, *input_messages(req, origins)]
 
-    async def create(self, req: ResponsesRequest, request_id: str,
-                     caller: Caller) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """A response for `caller` (who owns it when it is stored); `request_id` is Triton's request id."""
+    async def stored_conversation(self, response_id: str, caller: Caller) -> list[dict[str, Any]]:
+        """The conversation a stored response continues (`previous_response_id`); a 400 without a store, a 404
+        for an id the caller has no response of."""
+        if self.store is None:
+            raise InvalidRequestError(
+                "previous_response_id needs the gateway's response store, which is off: start the gateway with "
+                "--responses-store N (and send store: true), or send the whole conversation as input.",
+                param="previous_response_id", code="response_store_disabled")
+        item = await self.store.get(caller, response_id)
+        if item is None:  # OpenAI's answer: a 404 naming the field
+            raise NotFoundError(f"Previous response with id {response_id!r} not found.",
+                                param="previous_response_id", code="previous_response_not_found")
+        return item.conversation
+
+    async def chat_request(self, req: ResponsesRequest, request_id: str, caller: Caller,
+                           local: Mapping[str, list[dict[str, Any]]] | None = None) -> ChatTurn:
+        """The chat request a Responses request becomes (see the module docstring), before its prompt is made:
+        shared by `create`, `/v1/responses/input_tokens` and `/v1/responses/compact`. `local`: conversations a
+        `previous_response_id` may name besides the store's (a WebSocket connection's last response)."""
         check_fields(req)
         tools = ResponseTools(req.tools, loaded_tools(req))
         if tools.omitted:
             logger.info("responses %s: left out tools the gateway cannot run: %s", request_id, ", ".join(tools.omitted))
         origins: list[str] = []
-        messages = await self._conversation(req, caller, origins)
+        messages = await self._conversation(req, caller, origins, local)
         tool_choice = tools.choice(req.tool_choice)  # before `tools.chat`: allowed_tools narrows it
         body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": tools.chat,
                                 "tool_choice": tool_choice if tools.chat else None,
@@ -172,15 +184,29 @@ class ResponsesService:
             err = e.errors()[0]
             where = ".".join(str(p) for p in err["loc"] if not isinstance(p, int)) or "input"
             raise InvalidRequestError(f"Invalid request: {err['msg']} ({where}).", param="input") from None
+        return ChatTurn(chat_req, tools, messages, origins)
+
+    async def prepare(self, req: ResponsesRequest, request_id: str, caller: Caller,
+                      local: Mapping[str, list[dict[str, Any]]] | None = None) -> ResponseBuilder:
+        """Everything before generation: the chat request, its prompt, and the builder of its response."""
+        turn = await self.chat_request(req, request_id, caller, local)
         try:
-            prepared = await self.chat.prepare(chat_req, request_id)
+            prepared = await self.chat.prepare(turn.chat, request_id)
         except InvalidRequestError as e:
-            raise input_error(e, origins) from None
-        resp = ResponseBuilder(req, prepared, [m for m in messages if m.get("role") != "system"],
-                               stored=self.store is not None and bool(req.store), tools=tools)
+            raise input_error(e, turn.origins) from None
+        resp = ResponseBuilder(req, prepared, [m for m in turn.messages if m.get("role") != "system"],
+                               stored=self.store is not None and bool(req.store), tools=turn.tools)
         stats = current_stats()
         if stats is not None:  # the access log and the trace name it beside the request id
             stats.object_id = resp.id
+        return resp
+
+    async def create(self, req: ResponsesRequest, request_id: str, caller: Caller,
+                     local: Mapping[str, list[dict[str, Any]]] | None = None,
+                     ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+        """A response for `caller` (who owns it when it is stored); `request_id` is Triton's request id."""
+        resp = await self.prepare(req, request_id, caller, local)
+        prepared = resp.prepared
         if req.stream:
             encoder = ResponsesStreamEncoder(resp)
 
@@ -190,17 +216,33 @@ class ResponsesService:
 
             return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
                               before_end=keep)
+        result = await self.generate(resp)
+        await self._keep(resp, result, caller)
+        return result
+
+    async def generate(self, resp: ResponseBuilder) -> dict[str, Any]:
+        """A prepared response, generated whole (plain requests, and background ones)."""
+        prepared = resp.prepared
         [(text, finish, produced, _, _, cached)] = await collect_plain(prepared.rt, prepared.greqs, prepared.stops)
         resp.add(resp.output.push(text, last=True, cut=finish == "length"))
         resp.output.reasoning_tokens = await self.chat.count_reasoning(prepared.rt, resp.output, text)
-        result = resp.finish(finish, produced, cached)
-        await self._keep(resp, result, caller)
-        return result
+        return resp.finish(finish, produced, cached)
 
     async def _keep(self, resp: ResponseBuilder, result: dict[str, Any], caller: Caller) -> None:
         if self.store is not None and resp.req.store:
             await self.store.put(caller, resp.req.model, StoredResponse(result, resp.conversation_after(),
                                                                         input_item_resources(resp.req.input)))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTurn:
+    """A Responses request as the chat request it becomes: `origins` names, per chat message, the field it came
+    from (so a 400 about a message names the client's field)."""
+
+    chat: ChatCompletionRequest
+    tools: ResponseTools
+    messages: list[dict[str, Any]]
+    origins: list[str]
 
 
 def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
 from openai_api.http.responses import json_response, service_response
+from openai_api.http.routers import responses_ops
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.response_tools import OMITTED_TOOLS_HEADER, omitted_tools
 
@@ -44,3 +45,7 @@ async def list_input_items(response_id: str, service: ResponsesSvc, caller: Call
     """The input items of a stored response of the caller's key, OpenAI's list page (`include` is accepted and
     changes nothing: no item here has more to include); else 404."""
     return json_response(await service.input_items(response_id, caller, after, limit, order))
+
+
+# Counting, compaction and cancelling: their own module, under the same paths' router.
+router.include_router(responses_ops.router)
