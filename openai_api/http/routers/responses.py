@@ -17,10 +17,15 @@ router = APIRouter()
 @router.post("/v1/responses", tags=["responses"])
 async def create_response(body: ResponsesRequest, service: ResponsesSvc, admission: AdmissionDep,
                           ctx: Ctx) -> Response:
-    """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set. Tools the
-    gateway cannot run (hosted ones) are left out and named in the `x-omitted-tools` header."""
+    """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set; with `background`
+    the stored response, `queued`, at once. Tools the gateway cannot run (hosted ones) are left out and named in
+    the `x-omitted-tools` header."""
     admission.responses(body)
-    response = await service_response(await service.create(body, ctx.request_id, ctx.caller), ctx.flush_interval_s)
+    if body.background:
+        response = json_response(await service.start_background(body, ctx.request_id, ctx.caller,
+                                                                 admission.detach))
+    else:
+        response = await service_response(await service.create(body, ctx.request_id, ctx.caller), ctx.flush_interval_s)
     if omitted := omitted_tools(body.tools):
         response.headers[OMITTED_TOOLS_HEADER] = ",".join(omitted)
     return response
