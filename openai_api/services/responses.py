@@ -150,8 +150,11 @@ class ResponsesService:
         prior: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             kept = local.get(req.previous_response_id) if local is not None else None
-            if kept is not None:  # a WebSocket connection's own last response (`http.responses_ws`)
+            if kept is not None:  # a WebSocket connection's own last response (`http.routers.responses_ws`)
                 prior = kept
+            elif local is not None and self.store is None:  # the answer on which Codex resends it all
+                raise NotFoundError(f"Previous response with id {req.previous_response_id!r} not found.",
+                                    param="previous_response_id", code="previous_response_not_found")
             else:
                 prior = await self.stored_conversation(req.previous_response_id, caller)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
@@ -227,19 +230,27 @@ class ResponsesService:
                      ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
         """A response for `caller` (who owns it when it is stored); `request_id` is Triton's request id."""
         resp = await self.prepare(req, request_id, caller, local)
-        prepared = resp.prepared
         if req.stream:
-            encoder = ResponsesStreamEncoder(resp)
-
-            async def keep() -> None:  # before the final event: a follow-up may name this response at once
-                if encoder.result is not None:
-                    await self._keep(resp, encoder.result, caller)
-
-            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
-                              before_end=keep)
+            return self.stream(resp, caller)
         result = await self.generate(resp)
         await self._keep(resp, result, caller)
         return result
+
+    def stream(self, resp: ResponseBuilder, caller: Caller,
+               ended: Callable[[ResponseBuilder], None] | None = None) -> AsyncGenerator[bytes, None]:
+        """A prepared response's typed events (SSE bytes); `ended` is told of it once it is whole, before its final
+        event goes out (as the store is: a follow-up may name this response at once)."""
+        prepared = resp.prepared
+        encoder = ResponsesStreamEncoder(resp)
+
+        async def keep() -> None:
+            if encoder.result is not None:
+                if ended is not None:
+                    ended(resp)
+                await self._keep(resp, encoder.result, caller)
+
+        return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
+                          before_end=keep)
 
     async def generate(self, resp: ResponseBuilder) -> dict[str, Any]:
         """A prepared response, generated whole (plain requests, and background ones)."""

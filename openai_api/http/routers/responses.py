@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
 from openai_api.http.responses import json_response, service_response
-from openai_api.http.routers import responses_ops
+from openai_api.http.routers import responses_ops, responses_ws
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.response_tools import OMITTED_TOOLS_HEADER, omitted_tools
 
@@ -52,5 +52,6 @@ async def list_input_items(response_id: str, service: ResponsesSvc, caller: Call
     return json_response(await service.input_items(response_id, caller, after, limit, order))
 
 
-# Counting, compaction and cancelling: their own module, under the same paths' router.
+# Counting, compaction and cancelling, and the WebSocket mode: their own modules, under the same paths' router.
 router.include_router(responses_ops.router)
+router.include_router(responses_ws.router)
