@@ -101,7 +101,12 @@ async def responses_socket(websocket: WebSocket) -> None:
         await _deny(websocket, ShuttingDownError("The server is shutting down; retry on another instance."))
         return
     await websocket.accept()
-    await ResponsesSocket(websocket, state, caller).run()
+    session = ResponsesSocket(websocket, state, caller)
+    logger.info("responses websocket opened (key %s)", caller.name)
+    try:
+        await session.run()
+    finally:
+        logger.info("responses websocket closed after %d response.create (key %s)", session.served, caller.name)
 
 
 class ResponsesSocket:
@@ -113,6 +118,7 @@ class ResponsesSocket:
         self.caller = caller
         # The connection's last response: its id -> the conversation a `previous_response_id` continues.
         self.local: dict[str, list[dict[str, Any]]] = {}
+        self.served = 0  # response.create requests answered (for the close's log line)
 
     async def run(self) -> None:
         pending: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING)
@@ -208,6 +214,7 @@ class ResponsesSocket:
                 raise InvalidRequestError("background is not taken over a WebSocket; POST /v1/responses instead.",
                                           param="background", code="unsupported_parameter")
             Admission(ticket, state.settings).responses(req)
+            self.served += 1
             service: ResponsesService = state.services.responses
             rid = uuid.uuid4().hex
             resp = await service.prepare(req, rid, caller, self.local)
