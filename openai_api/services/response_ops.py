@@ -11,7 +11,8 @@ answer is still counted; one longer than the whole context is the 400 `context_l
 **compact** takes `model`, `input`, `instructions` and `previous_response_id` (and the other `/v1/responses`
 fields, which shape nothing here but are checked as there) and has the served model summarize the conversation:
 the conversation, then a user message asking for a summary (`COMPACT_PROMPT`), generated without tools, at most
-`COMPACT_MAX_TOKENS` tokens (fewer when less context is left). The answer is OpenAI's compacted response,
+`COMPACT_MAX_TOKENS` tokens (or the request's `max_output_tokens`, a gateway extension, when smaller; fewer when
+less context is left). The answer is OpenAI's compacted response,
 `{"id", "object": "response.compaction", "created_at", "output", "usage"}`, whose `output` is every user message
 of the conversation (as input message items) followed by one `compaction` item holding the summary
 (`services.compaction`); a following `/v1/responses` takes that output as its input (plus what comes next) and
@@ -70,7 +71,7 @@ async def compact(service: ResponsesService, req: ResponsesRequest, request_id: 
                                                               "content": req.input}] if isinstance(req.input, str)
                                                             else list(req.input)) + [ask],
             "tools": None, "tool_choice": None, "text": None, "stream": False, "store": False,
-            "max_output_tokens": COMPACT_MAX_TOKENS}
+            "max_output_tokens": min(req.max_output_tokens or COMPACT_MAX_TOKENS, COMPACT_MAX_TOKENS)}
     summarize = ResponsesRequest.model_validate(body)
     try:
         resp = await service.prepare(summarize, request_id, caller)

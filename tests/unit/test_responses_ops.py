@@ -117,7 +117,10 @@ async def test_compact_summarizes_and_the_next_response_reads_the_summary(app: F
     prompt = fake.requests[0].prompt_text
     assert COMPACT_PROMPT in prompt and "12:00" in prompt and "get_time" not in prompt.split(COMPACT_PROMPT)[1]
     assert body["usage"]["input_tokens"] == len(fake.requests[0].prompt_ids)
-    assert fake.requests[0].max_tokens <= 2048
+    assert fake.requests[0].max_tokens == 2048
+    script(app, "Short.")
+    short = await post(app, "/v1/responses/compact", {"input": "Hi", "max_output_tokens": 16})
+    assert app.state.gateway.services.registry.llm(MODEL).backend.requests[0].max_tokens == 16, short.text
     # The compacted output, then the next turn, is the next request's input: the model reads the summary.
     fake = script(app, "In Paris it is 13:00.")
     nxt = await post(app, "/v1/responses", {"input": [*body["output"],
