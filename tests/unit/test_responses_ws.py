@@ -5,8 +5,10 @@ that leave the connection open, and the same keys, allow-list and body bounds as
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,8 @@ def test_two_turns_on_one_connection_continue_without_a_store(app: FastAPI, vali
         second = until_end(ws)
         assert second[-1]["type"] == "response.completed", second[-1]
         assert second[-1]["response"]["output"][0]["content"][0]["text"] == "There are two files."
+        counted = app.state.gateway.metrics.requests.labels("websocket:/v1/responses", MODEL, "200")
+        assert counted._value.get() == 2
         prompt = fake.requests[0].prompt_text
         assert "List the files." in prompt and "a.py b.py" in prompt and '"ls"' in prompt
 
@@ -146,3 +150,28 @@ def test_a_draining_gateway_refuses_the_upgrade_and_closes_open_connections(app:
         with client.websocket_connect("/v1/responses", headers=A):
             pass
     assert denied.value.status_code == 503
+
+
+class SlowBackend(FakeBackend):
+    """A chunk every 20 ms: a generation still running when the client leaves."""
+
+    async def generate(self, request: Any) -> Any:
+        async for chunk in super().generate(request):
+            await asyncio.sleep(0.02)
+            yield chunk
+
+
+def test_a_client_that_leaves_mid_answer_cancels_its_generation(app: FastAPI) -> None:
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = SlowBackend([[i] for i in rt.tokenizer.encode("word " * 200)])
+    rt.backend = fake
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="Talk.")
+        while json.loads(ws.receive_text())["type"] != "response.output_text.delta":
+            pass
+    for _ in range(200):  # the server side notices the close on its own loop
+        if fake.closed_early:
+            break
+        time.sleep(0.01)
+    assert fake.closed_early == 1 and fake.completed == 0
+    assert app.state.gateway.limiter.per_model.get(MODEL) == 0

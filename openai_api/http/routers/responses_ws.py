@@ -24,7 +24,9 @@ Each `response.create` is admitted as an HTTP request: its frame at most `--max-
 event), its nesting bounded, the key's allow-list, its in-flight slot (429 past a limit), and a counted key's
 request and token limits, settled when it ends. A frame that is not JSON, not an object, of an unknown type or
 binary is a 400 error event; the connection closes only when the client goes (the generation running for it is
-then cancelled), or with 1001 when the gateway drains.
+then cancelled), or with 1001 when the gateway drains. Each request is counted in `openai_api_requests` and its
+latency histogram under the route `websocket:/v1/responses` (499 for one whose client left); the connection's
+opening and close (with how many requests it served) are logged.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -67,6 +70,7 @@ logger = logging.getLogger(__name__)
 router = APIRouter()
 # Frames waiting while one request runs: past it the gateway stops reading (the client's sends back up).
 MAX_PENDING = 8
+WS_ROUTE = "websocket:/v1/responses"  # the `route` label of its requests in the request metrics
 
 
 def error_event(err: GatewayError) -> dict[str, Any]:
@@ -195,6 +199,7 @@ class ResponsesSocket:
         """One `response.create`, admitted and counted as an HTTP request would be (see the module docstring)."""
         state, caller = self.state, self.caller
         quota = state.quota
+        start = time.perf_counter()
         begun: Decision | None = None
         status = 500
         ticket = Ticket(state.limiter)
@@ -226,9 +231,18 @@ class ResponsesSocket:
         except GatewayError as e:
             status = e.status
             raise
+        except (asyncio.CancelledError, WebSocketDisconnect, OSError, RuntimeError):
+            status = 499  # the client went mid-answer (nginx's "client closed request", as the HTTP routes count it)
+            raise
         finally:
             ticket.release()
             unbind_caller(token)
+            model = data.get("model") if isinstance(data.get("model"), str) else ""
+            # Counted as the HTTP routes are, under a route of its own; the model only once it is a configured one.
+            state.metrics.requests.labels(WS_ROUTE, model if model in state.limiter.models else "",
+                                          str(status)).inc()
+            state.metrics.latency.labels(WS_ROUTE, model if model in state.limiter.models else "").observe(
+                time.perf_counter() - start)
             if state.settings.keys_file is not None:  # as the keys middleware settles an HTTP request
                 await asyncio.shield(quota.finish(caller, begun, status))
 
