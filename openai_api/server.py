@@ -88,7 +88,10 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides: Any) -> uvicor
                             on_reject)
     kwargs: dict[str, Any] = {"host": settings.host, "port": settings.port, "access_log": False,
                               "timeout_graceful_shutdown": 5, "timeout_keep_alive": settings.keep_alive_timeout_s,
-                              "http": http, **overrides}
+                              "http": http,
+                              # A Responses WebSocket frame is a request body (`http.routers.responses_ws`): one past
+                              # the body limit (and the slack of its JSON framing) closes the socket unread (1009).
+                              "ws_max_size": settings.max_body_bytes + 64 * 1024, **overrides}
     if settings.log_format == "json":  # uvicorn's own lines go through the gateway's (JSON) handler too
         kwargs.setdefault("log_config", None)
     return uvicorn.Config(app, **kwargs)

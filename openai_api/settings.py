@@ -220,6 +220,10 @@ class Settings(BaseModel):
         "previous_response_id, GET and DELETE /v1/responses/{id} and its input_items; 0 = no store "
         "(previous_response_id is then a 400). Oldest evicted first", group="server", metavar="N")] = Field(
         default=0, ge=0)
+    responses_background_max: Annotated[int, Option(
+        "how many /v1/responses with background: true one key may have running at once in a worker (each also "
+        "holds an in-flight slot of its model until it ends); past it a 429. Needs --responses-store",
+        group="server", metavar="N")] = Field(default=8, ge=1)
     responses_store_url: Annotated[str | None, Option(
         "where the stored responses live: memory (this process), sqlite:///DIR (a file in DIR shared by every "
         "worker of this host, kept across restarts) or redis://HOST:PORT/DB (shared by every gateway using it)",

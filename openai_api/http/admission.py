@@ -10,6 +10,7 @@ ticket: nothing is counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel
@@ -61,6 +62,17 @@ class Admission:
         if self.ticket is not None:
             with child_span("admission", **{"gen_ai.request.model": model, "openai_api.sequences": sequences}):
                 self.ticket.admit(model, sequences, param, share)  # traced requests only: a refusal ends it in error
+
+    def detach(self) -> Callable[[], None]:
+        """Hand the request's in-flight slots to work that outlives its response (a background response): the
+        guard no longer gives them back when the response is done; the function returned does."""
+        ticket = self.ticket
+        if ticket is None:
+            return lambda: None
+        moved = Ticket(ticket.limiter)
+        moved.model, moved.sequences = ticket.model, ticket.sequences
+        ticket.model, ticket.sequences = None, 0
+        return moved.release
 
     def chat(self, body: ChatCompletionRequest) -> None:
         _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")

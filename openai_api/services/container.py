@@ -22,6 +22,7 @@ from openai_api.services.models import HealthService, ModelsService
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import ModelRegistry
 from openai_api.services.rerank import RerankService
+from openai_api.services.response_background import BackgroundResponses
 from openai_api.services.responses import ResponsesService
 from openai_api.services.stored_responses import ResponseStore
 from openai_api.services.tokenize import TokenizeService
@@ -42,6 +43,7 @@ class ProcessParts:
     preprocess: Preprocessor
     images: ImageService
     store: ResponseStore | None
+    background: BackgroundResponses | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: Metrics) -> ProcessParts:
@@ -51,7 +53,8 @@ class ProcessParts:
         store = ResponseStore(build_object_store(
             settings.responses_store_url, settings.responses_store, settings.responses_store_max_bytes,
             settings.responses_store_ttl_s, settings.redis_timeout_s)) if settings.responses_store else None
-        return cls(TritonClientPool(), pre, ImageService.from_settings(settings, metrics), store)
+        background = BackgroundResponses(store, settings.responses_background_max) if store is not None else None
+        return cls(TritonClientPool(), pre, ImageService.from_settings(settings, metrics), store, background)
 
     async def start(self) -> None:
         """At the process's start: the Responses store opens (an unusable folder fails the start)."""
@@ -59,7 +62,10 @@ class ProcessParts:
             await self.store.start()
 
     async def close(self) -> None:
-        """At the process's end: the CPU workers, image fetching, the Triton clients, the Responses store."""
+        """At the process's end: background responses, the CPU workers, image fetching, the Triton clients, the
+        Responses store."""
+        if self.background is not None:
+            await self.background.close()
         self.preprocess.workers.close()
         self.images.close()
         await self.pool.close()
@@ -111,5 +117,6 @@ def _assemble(registry: ModelRegistry, parts: ProcessParts, settings: Settings) 
     return Services(registry=registry, parts=parts, chat=chat, completions=CompletionsService(registry, pre),
                     embeddings=EmbeddingsService(registry, pre), rerank=RerankService(registry, pre),
                     models=ModelsService(registry), health=HealthService(registry),
-                    responses=ResponsesService(chat, parts.store), tokenize=TokenizeService(registry, pre, chat),
+                    responses=ResponsesService(chat, parts.store, parts.background),
+                    tokenize=TokenizeService(registry, pre, chat),
                     messages=MessagesService(chat, settings.keep_billing_header))

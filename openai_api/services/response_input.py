@@ -16,6 +16,8 @@
   `reasoning_content` (templates that keep earlier thinking, e.g. within a tool loop, render it; others
   drop it), from its `reasoning_text` content or from the `encrypted_content` this gateway wrote
   (`encrypt_reasoning`); a summary alone, or another issuer's encrypted content, is not thinking to show.
+* `compaction` (what `/v1/responses/compact` returned, `services.compaction`) is the summary it holds, as a
+  user message standing where the conversation it summarizes stood.
 * Items recording hosted tools' work (`web_search_call`, `file_search_call`, `mcp_call`, ...: this gateway
   runs none, so they come from another provider's conversation) are dropped.
 """
@@ -33,6 +35,7 @@ import orjson
 
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ResponsesRequest
+from openai_api.services.compaction import summary_message
 from openai_api.services.response_tools import CUSTOM_INPUT, TOOL_SEARCH, flat_name
 
 # Items that record a hosted tool's work; dropped from the prompt (see the module docstring).
@@ -179,11 +182,15 @@ def input_messages(req: ResponsesRequest, origins: list[str] | None = None) -> l
             text = "".join(texts) or _decrypt_reasoning(item.get("encrypted_content"))
             if text:
                 thinking.append(text)
+        elif kind == "compaction":  # a summary `/v1/responses/compact` wrote, standing for what came before
+            thinking.clear()
+            out.append(summary_message(item, where))
+            origins.append(where)
         elif kind in HOSTED_ITEMS:
             continue
         else:
             raise InvalidRequestError(f"Input item type {kind!r} is not supported; messages, function, custom and "
-                                      "tool search calls and their outputs, and reasoning items are.",
+                                      "tool search calls and their outputs, reasoning and compaction items are.",
                                       param=f"{where}.type", code="unsupported_parameter")
     return out
 

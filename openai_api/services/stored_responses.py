@@ -31,6 +31,9 @@ class StoredResponse:
     response: dict[str, Any]
     conversation: list[dict[str, Any]]
     input_items: list[dict[str, Any]]
+    # A background response still running: until when (epoch seconds) the worker running it vouches for it
+    # (`services.response_background`); None once it ended, and for every other response.
+    lease_until: float | None = None
 
 
 class ResponseStore:
@@ -42,7 +45,8 @@ class ResponseStore:
     async def put(self, caller: Caller, model: str, stored: StoredResponse) -> bool:
         """Keep a response for `caller`; a store that fails is logged, and the answer goes out all the same."""
         data = orjson.dumps({"response": stored.response, "conversation": stored.conversation,
-                             "input_items": stored.input_items})
+                             "input_items": stored.input_items,
+                             **({"lease_until": stored.lease_until} if stored.lease_until is not None else {})})
         rid = stored.response["id"]
         try:
             kept = await self.objects.put(StoredObject(KIND, rid, caller.owner, model, data, time.time()))
@@ -58,7 +62,7 @@ class ResponseStore:
         if obj is None:
             return None
         raw = orjson.loads(obj.data)
-        return StoredResponse(raw["response"], raw["conversation"], raw["input_items"])
+        return StoredResponse(raw["response"], raw["conversation"], raw["input_items"], raw.get("lease_until"))
 
     async def delete(self, caller: Caller, response_id: str) -> bool:
         """Forget `caller`'s response (one made with a model its allow-list excludes stays unseen: False)."""

@@ -319,3 +319,36 @@ def test_a_forced_strict_tool_and_an_uncompilable_schema(gateway: GatewayServer)
         client.messages.create(model=LLM, max_tokens=8, messages=[{"role": "user", "content": "Hi"}],
                                output_config={"format": {"type": "json_schema", "schema": bad}})
     assert "output_config.format.schema" in str(refused.value)
+
+
+def test_codex_cli_runs_its_tool_loop_over_the_websocket(agent_gateway: GatewayServer, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    """`codex exec` with `supports_websockets = true` on its provider: Codex opens the Responses WebSocket, the
+    tool call and the answer after its output are two `response.create`s on that one connection (the second
+    continues the first with `previous_response_id`, no store), Codex really runs the command, and it never
+    falls back to HTTP."""
+    codex = _binary("codex")
+    home = tmp_path / "codex"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{MODEL}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gateway"\n'
+        f'base_url = "{agent_gateway.url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n'
+        'supports_websockets = true\n', encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _quiet_env(tmp_path, CODEX_HOME=str(home), GATEWAY_API_KEY=API_KEY)
+    with caplog.at_level("INFO", logger="openai_api.http.routers.responses_ws"):
+        done = subprocess.run([codex, "exec", "--json", "--skip-git-repo-check", "replay:hermes/codex_exec_command"],
+                              cwd=work, env=env, capture_output=True, text=True, timeout=180,
+                              stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    commands = [i for i in items if i.get("type") == "command_execution"]
+    assert commands and "replay:hermes/plain_answer" in commands[0]["aggregated_output"]  # Codex really ran it
+    assert [i["text"] for i in items if i.get("type") == "agent_message"][-1].strip() == PLAIN
+    assert "error" not in [e.get("type") for e in events], events
+    assert "fall" not in done.stderr.lower() and "websocket" not in done.stderr.lower(), done.stderr[-3000:]
+    served = [int(r.getMessage().split(" after ")[1].split()[0]) for r in caplog.records
+              if r.getMessage().startswith("responses websocket closed")]
+    assert served and max(served) >= 2, caplog.text[-3000:]

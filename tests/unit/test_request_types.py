@@ -41,6 +41,8 @@ BASES: dict[str, dict[str, Any]] = {
     "/v1/completions": {"model": MODEL, "prompt": "Hi", "max_tokens": 3, "stream": True,
                         "stream_options": {"include_usage": True}},
     "/v1/responses": {"model": MODEL, "input": "Hi", "max_output_tokens": 3},
+    "/v1/responses/input_tokens": {"model": MODEL, "input": "Hi"},
+    "/v1/responses/compact": {"model": MODEL, "input": "Hi"},
     "/v1/embeddings": {"model": "emb", "input": "Hi"},
     "/embed": {"inputs": "Hi"},
     "/v1/rerank": {"model": "rr", "query": "q", "documents": ["a", {"text": "b"}]},

@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
 from openai_api.http.responses import json_response, service_response
+from openai_api.http.routers import responses_ops, responses_ws
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.response_tools import OMITTED_TOOLS_HEADER, omitted_tools
 
@@ -16,10 +17,14 @@ router = APIRouter()
 @router.post("/v1/responses", tags=["responses"])
 async def create_response(body: ResponsesRequest, service: ResponsesSvc, admission: AdmissionDep,
                           ctx: Ctx) -> Response:
-    """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set. Tools the
-    gateway cannot run (hosted ones) are left out and named in the `x-omitted-tools` header."""
+    """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set; with `background`
+    the stored response, `queued`, at once. Tools the gateway cannot run (hosted ones) are left out and named in
+    the `x-omitted-tools` header."""
     admission.responses(body)
-    response = await service_response(await service.create(body, ctx.request), ctx.flush_interval_s)
+    if body.background:
+        response = json_response(await service.start_background(body, ctx.request, admission.detach))
+    else:
+        response = await service_response(await service.create(body, ctx.request), ctx.flush_interval_s)
     if omitted := omitted_tools(body.tools):
         response.headers[OMITTED_TOOLS_HEADER] = ",".join(omitted)
     return response
@@ -44,3 +49,8 @@ async def list_input_items(response_id: str, service: ResponsesSvc, caller: Call
     """The input items of a stored response of the caller's key, OpenAI's list page (`include` is accepted and
     changes nothing: no item here has more to include); else 404."""
     return json_response(await service.input_items(response_id, caller, after, limit, order))
+
+
+# Counting, compaction and cancelling, and the WebSocket mode: their own modules, under the same paths' router.
+router.include_router(responses_ops.router)
+router.include_router(responses_ws.router)

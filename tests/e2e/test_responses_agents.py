@@ -1,0 +1,111 @@
+"""The Responses surfaces coding agents use, end to end through the `openai` SDK, the real gateway and the session
+Triton (SmolLM2): `responses.input_tokens.count` equals the usage of the same request, `responses.compact` and a
+following request that continues from its output, `background` with polling and `responses.cancel`, and a
+two-turn session over `responses.connect()` (the Responses WebSocket mode) continued with `previous_response_id`
+and no store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from openai_api.embedded.launcher import EmbeddedTriton
+from openai_api.settings import Settings
+from tests.e2e.conftest import API_KEY, LLM, GatewayServer, gateway_config
+from tests.helpers import openai_validator
+
+validate = openai_validator()
+
+
+@pytest.fixture(scope="module")
+def gateway(triton: EmbeddedTriton) -> Iterator[GatewayServer]:
+    """The session Triton behind a gateway that keeps responses (background ones need the store)."""
+    settings = Settings(config_file=Path("."), api_keys=[API_KEY], responses_store=32)
+    server = GatewayServer(gateway_config(triton), [API_KEY], settings).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gateway: GatewayServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, timeout=60, max_retries=0)
+
+
+CONVERSATION: list[Any] = [
+    {"role": "user", "content": "My name is Ada and I like tea."},
+    {"role": "assistant", "content": "Nice to meet you, Ada."},
+    {"role": "user", "content": "What do I like?"},
+]
+
+
+def test_input_tokens_count_what_the_response_uses(client: openai.OpenAI) -> None:
+    body: dict[str, Any] = {"model": LLM, "input": CONVERSATION, "instructions": "Be brief."}
+    counted = client.responses.input_tokens.count(**body)
+    validate("TokenCountsResource", counted.model_dump(mode="json"))
+    used = client.responses.create(**body, max_output_tokens=4, temperature=0)
+    assert used.usage is not None and counted.input_tokens == used.usage.input_tokens > 0
+
+
+def test_compact_then_continue_from_its_output(client: openai.OpenAI) -> None:
+    # (a short summary: SmolLM2 would otherwise write up to the 2048 tokens a compaction may take)
+    raw = client.responses.with_raw_response.compact(model=LLM, input=CONVERSATION,
+                                                     extra_body={"max_output_tokens": 48})
+    compacted = raw.parse()  # the SDK's typed object; the wire JSON below (its user messages fit its output union
+    body = raw.http_response.json()  # only loosely, so the SDK warns when dumping them back)
+    validate("CompactResource", body)
+    *users, item = body["output"]
+    assert [u["content"][0]["text"] for u in users] == ["My name is Ada and I like tea.", "What do I like?"]
+    assert item["type"] == "compaction" and item["encrypted_content"]
+    assert compacted.usage.output_tokens > 0
+    nxt = client.responses.create(model=LLM, input=[*body["output"], {"role": "user", "content": "And my name?"}],
+                                  max_output_tokens=8, temperature=0)
+    assert nxt.status in ("completed", "incomplete") and nxt.usage is not None
+    # The summary stands in the prompt where the conversation stood: the count grew by more than the question.
+    alone = client.responses.input_tokens.count(model=LLM, input="And my name?").input_tokens
+    assert nxt.usage.input_tokens > alone + 10
+
+
+def test_background_is_polled_to_its_end_and_cancelled(client: openai.OpenAI) -> None:
+    queued = client.responses.create(model=LLM, input="Say hi.", background=True, max_output_tokens=8,
+                                     temperature=0)
+    validate("Response", queued.model_dump(mode="json", exclude_unset=True))
+    assert queued.status == "queued" and queued.background is True
+    deadline = time.monotonic() + 30
+    done = client.responses.retrieve(queued.id)
+    while done.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.05)
+        done = client.responses.retrieve(queued.id)
+    assert done.status in ("completed", "incomplete") and done.output_text.strip()
+    long = client.responses.create(model=LLM, input="Write a long story about the sea.", background=True,
+                                   max_output_tokens=1500, temperature=1.0)
+    cancelled = client.responses.cancel(long.id)
+    validate("Response", cancelled.model_dump(mode="json", exclude_unset=True))
+    assert cancelled.status == "cancelled" and client.responses.retrieve(long.id).status == "cancelled"
+
+
+def test_a_websocket_session_of_two_turns(client: openai.OpenAI) -> None:
+    turns = []
+    with client.responses.connect() as connection:
+        previous = None
+        for text in ("My name is Ada.", "What is my name?"):
+            connection.response.create(model=LLM, input=text, max_output_tokens=8, temperature=0, store=False,
+                                       **({"previous_response_id": previous} if previous else {}))
+            kinds = []
+            for event in connection:
+                kinds.append(event.type)
+                if event.type == "error":
+                    raise AssertionError(event)
+                if event.type in ("response.completed", "response.incomplete"):
+                    turns.append(event.response)
+                    previous = event.response.id
+                    break
+            assert kinds[:2] == ["response.created", "response.in_progress"]
+    first, second = turns
+    assert first.output_text.strip() and second.usage is not None and first.usage is not None
+    # The second turn's prompt holds the first turn (kept by the connection, not a store).
+    assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens

@@ -1,0 +1,203 @@
+"""`background: true` on `/v1/responses` over the real app and a fake backend: stored `queued` and returned at once,
+polled to its end, cancelled (the generation closed), owned by its key, capped per key, holding its in-flight slot,
+and never left `in_progress` forever by a worker that stopped (SQLite store, as after a restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from openai_api.app import create_app
+from openai_api.quota.caller import Caller
+from openai_api.quota.keys import ANONYMOUS
+from openai_api.services.response_background import STOPPED
+from openai_api.services.stored_responses import StoredResponse
+from openai_api.settings import Settings
+from openai_api.triton.llm import GenerationChunk, GenerationRequest
+from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+
+
+class HeldBackend(FakeBackend):
+    """Plays its script only once `go` is set: a generation that is still running when the test looks."""
+
+    def __init__(self, script: list[list[int]]) -> None:
+        super().__init__(script)
+        self.go = asyncio.Event()
+        self.started = asyncio.Event()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        self.started.set()
+        await self.go.wait()
+        async for chunk in super().generate(request):
+            yield chunk
+
+
+def make_app(tmp_path: Path, **settings: Any) -> FastAPI:
+    return create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, **{"responses_store": 16,
+                                                                                  **settings}))
+
+
+@pytest.fixture
+async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
+    app = make_app(tmp_path, responses_background_max=2)
+    await app.state.gateway.services.parts.start()
+    yield app
+    await app.state.gateway.process.close()
+
+
+def held(app: FastAPI, text: str = "Background answer.") -> HeldBackend:
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = HeldBackend([[i] for i in rt.tokenizer.encode(text)])
+    rt.backend = fake
+    return fake
+
+
+async def call(app: FastAPI, method: str, path: str, body: dict[str, Any] | None = None,
+               key: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        return await c.request(method, path, json=body, headers=headers)
+
+
+async def start(app: FastAPI, key: str | None = None, **body: Any) -> httpx.Response:
+    return await call(app, "POST", "/v1/responses", {"model": MODEL, "input": "Hi", "background": True, **body}, key)
+
+
+async def poll(app: FastAPI, rid: str, until: tuple[str, ...] = ("completed", "incomplete", "failed", "cancelled"),
+               key: str | None = None) -> dict[str, Any]:
+    for _ in range(200):
+        body: dict[str, Any] = (await call(app, "GET", f"/v1/responses/{rid}", key=key)).json()
+        if body["status"] in until:
+            return body
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{rid} stayed {body['status']}")
+
+
+async def test_a_background_response_is_queued_at_once_and_polled_to_its_end(app: FastAPI,
+                                                                             validate: Callable[..., None]) -> None:
+    fake = held(app)
+    r = await start(app)
+    assert r.status_code == 200, r.text
+    queued = r.json()
+    validate("Response", queued)
+    assert queued["status"] == "queued" and queued["background"] is True and queued["store"] is True
+    assert queued["output"] == [] and "usage" not in queued
+    await fake.started.wait()
+    running = await poll(app, queued["id"], ("in_progress",))
+    validate("Response", running)
+    limiter = app.state.gateway.limiter
+    assert limiter.per_model.get(MODEL) == 1  # its in-flight slot outlived the POST
+    fake.go.set()
+    done = await poll(app, queued["id"])
+    validate("Response", done)
+    assert done["status"] == "completed" and done["background"] is True
+    assert done["output"][0]["content"][0]["text"] == "Background answer." and done["usage"]["output_tokens"] > 0
+    await asyncio.sleep(0)
+    assert limiter.per_model.get(MODEL) == 0
+    # A finished background response continues a conversation like any stored one.
+    script = FakeBackend([[i] for i in app.state.gateway.services.registry.llm(MODEL).tokenizer.encode("Yes.")])
+    app.state.gateway.services.registry.llm(MODEL).backend = script
+    nxt = await call(app, "POST", "/v1/responses", {"model": MODEL, "input": "Sure?", "previous_response_id":
+                                                     done["id"]})
+    assert nxt.status_code == 200 and "Background answer." in script.requests[0].prompt_text
+
+
+async def test_cancel_stops_the_generation_and_is_idempotent(app: FastAPI, validate: Callable[..., None]) -> None:
+    fake = held(app)
+    rid = (await start(app)).json()["id"]
+    await fake.started.wait()
+    r = await call(app, "POST", f"/v1/responses/{rid}/cancel")
+    assert r.status_code == 200, r.text
+    validate("Response", r.json())
+    assert r.json()["status"] == "cancelled"
+    assert (await call(app, "GET", f"/v1/responses/{rid}")).json()["status"] == "cancelled"
+    assert (await call(app, "POST", f"/v1/responses/{rid}/cancel")).json()["status"] == "cancelled"
+    assert fake.completed == 0 and app.state.gateway.limiter.per_model.get(MODEL) == 0
+    # A finished one is returned as it ended.
+    fake = held(app)
+    fake.go.set()
+    rid = (await start(app)).json()["id"]
+    await poll(app, rid)
+    assert (await call(app, "POST", f"/v1/responses/{rid}/cancel")).json()["status"] == "completed"
+
+
+async def test_what_background_needs_and_refuses(app: FastAPI, tmp_path: Path) -> None:
+    fake = held(app)
+    fake.go.set()
+    plain = (await call(app, "POST", "/v1/responses", {"model": MODEL, "input": "Hi", "store": True})).json()
+    r = await call(app, "POST", f"/v1/responses/{plain['id']}/cancel")
+    assert r.status_code == 400 and "background" in r.json()["error"]["message"]
+    assert (await call(app, "POST", "/v1/responses/resp_nope/cancel")).status_code == 404
+    assert (await start(app, store=False)).json()["error"]["param"] == "store"
+    assert (await start(app, stream=True)).json()["error"]["param"] == "stream"
+    r = await start(app, input=[{"type": "bogus"}])  # a bad request is its 4xx at once, never a failed task
+    assert r.status_code == 400 and r.json()["error"]["param"] == "input[0].type"
+    bare = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path))
+    try:
+        r = await start(bare)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "response_store_disabled"
+    finally:
+        await bare.state.gateway.process.close()
+
+
+async def test_a_key_runs_at_most_its_cap_at_once(app: FastAPI) -> None:
+    fake = held(app)
+    first, second = (await start(app)).json(), (await start(app)).json()
+    r = await start(app)
+    assert r.status_code == 429 and r.json()["error"]["code"] == "too_many_background_responses"
+    fake.go.set()
+    await poll(app, first["id"])
+    await poll(app, second["id"])
+    assert (await start(app)).status_code == 200
+
+
+async def test_another_key_cannot_see_or_cancel_it(tmp_path: Path) -> None:
+    app = make_app(tmp_path, api_keys=["sk-1", "sk-2"])
+    await app.state.gateway.services.parts.start()
+    try:
+        fake = held(app)
+        rid = (await start(app, key="sk-1")).json()["id"]
+        assert (await call(app, "GET", f"/v1/responses/{rid}", key="sk-2")).status_code == 404
+        assert (await call(app, "POST", f"/v1/responses/{rid}/cancel", key="sk-2")).status_code == 404
+        fake.go.set()
+        assert (await poll(app, rid, key="sk-1"))["status"] == "completed"
+    finally:
+        await app.state.gateway.process.close()
+
+
+async def test_a_stopped_workers_response_is_failed_not_in_progress_forever(tmp_path: Path,
+                                                                           validate: Callable[..., None]) -> None:
+    url = f"sqlite://{tmp_path / 'store'}"
+    app = make_app(tmp_path, responses_store_url=url)
+    await app.state.gateway.services.parts.start()
+    held(app)
+    rid = (await start(app)).json()["id"]
+    await poll(app, rid, ("in_progress",))
+    await app.state.gateway.process.close()  # a worker shutting down marks its own at once
+    restarted = make_app(tmp_path, responses_store_url=url)
+    await restarted.state.gateway.services.parts.start()
+    try:
+        gone = (await call(restarted, "GET", f"/v1/responses/{rid}")).json()
+        validate("Response", gone)
+        assert gone["status"] == "failed" and gone["error"]["code"] == "server_error"
+        # One whose worker died without a word: in progress in the store, its lease run out.
+        store = restarted.state.gateway.services.responses.store
+        anon = Caller(ANONYMOUS)  # the caller of a gateway without keys
+        stuck = {**gone, "id": "resp_" + "ab" * 24, "status": "in_progress", "error": None}
+        await store.put(anon, MODEL, StoredResponse(stuck, [], [], time.time() - 1))
+        body = (await call(restarted, "GET", f"/v1/responses/{stuck['id']}")).json()
+        assert body["status"] == "failed" and body["error"]["message"] == STOPPED
+        alive = {**stuck, "id": "resp_" + "cd" * 24}  # another worker still vouches for this one
+        await store.put(anon, MODEL, StoredResponse(alive, [], [], time.time() + 30))
+        assert (await call(restarted, "GET", f"/v1/responses/{alive['id']}")).json()["status"] == "in_progress"
+        r = await call(restarted, "POST", f"/v1/responses/{alive['id']}/cancel")
+        assert r.json()["status"] == "cancelled"
+    finally:
+        await restarted.state.gateway.process.close()

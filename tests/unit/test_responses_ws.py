@@ -1,0 +1,177 @@
+"""WebSocket mode of `/v1/responses` over the real app (Starlette's test client) and a fake backend: the typed
+events of the SSE stream as text frames (each validated against OpenAI's schema), several `response.create`s on one
+connection continued with `previous_response_id` without a store, Codex's warm-up (`generate: false`), error events
+that leave the connection open, and the same keys, allow-list and body bounds as HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from starlette.testclient import TestClient, WebSocketDenialResponse
+from starlette.websockets import WebSocketDisconnect
+
+from openai_api.app import create_app
+from openai_api.settings import Settings
+from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+from tests.unit.test_agent_requests import EVENT_SCHEMAS
+
+KEYS = [{"name": "a", "secret_sha256": hashlib.sha256(b"sk-a").hexdigest()},
+        {"name": "embed-only", "secret_sha256": hashlib.sha256(b"sk-e").hexdigest(), "models": ["all-minilm-*"]}]
+A = {"authorization": "Bearer sk-a", "openai-beta": "responses_websockets=2026-02-06"}
+TOOL = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {
+    "command": {"type": "string"}}, "required": ["command"]}}
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> Iterator[FastAPI]:
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": KEYS}), encoding="utf-8")
+    app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, keys_file=keys,
+                                                         max_body_bytes=64 * 1024))
+    yield app
+
+
+def script(app: FastAPI, text: str) -> FakeBackend:
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = FakeBackend([[i] for i in rt.tokenizer.encode(text)])
+    rt.backend = fake
+    return fake
+
+
+def create(ws: Any, **body: Any) -> None:
+    ws.send_text(json.dumps({"type": "response.create", "model": MODEL, **body}))
+
+
+def until_end(ws: Any) -> list[dict[str, Any]]:
+    out = []
+    while True:
+        event = json.loads(ws.receive_text())
+        out.append(event)
+        if event["type"] in ("response.completed", "response.incomplete", "response.failed", "error"):
+            return out
+
+
+def test_two_turns_on_one_connection_continue_without_a_store(app: FastAPI, validate: Callable[..., None]) -> None:
+    fake = script(app, '{"command": "ls"}')
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="List the files.", tools=[TOOL], tool_choice={"type": "function", "name": "shell"},
+               store=False)
+        first = until_end(ws)
+        assert [e["sequence_number"] for e in first] == list(range(len(first)))
+        for e in first:
+            validate(EVENT_SCHEMAS[e["type"]], e)
+        done = first[-1]["response"]
+        [call] = done["output"]
+        assert done["status"] == "completed" and call["type"] == "function_call" and call["name"] == "shell"
+        fake = script(app, "There are two files.")
+        create(ws, input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "a.py b.py"}],
+               previous_response_id=done["id"], tools=[TOOL], store=False)
+        second = until_end(ws)
+        assert second[-1]["type"] == "response.completed", second[-1]
+        assert second[-1]["response"]["output"][0]["content"][0]["text"] == "There are two files."
+        counted = app.state.gateway.metrics.requests.labels("websocket:/v1/responses", MODEL, "200")
+        assert counted._value.get() == 2
+        prompt = fake.requests[0].prompt_text
+        assert "List the files." in prompt and "a.py b.py" in prompt and '"ls"' in prompt
+
+
+def test_a_warm_up_prepares_and_the_next_request_continues_it(app: FastAPI, validate: Callable[..., None]) -> None:
+    fake = script(app, "Hello.")
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="Hi", instructions="Be brief.", generate=False)
+        created, completed = until_end(ws)
+        validate("ResponseCreatedEvent", created)
+        validate("ResponseCompletedEvent", completed)
+        assert completed["response"]["output"] == [] and completed["response"]["usage"]["input_tokens"] > 0
+        assert fake.requests == []  # nothing generated
+        ws.send_text(json.dumps({"type": "response.processed", "response_id": completed["response"]["id"]}))
+        create(ws, input=[], previous_response_id=completed["response"]["id"], instructions="Be brief.")
+        assert until_end(ws)[-1]["type"] == "response.completed"
+        assert fake.requests[0].prompt_text.count("Hi") == 1
+
+
+@pytest.mark.parametrize(("frame", "status", "code"), [
+    ("not json", 400, "invalid_json"), ("[1, 2]", 400, None), ('{"type": "session.update"}', 400, "unsupported_frame"),
+    ('{"type": "response.create", "model": "' + MODEL + '"}', 400, None),  # no input
+    ('{"type": "response.create", "model": "' + MODEL + '", "input": "x", "background": true}', 400,
+     "unsupported_parameter"),
+    ('{"type": "response.create", "model": "' + MODEL + '", "input": "' + "x" * 70_000 + '"}', 413, None),
+    ('{"type": "response.create", "model": "' + MODEL + '", "input": "x", "previous_response_id": "resp_1"}', 404,
+     "previous_response_not_found"),
+])
+def test_a_bad_frame_is_an_error_event_and_the_connection_goes_on(app: FastAPI, frame: str, status: int,
+                                                                  code: str | None) -> None:
+    script(app, "Fine.")
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        ws.send_text(frame)
+        error = json.loads(ws.receive_text())
+        assert error["type"] == "error" and error["status"] == status, error
+        assert set(error["error"]) == {"message", "type", "param", "code"}
+        if code is not None:
+            assert error["error"]["code"] == code
+        ws.send_bytes(b"\x00")
+        assert json.loads(ws.receive_text())["error"]["code"] == "invalid_frame"
+        create(ws, input="Still there?")
+        assert until_end(ws)[-1]["type"] == "response.completed"
+
+
+def test_keys_and_the_allow_list_apply(app: FastAPI) -> None:
+    client = TestClient(app)
+    for headers in ({}, {"authorization": "Bearer sk-wrong"}):
+        with pytest.raises(WebSocketDenialResponse) as denied:
+            with client.websocket_connect("/v1/responses", headers=headers):
+                pass
+        assert denied.value.status_code == 401 and denied.value.json()["error"]["type"] == "invalid_request_error"
+    with client.websocket_connect("/v1/responses", headers={"authorization": "Bearer sk-e"}) as ws:
+        create(ws, input="Hi")
+        error = json.loads(ws.receive_text())
+        assert error["status"] == 404 and error["error"]["param"] == "model"
+
+
+def test_a_draining_gateway_refuses_the_upgrade_and_closes_open_connections(app: FastAPI) -> None:
+    script(app, "Fine.")
+    client = TestClient(app)
+    with client.websocket_connect("/v1/responses", headers=A) as ws:
+        app.state.gateway.lifecycle.draining = True
+        create(ws, input="Hi")
+        assert json.loads(ws.receive_text())["status"] == 503
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+        assert closed.value.code == 1001
+    with pytest.raises(WebSocketDenialResponse) as denied:
+        with client.websocket_connect("/v1/responses", headers=A):
+            pass
+    assert denied.value.status_code == 503
+
+
+class SlowBackend(FakeBackend):
+    """A chunk every 20 ms: a generation still running when the client leaves."""
+
+    async def generate(self, request: Any) -> Any:
+        async for chunk in super().generate(request):
+            await asyncio.sleep(0.02)
+            yield chunk
+
+
+def test_a_client_that_leaves_mid_answer_cancels_its_generation(app: FastAPI) -> None:
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = SlowBackend([[i] for i in rt.tokenizer.encode("word " * 200)])
+    rt.backend = fake
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="Talk.")
+        while json.loads(ws.receive_text())["type"] != "response.output_text.delta":
+            pass
+    for _ in range(200):  # the server side notices the close on its own loop
+        if fake.closed_early:
+            break
+        time.sleep(0.01)
+    assert fake.closed_early == 1 and fake.completed == 0
+    assert app.state.gateway.limiter.per_model.get(MODEL) == 0
