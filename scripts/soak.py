@@ -6,15 +6,17 @@ answer (must be 0) and the gateway's memory and file descriptors (must not keep 
     python scripts/soak.py --url http://127.0.0.1:5100 --pid 1234 --api-key K   # an already running gateway
     python scripts/soak.py --triton 127.0.0.1:8001 127.0.0.1:8000               # a running Triton
 
-The mix: chat, streamed chat, Anthropic Messages plain and streamed, embeddings and rerank (200 expected),
-and where the gateway serves `vision-vllm` (the images reference model; the gateway this script starts
-does) a chat with a small data-URL PNG of a size and colour of its own, whose answer must name both; plus the
-hostile kinds (`--mix ordinary` leaves them out): completions that fan out within the per-model limit (200,
-or 429 when the model is full) and past it (400 too_many_sequences), a ~2 MB chat message, completions
-prompt and embedding input (400 context_length_exceeded), reserved chat_template_kwargs (400), streams
-whose client disconnects after the first chunk, and (with `vision-vllm`) a 12 KB PNG of 10,000 x 10,000
-pixels (400 naming the part: the pixel cap, checked before decoding). Every `--storm-every` seconds a storm
-of silent connections is opened and left alone: the gateway must close each within its header timeout.
+The mix: chat, streamed chat, Anthropic Messages plain and streamed, embeddings and rerank, a Responses
+compaction (`/v1/responses/compact`, as Codex compacts) and a two-turn Responses WebSocket session (the second
+turn continues the first with `previous_response_id`) (200 expected), and where the gateway serves `vision-vllm`
+(the images reference model; the gateway this script starts does) a chat with a small data-URL PNG of a size and
+colour of its own, whose answer must name both; plus the hostile kinds (`--mix ordinary` leaves them out):
+completions that fan out within the per-model limit (200, or 429 when the model is full) and past it (400
+too_many_sequences), a ~2 MB chat message, completions prompt and embedding input (400 context_length_exceeded),
+reserved chat_template_kwargs (400), streams whose client disconnects after the first chunk, and (with
+`vision-vllm`) a 12 KB PNG of 10,000 x 10,000 pixels (400 naming the part: the pixel cap, checked before
+decoding). Every `--storm-every` seconds a storm of silent connections is opened and left alone: the gateway must
+close each within its header timeout.
 
 The gateway runs as its own process (the CLI), so its resident memory and open fds are measured without
 the load generator's: after a warm-up (a tenth of the load: allocator pools, tokenizer caches and gRPC
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import websockets
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -50,7 +53,7 @@ LLM = "smollm2-135m-instruct"
 EMBEDDING = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
 VISION = "vision-vllm"  # the images reference model (triton_models/vision-vllm): "image 1: WxH, colour."
-KINDS = ("chat", "stream", "messages", "messages_stream", "embeddings", "rerank")
+KINDS = ("chat", "stream", "messages", "messages_stream", "embeddings", "rerank", "compact", "ws_session")
 HOSTILE = ("fanout", "fanout_too_big", "big_chat", "big_prompt", "big_embedding", "reserved_kwargs",
            "disconnect")
 IMAGE_KINDS = ("image",)  # in the mix where the gateway serves VISION
@@ -164,6 +167,13 @@ def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
     if kind in ("messages", "messages_stream"):
         return "/v1/messages", {"model": LLM, "max_tokens": 1, "messages": [{"role": "user", "content": text}],
                                 "stream": kind == "messages_stream"}
+    if kind == "compact":  # Codex's compaction: the served model summarizes the conversation
+        return "/v1/responses/compact", {"model": LLM, "max_output_tokens": 2, "input": [
+            {"role": "user", "content": text}, {"role": "assistant", "content": "noted"},
+            {"role": "user", "content": "go on"}]}
+    if kind == "ws_session":  # two turns on one Responses WebSocket, the second continuing the first
+        return "/v1/responses", {"model": LLM, "max_output_tokens": 1, "temperature": 0, "store": False,
+                                 "input": text}
     if kind == "image":
         w, h, colour = image_of(i)
         parts = [{"type": "text", "text": "what?"}, {"type": "image_url", "image_url": {"url": data_url(
@@ -214,6 +224,18 @@ def check(kind: str, status: int, payload: bytes, i: int = 0) -> str | None:
         if not events or events[-1] != "[DONE]" or any('"error"' in e for e in events):
             return f"stream: bad ending {events[-2:]!r}"
         return None
+    if kind == "compact":
+        body = json.loads(payload)
+        items = body.get("output") or [{}]
+        if body.get("object") != "response.compaction" or items[-1].get("type") != "compaction":
+            return f"compact: not a compaction {payload[:200]!r}"
+        return None
+    if kind == "ws_session":
+        ends = json.loads(payload)
+        # max_output_tokens 1: a turn usually ends incomplete (reason max_output_tokens), as OpenAI's would
+        if len(ends) != 2 or not set(ends) <= {"response.completed", "response.incomplete"}:
+            return f"ws_session: turns ended {ends!r}"
+        return None
     if kind == "messages_stream":
         names = [line[7:] for line in payload.decode().splitlines() if line.startswith("event: ")]
         if names[:1] != ["message_start"] or names[-1:] != ["message_stop"] or "error" in names:
@@ -239,7 +261,31 @@ def check(kind: str, status: int, payload: bytes, i: int = 0) -> str | None:
     return None
 
 
+async def ws_session(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    """Two `response.create`s on one WebSocket (the second names the first with `previous_response_id`): 200 and
+    the type of each turn's last event, or an error event's status."""
+    url = str(client.base_url.copy_with(scheme="ws" if client.base_url.scheme == "http" else "wss", path=path))
+    ends: list[str] = []
+    async with websockets.connect(url, additional_headers={"Authorization": client.headers["Authorization"]},
+                                  open_timeout=60, max_size=2**24) as ws:
+        previous = None
+        for turn in (body, {**body, "input": "and again"}):
+            await ws.send(json.dumps({"type": "response.create", **turn,
+                                      **({"previous_response_id": previous} if previous else {})}))
+            while True:
+                event = json.loads(await asyncio.wait_for(ws.recv(), 300))
+                if event.get("type") == "error":
+                    return int(event.get("status", 500)), json.dumps(event).encode()
+                if event.get("type") in ("response.completed", "response.incomplete", "response.failed"):
+                    previous = event["response"]["id"]
+                    ends.append(event["type"])
+                    break
+    return 200, json.dumps(ends).encode()
+
+
 async def send(client: httpx.AsyncClient, kind: str, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
+    if kind == "ws_session":
+        return await ws_session(client, path, body)
     if kind != "disconnect":
         r = await client.post(path, json=body)
         return r.status_code, r.content
@@ -299,7 +345,7 @@ async def run_load(url: str, api_key: str, count: int, concurrency: int, seed: i
                     status, payload = await send(client, kind, path, body)
                     statuses[str(status)] = statuses.get(str(status), 0) + 1
                     problem = check(kind, status, payload, i)
-                except (httpx.HTTPError, ValueError) as e:
+                except (TimeoutError, httpx.HTTPError, ValueError, OSError, websockets.WebSocketException) as e:
                     problem = f"{kind}: {type(e).__name__}: {e}"
                 if problem:
                     errors.append(problem)
