@@ -140,6 +140,20 @@ class Settings(BaseModel):
         "429 past it, a 400 (too_many_sequences) for a request that could never fit. A Triton LLM instance "
         "batches tens to a few hundred sequences. Per worker, like --max-in-flight", group="limits",
         metavar="N")] = 256
+    max_queue_per_model: Annotated[int, Option(
+        "requests that may wait per model for an in-flight slot, ordered by priority class (interactive, standard, "
+        "batch) and round-robin between keys; a full queue sheds its lowest class first. 0 = no queue: an "
+        "immediate 429 past a limit (docs/batches.md)", group="limits", metavar="N")] = Field(default=0, ge=0)
+    queue_timeout_s: Annotated[float, Option(
+        "how long a queued request waits for a slot before its 429", group="limits", flag="--queue-timeout",
+        metavar="SECONDS")] = Field(default=30.0, gt=0)
+    standard_slot_share: Annotated[float, Option(
+        "the part of each in-flight limit requests of the standard class may fill (the rest is kept for the "
+        "interactive class)", group="limits", metavar="FRACTION")] = Field(default=1.0, gt=0, le=1)
+    batch_slot_share: Annotated[float, Option(
+        "the part of each in-flight limit requests of the batch class (the Batch API's lines, service_tier flex) "
+        "may fill, so that interactive and standard requests find slots free", group="limits",
+        metavar="FRACTION")] = Field(default=0.5, gt=0, le=1)
     retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
                                          metavar="SECONDS")] = 1
     header_timeout_s: Annotated[float, Option(

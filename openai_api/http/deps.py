@@ -19,6 +19,7 @@ from openai_api.http.admission import Admission
 from openai_api.http.inflight import InFlightLimiter, request_ticket
 from openai_api.http.keys import presented_key
 from openai_api.http.lifecycle import Lifecycle
+from openai_api.http.scheduler import CLASSES, OBJECTIVE_HEADER
 from openai_api.observability import Metrics
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, api_key_digest
@@ -119,8 +120,14 @@ def quota_service(request: Request) -> QuotaService:
     return app_state(request).quota
 
 
+# scope["state"] key of a class every request of this scope runs as (the Batch API's in-process calls: `batch`).
+PRIORITY_CLASS_KEY = "priority_class"
+
+
 def admission(request: Request) -> Admission:
-    return Admission(request_ticket(request.scope), app_state(request).settings)
+    forced = request.scope.get("state", {}).get(PRIORITY_CLASS_KEY)
+    return Admission(request_ticket(request.scope), app_state(request).settings,
+                     request.headers.get(OBJECTIVE_HEADER), forced if forced in CLASSES else None)
 
 
 def chat_service(request: Request) -> ChatService:

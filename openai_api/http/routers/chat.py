@@ -12,5 +12,5 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", tags=["chat"])
 async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
-    admission.chat(body)
+    await admission.chat(body)
     return await service_response(await chat.create(body, ctx.request_id), ctx.flush_interval_s)

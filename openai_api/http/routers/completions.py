@@ -12,5 +12,5 @@ router = APIRouter()
 
 @router.post("/v1/completions", tags=["completions"])
 async def completions(body: CompletionRequest, service: CompletionsSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
-    admission.completions(body)
+    await admission.completions(body)
     return await service_response(await service.create(body, ctx.request_id), ctx.flush_interval_s)

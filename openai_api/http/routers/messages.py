@@ -17,7 +17,7 @@ async def create_message(body: MessagesRequest, service: MessagesSvc, admission:
     Anthropic's shape (`http.anthropic`); `anthropic-version` and `anthropic-beta` headers are accepted."""
     admission.allowed(service.model(body.model))  # before anything looks at the model (its image support)
     chat_req = service.chat_request(body)
-    admission.chat(chat_req)
+    await admission.chat(chat_req)
     # A quiet stream gets Anthropic's `ping` from the writer's own timer (no task or queue per event).
     return await service_response(await service.create(body, chat_req, ctx.request_id), ctx.flush_interval_s,
                                   PING, PING_INTERVAL_S)
@@ -28,5 +28,5 @@ async def count_tokens(body: CountTokensRequest, service: MessagesSvc, admission
     """`{input_tokens}`: the prompt `/v1/messages` would send, through the model's template and tokenizer."""
     admission.allowed(service.model(body.model))
     chat_req = service.chat_request(body)
-    admission.tokenize(chat_req.model, len(chat_req.messages), chat_req)
+    await admission.tokenize(chat_req.model, len(chat_req.messages), chat_req)
     return json_response(await service.count_tokens(body, chat_req))

@@ -18,7 +18,7 @@ async def create_response(body: ResponsesRequest, service: ResponsesSvc, admissi
                           ctx: Ctx) -> Response:
     """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set. Tools the
     gateway cannot run (hosted ones) are left out and named in the `x-omitted-tools` header."""
-    admission.responses(body)
+    await admission.responses(body)
     response = await service_response(await service.create(body, ctx.request_id, ctx.caller), ctx.flush_interval_s)
     if omitted := omitted_tools(body.tools):
         response.headers[OMITTED_TOOLS_HEADER] = ",".join(omitted)
