@@ -246,6 +246,25 @@ class Settings(BaseModel):
         "a stored response is forgotten this long after it was made (OpenAI keeps them 30 days)", group="server",
         flag="--responses-store-ttl", metavar="SECONDS", shown_default="2592000 (30 days)")] = Field(
         default=30 * 86400.0, gt=0)
+    batch_dir: Annotated[Path | None, Option(
+        "where the Batch API (/v1/files, /v1/batches, /v1/messages/batches) keeps its files and job state: an "
+        "SQLite file and a files/ folder, made on first use, kept across restarts and shared by the workers of "
+        "this host; several gateways share jobs through one folder on a shared volume (docs/guides/batches.md)",
+        group="server", metavar="DIR",
+        shown_default="$XDG_STATE_HOME/openai-api/batches (~/.local/state/openai-api/batches)")] = None
+    batch_max_file_bytes: Annotated[int, Option(
+        "largest file /v1/files takes (a 400 past it); an upload is also bounded by --max-body-bytes",
+        group="server", metavar="N")] = Field(default=16 * 1024 * 1024, gt=0)
+    batch_max_lines: Annotated[int, Option(
+        "requests per batch input file (OpenAI's limit; Anthropic's message batches take up to 100,000); a 400 "
+        "past it", group="server", metavar="N")] = Field(default=50_000, gt=0)
+    batch_max_jobs_per_key: Annotated[int, Option(
+        "batch jobs one key may have unfinished at once; a 400 past it", group="server", metavar="N")] = Field(
+        default=16, gt=0)
+    batch_concurrency: Annotated[int, Option(
+        "batch lines this gateway process runs at once (each through the routes in the batch priority class, so "
+        "they also keep to --batch-slot-share); 0 = this process runs no batch jobs (another gateway on the "
+        "same store does)", group="server", metavar="N")] = Field(default=8, ge=0)
     ready_models: Annotated[Literal["any", "all", "none"], Option(
         "what /health/ready (and /ping) need besides a loaded config and no drain: any = at least one configured "
         "model ready (vLLM and NIM serve one model: ready when it is), all = every model, none = the gateway "

@@ -24,6 +24,7 @@ from openai_api.observability import Metrics
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, api_key_digest
 from openai_api.quota.service import QuotaService
+from openai_api.services.batches import BatchService
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.container import Services
@@ -73,6 +74,8 @@ class AppState:
     # The status page's data (services/status.py); None with --no-status-page.
     status: StatusService | None = None
     process: Process | None = None
+    # The Batch API's files and jobs (services/batches.py; the runner is http/batch_runner.py).
+    batches: BatchService | None = None
 
 
 @dataclass(slots=True)
@@ -166,6 +169,12 @@ def health_service(request: Request) -> HealthService:
     return services(request).health
 
 
+def batch_service(request: Request) -> BatchService:
+    found = app_state(request).batches
+    assert found is not None  # the batch routers are registered only with one
+    return found
+
+
 def metrics(request: Request) -> Metrics:
     return app_state(request).metrics
 
@@ -184,3 +193,4 @@ HealthSvc = Annotated[HealthService, Depends(health_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]
 CallerDep = Annotated[Caller, Depends(caller)]
 QuotaDep = Annotated[QuotaService, Depends(quota_service)]
+BatchesSvc = Annotated[BatchService, Depends(batch_service)]

@@ -106,7 +106,7 @@ async def test_deadline_refuses_with_retry_after() -> None:
 
 
 async def test_full_queue_sheds_lowest_class_first() -> None:
-    lim, sched, _ = make(per_model=1, queue=2, batch_share=1.0)
+    lim, _, _ = make(per_model=1, queue=2, batch_share=1.0)
     holder = Ticket(lim)
     await holder.acquire("m", 1, "n", 1.0, "standard", "x")
     b1 = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "b"))
@@ -124,7 +124,7 @@ async def test_full_queue_sheds_lowest_class_first() -> None:
 
 
 async def test_batch_share_keeps_slots_for_interactive() -> None:
-    lim, sched, _ = make(per_model=4, queue=0, batch_share=0.5)
+    lim, _, _ = make(per_model=4, queue=0, batch_share=0.5)
     batch = [Ticket(lim) for _ in range(2)]
     for t in batch:
         await t.acquire("m", 1, "n", 1.0, "batch", "job")
