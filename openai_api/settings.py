@@ -143,7 +143,7 @@ class Settings(BaseModel):
     max_queue_per_model: Annotated[int, Option(
         "requests that may wait per model for an in-flight slot, ordered by priority class (interactive, standard, "
         "batch) and round-robin between keys; a full queue sheds its lowest class first. 0 = no queue: an "
-        "immediate 429 past a limit (docs/batches.md)", group="limits", metavar="N")] = Field(default=0, ge=0)
+        "immediate 429 past a limit (docs/guides/batches.md)", group="limits", metavar="N")] = Field(default=0, ge=0)
     queue_timeout_s: Annotated[float, Option(
         "how long a queued request waits for a slot before its 429", group="limits", flag="--queue-timeout",
         metavar="SECONDS")] = Field(default=30.0, gt=0)
@@ -249,9 +249,14 @@ class Settings(BaseModel):
     batch_dir: Annotated[Path | None, Option(
         "where the Batch API (/v1/files, /v1/batches, /v1/messages/batches) keeps its files and job state: an "
         "SQLite file and a files/ folder, made on first use, kept across restarts and shared by the workers of "
-        "this host; several gateways share jobs through one folder on a shared volume (docs/guides/batches.md)",
+        "this host (several gateways: --batch-store-url, docs/guides/batches.md)",
         group="server", metavar="DIR",
         shown_default="$XDG_STATE_HOME/openai-api/batches (~/.local/state/openai-api/batches)")] = None
+    batch_store_url: Annotated[str | None, Option(
+        "keep the Batch API's jobs, leases and answers in this Redis or Valkey (redis://HOST:PORT/DB), shared by "
+        "every gateway using it, each running jobs made through any of them; files stay in --batch-dir, which "
+        "must then be a volume every gateway mounts", group="server", metavar="URL",
+        shown_default="none: SQLite in --batch-dir")] = None
     batch_max_file_bytes: Annotated[int, Option(
         "largest file /v1/files takes (a 400 past it); an upload is also bounded by --max-body-bytes",
         group="server", metavar="N")] = Field(default=16 * 1024 * 1024, gt=0)
@@ -370,6 +375,13 @@ class Settings(BaseModel):
     def _store_url(cls, value: str | None) -> str | None:
         if value is not None:
             store_kind(value)  # ValueError naming what is accepted
+        return value or None
+
+    @field_validator("batch_store_url")
+    @classmethod
+    def _batch_store_url(cls, value: str | None) -> str | None:
+        if value and store_kind(value) != "redis":
+            raise ValueError(f"{value!r} is not a Redis URL: redis://HOST:PORT/DB (without it, SQLite in --batch-dir)")
         return value or None
 
     # What `from_args` found worth a warning (a variable under its former name), for the caller to log once

@@ -8,12 +8,12 @@ line exactly as to the same request sent over HTTP, and the line never takes mor
 a model's slots. A line refused for load (429, 503) is retried after its `Retry-After` until the job expires; any
 other answer is recorded (`stored.batches`: once per line) before the runner moves on.
 
-Jobs: the runner claims up to `MAX_JOBS` unfinished jobs at a time (a lease, renewed every second: the renewal
-also reads a cancel made through another gateway), runs their unanswered lines `concurrency` at a time in all
-(a FIFO semaphore: jobs take turns), then finalizes each: the output and error files (OpenAI), the canceled or
-expired results of lines never run (Anthropic), the final status. When the process stops, lines in flight are
-cancelled unrecorded and the leases are given back: the next runner on the store resumes at the first
-unanswered line.
+Jobs: the runner claims up to `MAX_JOBS` unfinished jobs at a time, oldest first (a lease, renewed every second:
+the renewal also reads a cancel made through another gateway; a job runs on one gateway at a time), runs their
+unanswered lines `concurrency` at a time in all (a FIFO semaphore: jobs take turns), then finalizes each: the output
+and error files (OpenAI), the canceled or expired results of lines never run (Anthropic), the final status. When
+the process stops, lines in flight are cancelled unrecorded and the leases are given back: the next runner on the
+store resumes at the first unanswered line.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class BatchRunner:
         self.store = service.store
         self.quota = quota
         self.concurrency = concurrency
+        self.max_jobs = MAX_JOBS
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
         self.sem = asyncio.Semaphore(max(concurrency, 1))
         self.jobs: dict[str, asyncio.Task[None]] = {}
@@ -92,8 +93,8 @@ class BatchRunner:
     async def _loop(self) -> None:
         while True:
             try:
-                if len(self.jobs) < MAX_JOBS and self.service.started():
-                    for job_id in await self.store.claim(self.node, MAX_JOBS - len(self.jobs)):
+                if len(self.jobs) < self.max_jobs and self.service.started():
+                    for job_id in await self.store.claim(self.node, self.max_jobs - len(self.jobs)):
                         task = asyncio.create_task(self._job(job_id), name=f"batch-{job_id[:16]}")
                         self.jobs[job_id] = task
                         task.add_done_callback(self._ended)

@@ -50,7 +50,7 @@ _OBJECTIVES: dict[str, PriorityClass] = {
 _TIERS: dict[str, PriorityClass] = {"priority": "interactive", "default": "standard", "auto": "standard",
                                     "flex": "batch"}
 # Triton's request `priority` parameter per class (1 = highest of the model's priority levels), for backends that
-# honour it (see docs/batches.md: none of this repository's adapters send it today).
+# honour it (see docs/guides/batches.md: none of this repository's adapters send it today).
 TRITON_PRIORITY: dict[str, int] = {"interactive": 1, "standard": 2, "batch": 3}
 
 

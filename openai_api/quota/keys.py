@@ -16,7 +16,7 @@ keys:
     tokens_per_month: 100000000
     priority: normal                     # high | normal | low
     max_class: interactive               # most urgent scheduler class it may ask for: interactive|standard|batch
-    default_class: standard              # the class of its requests that ask for none (docs/batches.md)
+    default_class: standard              # the class of its requests that ask for none (docs/guides/batches.md)
     admin: false                         # may read GET /v1/admin/usage (and /metrics)
     metrics: false                       # may read /metrics (a key for Prometheus: give it `models: []`)
 ```

@@ -32,7 +32,6 @@ from openai_api.stored.base import new_id
 from openai_api.stored.batches import (
     ACTIVE,
     CANCELED,
-    DB_NAME,
     ERRORED,
     EXPIRED,
     SUCCEEDED,
@@ -71,13 +70,19 @@ class BatchService:
     @classmethod
     def from_settings(cls, settings: Settings) -> BatchService:
         """Over the SQLite store in `--batch-dir`, which opens on first use (a gateway nobody sends batches
-        makes nothing on disk)."""
-        return cls(BatchStore(settings.batch_dir or default_batch_dir()), max_file_bytes=settings.batch_max_file_bytes,
-                   max_lines=settings.batch_max_lines, max_jobs=settings.batch_max_jobs_per_key)
+        makes nothing on disk), or with `--batch-store-url` over Redis (files still in `--batch-dir`)."""
+        folder = settings.batch_dir or default_batch_dir()
+        store = BatchStore(folder)
+        if settings.batch_store_url:
+            from openai_api.stored.batches_redis import RedisBatchStore  # its client only where used
+
+            store = RedisBatchStore(settings.batch_store_url, folder)
+        return cls(store, max_file_bytes=settings.batch_max_file_bytes, max_lines=settings.batch_max_lines,
+                   max_jobs=settings.batch_max_jobs_per_key)
 
     def started(self) -> bool:
         """Whether the store exists yet (the runner polls nothing before)."""
-        return (self.store.folder / DB_NAME).exists()
+        return self.store.exists()
 
     async def finish(self, rec: BatchRecord, lines: list[tuple[int, str, str, dict[str, Any]]], *, cancelled: bool,
                      expired: bool) -> str:

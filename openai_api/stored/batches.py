@@ -124,6 +124,10 @@ class BatchStore:
             raise
         return out
 
+    def exists(self) -> bool:
+        """Whether the store was made yet (a runner polls nothing before)."""
+        return (self.folder / DB_NAME).exists()
+
     def path(self, file_id: str) -> Path:
         return self.files_dir / file_id
 

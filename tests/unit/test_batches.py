@@ -23,6 +23,7 @@ from openai_api.services.backends import InstrumentedLLMBackend
 from openai_api.settings import Settings
 from tests.helpers import missing_models
 from tests.unit.fakes import FakeBackend, llm_only_config
+from tests.unit.test_object_stores import redis_url  # noqa: F401 - a real redis-server, as a fixture
 
 MODEL = "smollm2-135m-instruct"
 A, B = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
@@ -284,3 +285,52 @@ async def test_anthropic_message_batch(app: FastAPI, client: httpx.AsyncClient) 
                 {"requests": [{"custom_id": "x", "params": params}, {"custom_id": "x", "params": params}]}):
         r = await client.post("/v1/messages/batches", headers=A, json=bad)
         assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", bad
+
+
+async def test_two_gateways_share_one_redis_store(tmp_path: Path, redis_url: str) -> None:  # noqa: F811
+    """Two apps ("gateways") over one Redis and one files folder: a job made through one runs on both runners,
+    each line answered once; the other app honours the owner check and the per-key bound."""
+    apps, backends = [], []
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        config: GatewayConfig = llm_only_config(tmp_path / name, url="127.0.0.1:1")
+        settings = Settings(config_file=BUNDLED_CONFIG, api_keys=["key-a", "key-b"], batch_dir=tmp_path / "shared",
+                            batch_store_url=redis_url, batch_max_jobs_per_key=2)
+        app = create_app(config, settings)
+        state = app.state.gateway
+        backend = SlowBackend()
+        state.services.registry.llm(MODEL).backend = InstrumentedLLMBackend(  # type: ignore[arg-type]
+            backend, state.metrics, MODEL)
+        apps.append(app)
+        backends.append(backend)
+    clients = [httpx.AsyncClient(transport=httpx.ASGITransport(app=a), base_url="http://gateway") for a in apps]
+    runners = [runner(a, concurrency=2) for a in apps]
+    for r_ in runners:
+        r_.max_jobs = 1  # one job each at a time: the two jobs go to the two gateways
+    try:
+        file = (await upload(clients[0], jsonl(16))).json()
+        assert (await clients[1].get(f"/v1/files/{file['id']}", headers=A)).json()["id"] == file["id"]
+        assert (await clients[1].get(f"/v1/files/{file['id']}", headers=B)).status_code == 404
+        base = {"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        batch = (await clients[0].post("/v1/batches", headers=A, json=base)).json()
+        other = (await clients[1].post("/v1/batches", headers=A, json=base)).json()  # made through the other one
+        r = await clients[1].post("/v1/batches", headers=A, json=base)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "too_many_batches"  # the bound is shared
+        for r_ in runners:
+            await r_.start()
+        for job in (batch, other):
+            done = await wait_status(clients[1], f"/v1/batches/{job['id']}", lambda b: b["status"] == "completed")
+            assert done["request_counts"] == {"total": 16, "completed": 16, "failed": 0}
+            out = (await clients[0].get(f"/v1/files/{done['output_file_id']}/content", headers=A)).content
+            assert [json.loads(x)["custom_id"] for x in out.splitlines()] == [f"r{i}" for i in range(16)]
+        assert backends[0].completed > 0 and backends[1].completed > 0  # both gateways ran lines
+        assert backends[0].completed + backends[1].completed == 32  # and no line twice
+        assert (await clients[1].get(f"/v1/batches/{batch['id']}", headers=B)).status_code == 404
+    finally:
+        for r_ in runners:
+            await r_.close()
+        for c in clients:
+            await c.aclose()
+        for a in apps:
+            await a.state.gateway.batches.store.close()
+            await a.state.gateway.services.registry.pool.close()
