@@ -256,19 +256,25 @@ class BatchStore:
             raise StoreUnavailableError("The gateway's batch store is unavailable; retry shortly.",
                                         headers={"Retry-After": "1"}) from None
 
+    async def _read_op(self, empty: Any, fn: Any, *args: Any) -> Any:
+        """A read: `empty` while the store was never made (reads make nothing on disk; only writes do)."""
+        if self._db is None and not self.exists():
+            return empty
+        return await self._run(fn, *args)
+
     async def put_file(self, rec: FileRecord, content: bytes) -> None:
         await self._run(self._put_file, rec, content)
 
     async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
-        found: FileRecord | None = await self._run(self._get_file, owner, file_id)
+        found: FileRecord | None = await self._read_op(None, self._get_file, owner, file_id)
         return found
 
     async def list_files(self, owner: str, purpose: str | None, limit: int) -> list[FileRecord]:
-        found: list[FileRecord] = await self._run(self._list_files, owner, purpose, limit)
+        found: list[FileRecord] = await self._read_op([], self._list_files, owner, purpose, limit)
         return found
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
-        gone: bool = await self._run(self._delete_file, owner, file_id)
+        gone: bool = await self._read_op(False, self._delete_file, owner, file_id)
         return gone
 
     async def read(self, file_id: str) -> bytes:
@@ -280,11 +286,11 @@ class BatchStore:
         return made
 
     async def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
-        found: BatchRecord | None = await self._run(self._get_batch, owner, batch_id)
+        found: BatchRecord | None = await self._read_op(None, self._get_batch, owner, batch_id)
         return found
 
     async def list_batches(self, owner: str, kind: str, limit: int) -> list[BatchRecord]:
-        found: list[BatchRecord] = await self._run(self._list_batches, owner, kind, limit)
+        found: list[BatchRecord] = await self._read_op([], self._list_batches, owner, kind, limit)
         return found
 
     async def update(self, batch_id: str, status: str | None = None, fields: dict[str, Any] | None = None,
