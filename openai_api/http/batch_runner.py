@@ -6,7 +6,8 @@ that made the job (`INTERNAL_CALLER` in the scope's state, which no client can s
 (`http.scheduler`), so the key's allow-list, rate limits, token budgets and the in-flight limits apply to a batch
 line exactly as to the same request sent over HTTP, and the line never takes more than the batch class's share of
 a model's slots. A line refused for load (429, 503) is retried after its `Retry-After` until the job expires; any
-other answer is recorded (`stored.batches`: once per line) before the runner moves on.
+other answer (a spent token budget's 429, `x-should-retry: false`, included) is recorded (`stored.batches`: once per
+line) before the runner moves on.
 
 Jobs: the runner claims up to `MAX_JOBS` unfinished jobs at a time, oldest first (a lease, renewed every second:
 the renewal also reads a cancel made through another gateway; a job runs on one gateway at a time), runs their
@@ -193,7 +194,8 @@ class BatchRunner:
             backoff = 0.1
             while True:
                 status, headers, payload = await self._call(url, body, caller)
-                if status not in (429, 503) or state.stop or time.time() >= rec.data["expires_at"]:
+                final = status not in (429, 503) or headers.get("x-should-retry") == "false"  # a spent budget
+                if final or state.stop or time.time() >= rec.data["expires_at"]:
                     break
                 try:
                     wait = float(headers.get("retry-after", "0"))
@@ -201,7 +203,7 @@ class BatchRunner:
                     wait = 0.0
                 await asyncio.sleep(min(max(wait, backoff), MAX_BACKOFF_S))
                 backoff = min(backoff * 2, 5.0)
-            if status in (429, 503) and state.stop:
+            if not final and state.stop:
                 return  # not run: the cancel or expiry accounts for it
             try:
                 answer: Any = json.loads(payload)

@@ -334,3 +334,38 @@ async def test_two_gateways_share_one_redis_store(tmp_path: Path, redis_url: str
         for a in apps:
             await a.state.gateway.batches.store.close()
             await a.state.gateway.services.registry.pool.close()
+
+
+async def test_lines_run_as_the_jobs_key_under_its_budget(tmp_path: Path) -> None:
+    """A keys file's key: its lines are counted against its token budget as its HTTP requests would be; once the
+    budget is spent the remaining lines are answered with the budget's 429 (recorded, not retried forever)."""
+    import hashlib
+
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "jobs", "secret_sha256": hashlib.sha256(b"sk-jobs").hexdigest(),
+                                          "tokens_per_day": 60, "max_class": "standard"}]}), encoding="utf-8")
+    config: GatewayConfig = llm_only_config(tmp_path, url="127.0.0.1:1")
+    app = create_app(config, Settings(config_file=BUNDLED_CONFIG, keys_file=keys, batch_dir=tmp_path / "batches"))
+    state = app.state.gateway
+    state.services.registry.llm(MODEL).backend = InstrumentedLLMBackend(  # type: ignore[arg-type]
+        SlowBackend(), state.metrics, MODEL)
+    jobs = {"Authorization": "Bearer sk-jobs"}
+    run = runner(app, concurrency=1)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        try:
+            file = (await upload(client, jsonl(8), jobs)).json()
+            batch = (await client.post("/v1/batches", headers=jobs, json={
+                "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+            await run.start()
+            done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed",
+                                     jobs)
+            counts = done["request_counts"]
+            assert counts["total"] == 8 and counts["completed"] >= 1 and counts["failed"] >= 1
+            assert counts["completed"] + counts["failed"] == 8
+            errors = (await client.get(f"/v1/files/{done['error_file_id']}/content", headers=jobs)).content
+            assert {json.loads(x)["response"]["body"]["error"]["code"] for x in errors.splitlines()} == {
+                "insufficient_quota"}
+        finally:
+            await run.close()
+            await state.batches.store.close()
+            await state.services.registry.pool.close()
