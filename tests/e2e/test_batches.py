@@ -3,7 +3,8 @@ user runs them) in front of the session's Triton, driven by the real `openai` an
 
 Proven here: `files.create` + `batches.create` + polling + `files.content`, and Anthropic's
 `messages.batches.create/retrieve/results`; a gateway stopped in the middle of a job and a new one started on the
-same batch folder (every line answered exactly once, in order); a job cancelled half-way (its answers so far in
+same batch folder (every line answered exactly once, in order); two gateways sharing one store (Redis and a files
+folder: a job made through one that runs no jobs is run by the other); a job cancelled half-way (its answers so far in
 its output file, the rest never run); and interactive requests admitted at once while a batch holds its share of
 the model's slots and more of its lines wait in the queue. Lines run on the paced synthetic LLM (50 ms a token), so
 a job takes a known few seconds whatever the machine's load. The oracle is what the test sent: its custom ids.
@@ -27,6 +28,7 @@ from openai_api.config import load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import PACED, GatewayServer
+from tests.e2e.test_keys_quotas import RedisServer
 from tests.e2e.test_reliability_observability import metric
 from tests.helpers import MODELS, requires_models
 
@@ -190,3 +192,26 @@ def test_interactive_gets_through_while_batch_holds_its_share(gw: GatewayServer)
     assert state.request_counts.completed < 8
     client.batches.cancel(batch.id)
     poll(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "cancelled")
+
+
+def test_two_gateways_share_one_store(triton: EmbeddedTriton, folder: Path) -> None:
+    (folder / "redis").mkdir()
+    redis = RedisServer(folder / "redis").start()
+    shared = {"batch_store_url": redis.url, "batch_dir": folder / "shared-files"}
+    front = start_gateway(triton, folder / "front", batch_concurrency=0, **shared)  # takes jobs, runs none
+    worker = start_gateway(triton, folder / "worker", batch_concurrency=4, **shared)
+    try:
+        client = openai.OpenAI(base_url=front.url + "/v1", api_key=KEY)
+        made = client.files.create(file=("in.jsonl", lines(6, FAST, 4)), purpose="batch")
+        batch = client.batches.create(input_file_id=made.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        done = poll(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "completed")
+        assert done.status == "completed" and done.request_counts.completed == 6
+        out = [json.loads(x)["custom_id"] for x in client.files.content(done.output_file_id).content.splitlines()]
+        assert out == [f"line-{i}" for i in range(6)]
+        other = openai.OpenAI(base_url=worker.url + "/v1", api_key=KEY)
+        assert other.batches.retrieve(batch.id).status == "completed"  # one job, seen alike through both
+    finally:
+        front.stop()
+        worker.stop()
+        redis.kill()
