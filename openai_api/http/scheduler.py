@@ -157,6 +157,13 @@ class Scheduler:
     def overloaded(self, reason: str, message: str) -> OverloadedError:
         return self.limiter.overloaded(message, reason)
 
+    def _count(self, w: Waiter, delta: int) -> None:
+        """The queued gauge (`openai_api_queued_requests`) and the waiting total, when `w` joins or leaves."""
+        self.waiting += delta
+        metrics = self.limiter.metrics
+        if metrics is not None:
+            metrics.queued.labels(w.model, w.cls).inc(delta)
+
     # --- admission --------------------------------------------------------------------------------------------
     async def acquire(self, ticket: Ticket, model: str, sequences: int, cls: PriorityClass, key: str,
                       share: float) -> None:
@@ -179,13 +186,13 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         w = Waiter(ticket, model, sequences, cls, key, share, self.clock() + self.timeout_s, loop.create_future())
         queue.push(w)
-        self.waiting += 1
+        self._count(w, 1)
         timer = loop.call_later(self.timeout_s, self._timed_out, queue, w)
         try:
             await w.future
         except asyncio.CancelledError:
             if queue.remove(w):
-                self.waiting -= 1
+                self._count(w, -1)
             raise
         finally:
             timer.cancel()
@@ -196,7 +203,7 @@ class Scheduler:
 
     def _fail(self, queue: ModelQueue, w: Waiter, reason: str, message: str) -> None:
         if queue.remove(w):
-            self.waiting -= 1
+            self._count(w, -1)
             if not w.future.done():
                 w.future.set_exception(self.overloaded(reason, message))
 
@@ -231,7 +238,7 @@ class Scheduler:
                     if q:
                         keys[key] = q  # to the end: the next key's turn
                     queue.size -= 1
-                    self.waiting -= 1
+                    self._count(w, -1)
                     if w.future.done():  # cancelled while queued: nothing to give
                         continue
                     w.ticket.take(w.model, w.sequences)

@@ -154,3 +154,24 @@ async def test_without_queue_the_answer_is_an_immediate_429() -> None:
     await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "x")
     with pytest.raises(OverloadedError, match="maximum of 1"):
         await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "x")
+
+
+async def test_the_queue_is_a_gauge_per_model_and_class() -> None:
+    from openai_api.observability import Metrics
+
+    metrics = Metrics()
+    lim = InFlightLimiter(100, 1, 1, {"m"}, metrics=metrics)
+    lim.scheduler = Scheduler(lim, max_queue=4, timeout_s=60)
+
+    def queued(cls: str) -> float | None:
+        return metrics.registry.get_sample_value("openai_api_queued_requests", {"model": "m", "class": cls})
+
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "standard", "x")
+    waiting = [asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "b")) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert queued("batch") == 2
+    waiting[0].cancel()
+    holder.release()  # the other one gets the slot
+    await asyncio.sleep(0)
+    assert queued("batch") == 0 and waiting[1].done()
