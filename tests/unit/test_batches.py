@@ -369,3 +369,46 @@ async def test_lines_run_as_the_jobs_key_under_its_budget(tmp_path: Path) -> Non
             await run.close()
             await state.batches.store.close()
             await state.services.registry.pool.close()
+
+
+async def test_anthropic_cancel_and_expiry_answer_every_line(app: FastAPI, client: httpx.AsyncClient,
+                                                             backend: SlowBackend) -> None:
+    """A cancelled message batch: the lines it ran are results, each other line a `canceled` result; a job past
+    its window ends `expired`, its unrun lines `expired`."""
+    params = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    made = (await client.post("/v1/messages/batches", headers=A, json={"requests": [
+        {"custom_id": f"m{i}", "params": params} for i in range(6)]})).json()
+    backend.gate.clear()
+    backend.free = 2
+    run = runner(app, concurrency=1)
+    await run.start()
+    try:
+        await wait_status(client, f"/v1/messages/batches/{made['id']}",
+                          lambda b: b["request_counts"]["succeeded"] >= 2)
+        r = await client.post(f"/v1/messages/batches/{made['id']}/cancel", headers=A)
+        assert r.json()["processing_status"] == "canceling" and r.json()["cancel_initiated_at"]
+        backend.gate.set()
+        done = await wait_status(client, f"/v1/messages/batches/{made['id']}",
+                                 lambda b: b["processing_status"] == "ended")
+    finally:
+        await run.close()
+    counts = done["request_counts"]
+    assert counts["succeeded"] == 3 and counts["canceled"] == 3 and counts["processing"] == 0  # 2 + the one in flight
+    results = [json.loads(x) for x in (await client.get(done["results_url"], headers=A)).content.splitlines()]
+    assert [x["custom_id"] for x in results] == [f"m{i}" for i in range(6)]
+    assert [x["result"]["type"] for x in results] == ["succeeded"] * 3 + ["canceled"] * 3
+
+    store = app.state.gateway.batches.store
+    late = (await client.post("/v1/messages/batches", headers=A, json={"requests": [
+        {"custom_id": "x", "params": params}]})).json()
+    await store.update(late["id"], fields={"expires_at": 0})
+    run = runner(app)
+    await run.start()
+    try:
+        done = await wait_status(client, f"/v1/messages/batches/{late['id']}",
+                                 lambda b: b["processing_status"] == "ended")
+    finally:
+        await run.close()
+    assert done["request_counts"]["expired"] == 1
+    results = [json.loads(x) for x in (await client.get(done["results_url"], headers=A)).content.splitlines()]
+    assert results == [{"custom_id": "x", "result": {"type": "expired"}}]
