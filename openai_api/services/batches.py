@@ -312,6 +312,16 @@ class BatchService:
                 "cancel_initiated_at": _iso(d.get("cancel_initiated_at")),
                 "results_url": f"{base_url}/v1/messages/batches/{rec.id}/results" if ended else None}
 
+    async def delete_message_batch(self, owner: str, job_id: str) -> dict[str, Any]:
+        """Forget an ended message batch, its results and its input; a 400 while it is still processing."""
+        rec = await self.job(owner, job_id, "anthropic")
+        if rec.status not in TERMINAL:
+            raise InvalidRequestError(f"Message batch {job_id} is still processing; cancel it, and delete it once "
+                                      "it has ended.")
+        await self.store.delete_batch(owner, rec.id)
+        await self.store.delete_file(owner, rec.data["input_file_id"])
+        return {"id": rec.id, "type": "message_batch_deleted"}
+
     async def message_results(self, owner: str, job_id: str) -> bytes:
         rec = await self.job(owner, job_id, "anthropic")
         if rec.status not in TERMINAL:

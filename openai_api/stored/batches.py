@@ -200,6 +200,12 @@ class BatchStore:
                                                                           batch_id))
         return rec
 
+    def _delete_batch(self, db: sqlite3.Connection, owner: str, batch_id: str) -> bool:
+        if db.execute("DELETE FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)).rowcount == 0:
+            return False
+        db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
+        return True
+
     def _claim(self, db: sqlite3.Connection, node: str, now: float, most: int) -> list[str]:
         marks = ",".join("?" * len(ACTIVE))
         rows = db.execute(f"SELECT id FROM batches WHERE status IN ({marks}) AND (lease_owner IS NULL OR "
@@ -298,6 +304,11 @@ class BatchStore:
         """Set `status` and `fields` of a job (only when its status is in `only_if`, if given); the job after."""
         rec: BatchRecord | None = await self._run(self._tx, self._update, batch_id, status, fields or {}, only_if)
         return rec
+
+    async def delete_batch(self, owner: str, batch_id: str) -> bool:
+        """Forget `owner`'s job and its answers (not its files); False when there was none of that owner."""
+        gone: bool = await self._read_op(False, self._tx, self._delete_batch, owner, batch_id)
+        return gone
 
     async def claim(self, node: str, most: int) -> list[str]:
         ids: list[str] = await self._run(self._tx, self._claim, node, time.time(), most)

@@ -220,6 +220,19 @@ class RedisBatchStore(BatchStore):
                                json.dumps(list(only_if)) if only_if is not None else "", json.dumps(list(ACTIVE)))
         return None if raw is None else self._job(raw)
 
+    async def delete_batch(self, owner: str, batch_id: str) -> bool:
+        rec = await self.get_batch(owner, batch_id)
+        if rec is None:
+            return False
+        try:
+            await self.redis.delete(*(ROOT + k + batch_id for k in ("job:", "res:", "out:", "cnt:", "lease:")))
+            await self.redis.zrem(f"{ROOT}jobs:{owner}:{rec.kind}", batch_id)
+            await self.redis.zrem(ROOT + "active", batch_id)
+            await self.redis.srem(ROOT + "active:" + owner, batch_id)
+        except (RedisError, OSError) as e:
+            raise self._down(e) from None
+        return True
+
     async def claim(self, node: str, most: int) -> list[str]:
         ids = await self._call(_CLAIM, node, int(LEASE_S * 1000), most)
         return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]

@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.config import BUNDLED_CONFIG, GatewayConfig
 from openai_api.http.batch_runner import BatchRunner
+from openai_api.quota.keys import api_key_digest
 from openai_api.services.backends import InstrumentedLLMBackend
 from openai_api.settings import Settings
 from tests.helpers import missing_models
@@ -281,6 +282,10 @@ async def test_anthropic_message_batch(app: FastAPI, client: httpx.AsyncClient) 
     assert (await client.get(f"/v1/messages/batches/{made['id']}", headers=B)).status_code == 404
     assert [b["id"] for b in (await client.get("/v1/messages/batches", headers=A)).json()["data"]] == [made["id"]]
     assert (await client.get("/v1/files", headers=A)).json()["data"] == []  # its input is no /v1/files file
+    assert (await client.delete(f"/v1/messages/batches/{made['id']}", headers=B)).status_code == 404
+    gone = (await client.delete(f"/v1/messages/batches/{made['id']}", headers=A)).json()
+    assert gone == {"id": made["id"], "type": "message_batch_deleted"}
+    assert (await client.get(f"/v1/messages/batches/{made['id']}", headers=A)).status_code == 404
     for bad in ({"requests": []}, {"requests": [{"custom_id": "bad id!", "params": params}]},
                 {"requests": [{"custom_id": "x", "params": params}, {"custom_id": "x", "params": params}]}):
         r = await client.post("/v1/messages/batches", headers=A, json=bad)
@@ -326,6 +331,11 @@ async def test_two_gateways_share_one_redis_store(tmp_path: Path, redis_url: str
         assert backends[0].completed > 0 and backends[1].completed > 0  # both gateways ran lines
         assert backends[0].completed + backends[1].completed == 32  # and no line twice
         assert (await clients[1].get(f"/v1/batches/{batch['id']}", headers=B)).status_code == 404
+        store = apps[0].state.gateway.batches.store
+        owner = f"key:api-key:{api_key_digest(b'key-a')}"
+        assert not await store.delete_batch("key:someone-else", batch["id"])
+        assert await store.delete_batch(owner, batch["id"])
+        assert await store.get_batch(None, batch["id"]) is None and await store.done(batch["id"]) == set()
     finally:
         for r_ in runners:
             await r_.close()

@@ -1,6 +1,6 @@
 """Anthropic's Message Batches (`services.batches`, the same engine as OpenAI's Batch API): create with
-`requests: [{custom_id, params}]`, retrieve, list, cancel, and the results as JSONL. Errors come in Anthropic's
-shape (`http.anthropic`: every path under /v1/messages)."""
+`requests: [{custom_id, params}]`, retrieve, list, cancel, delete once ended, and the results as JSONL. Errors come
+in Anthropic's shape (`http.anthropic`: every path under /v1/messages)."""
 
 from __future__ import annotations
 
@@ -55,6 +55,12 @@ async def retrieve_message_batch(batch_id: str, request: Request, service: Batch
 async def cancel_message_batch(batch_id: str, request: Request, service: BatchesSvc, caller: CallerDep) -> Response:
     rec = await service.cancel(caller.owner, batch_id, "anthropic")
     return json_response(await service.message_batch_object(rec, _base(request)))
+
+
+@router.delete("/v1/messages/batches/{batch_id}", tags=["messages"])
+async def delete_message_batch(batch_id: str, service: BatchesSvc, caller: CallerDep) -> Response:
+    """`{id, type: "message_batch_deleted"}` for an ended batch; a 400 while it is processing."""
+    return json_response(await service.delete_message_batch(caller.owner, batch_id))
 
 
 @router.get("/v1/messages/batches/{batch_id}/results", tags=["messages"])
