@@ -12,6 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 
 from openai_api import __version__, logs
 from openai_api.config import GatewayConfig
+from openai_api.http.batch_runner import BatchRunner
 from openai_api.http.deps import AppState
 from openai_api.http.docs import install_docs
 from openai_api.http.fastpath import JSONRouteMiddleware
@@ -21,12 +22,15 @@ from openai_api.http.middleware import APIKeyMiddleware, RequestContextMiddlewar
 from openai_api.http.openapi import ERROR_RESPONSES, HEALTH_RESPONSES
 from openai_api.http.responses import install_error_handlers
 from openai_api.http.routers import (
+    batches,
     chat,
     completions,
     embeddings,
+    files,
     health,
     keys,
     lora,
+    message_batches,
     messages,
     metrics,
     models,
@@ -37,6 +41,7 @@ from openai_api.http.routers import (
 )
 from openai_api.process import GatewayProcess
 from openai_api.reload import PinGeneration
+from openai_api.services.batches import BatchService
 from openai_api.services.container import Services
 from openai_api.settings import Settings
 from openai_api.tracing import TracingMiddleware
@@ -57,6 +62,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     state = AppState(settings=settings, services=process.services, metrics=process.metrics,
                      lifecycle=process.lifecycle, limiter=process.limiter, quota=process.quota,
                      reloader=process.reloader, status=process.status, process=process)
+    # The Batch API (/v1/files, /v1/batches, /v1/messages/batches); the runner is made below, over the whole app.
+    state.batches = batch_service = BatchService.from_settings(settings)
 
     def swapped(new: Services) -> None:  # a config reload (openai_api/reload.py): new requests get `new`
         state.services = new
@@ -66,11 +73,14 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await process.start()
+        await runner.start()
         # Everything built so far (models, tokenizers, templates, routes) lives as long as the process: out of
         # the collector's sight, a full collection no longer walks it (it cost ~55-60 ms here, landing inside
         # whatever request triggered it).
         gc.freeze()
         yield
+        await runner.close()
+        await batch_service.store.close()
         await process.close()
 
     # Swagger UI and ReDoc with their assets served here (http/docs.py): FastAPI's own pages load them from a CDN.
@@ -81,7 +91,8 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         install_docs(app)
     install_error_handlers(app)
     api_routers = (chat.router, completions.router, responses.router, embeddings.router, rerank.router,
-                   tokenize.router, models.router, messages.router, keys.router, lora.router)
+                   tokenize.router, models.router, messages.router, keys.router, lora.router, files.router,
+                   batches.router, message_batches.router)
     for r in api_routers:
         app.include_router(r, responses=ERROR_RESPONSES)  # no prefix: each route's path is its URL path
     app.include_router(health.router, responses=HEALTH_RESPONSES)
@@ -108,4 +119,6 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
     if process.tracing is not None:  # the server span of each request (nothing at all is installed when tracing is off)
         app.add_middleware(TracingMiddleware, tracing=process.tracing)
     app.add_middleware(RequestContextMiddleware, metrics=process.metrics, access_log=settings.access_log)
+    # Batch lines run through this whole app (every middleware above), as the key that made their job.
+    runner = BatchRunner(app, batch_service, process.quota, settings.batch_concurrency)
     return app

@@ -152,6 +152,10 @@ class Metrics:
         self.model_in_flight = Gauge("openai_api_model_requests_in_flight",
                                      "Generations (Triton sequences) in flight per model.",
                                      ["model"], registry=r, multiprocess_mode="livesum")
+        # The priority scheduler's queues (http.scheduler; --max-queue-per-model).
+        self.queued = Gauge("openai_api_queued_requests", "Requests waiting for an in-flight slot, by model and "
+                            "priority class (interactive, standard, batch).", ["model", "class"], registry=r,
+                            multiprocess_mode="livesum")
         self.latency = Histogram("openai_api_request_duration_seconds",
                                  "End-to-end request latency (until the last byte), by route and model.",
                                  ["route", "model"], buckets=REQUEST_BUCKETS, registry=r)
@@ -192,7 +196,8 @@ class Metrics:
                                    "(requests, weights_sent, cache_misses).", ["model", "adapter", "event"], registry=r)
         self.rejected = Counter("openai_api_rejected_requests",
                                 "Requests and connections refused before reaching a model (overload, body too large, "
-                                "draining, header too large, header or body timeout, connection limit).",
+                                "draining, header too large, header or body timeout, connection limit, a full queue, "
+                                "shed or timed out in the queue).",
                                 ["reason"], registry=r)
 
         # Images in chat (services.images): what was taken, how big, how long the fetches took, what was refused.

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from openai_api.config import GatewayConfig
 from openai_api.http.inflight import InFlightLimiter
 from openai_api.http.lifecycle import Lifecycle
+from openai_api.http.scheduler import Scheduler
 from openai_api.observability import Metrics
 from openai_api.quota.factory import build_store
 from openai_api.quota.service import QuotaService
@@ -53,6 +54,10 @@ class GatewayProcess:
         self.lifecycle = Lifecycle()
         self.limiter = InFlightLimiter(settings.max_in_flight, settings.max_in_flight_per_model,
                                        settings.retry_after_s, models=model_names(services), metrics=self.metrics)
+        self.limiter.scheduler = Scheduler(self.limiter, max_queue=settings.max_queue_per_model,
+                                           timeout_s=settings.queue_timeout_s,
+                                           shares={"standard": settings.standard_slot_share,
+                                                   "batch": settings.batch_slot_share})
         # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
         store = build_store(settings.redis_url, settings.redis_fail_mode, settings.redis_timeout_s) \
             if settings.keys_file else None

@@ -140,6 +140,20 @@ class Settings(BaseModel):
         "429 past it, a 400 (too_many_sequences) for a request that could never fit. A Triton LLM instance "
         "batches tens to a few hundred sequences. Per worker, like --max-in-flight", group="limits",
         metavar="N")] = 256
+    max_queue_per_model: Annotated[int, Option(
+        "requests that may wait per model for an in-flight slot, ordered by priority class (interactive, standard, "
+        "batch) and round-robin between keys; a full queue sheds its lowest class first. 0 = no queue: an "
+        "immediate 429 past a limit (docs/guides/batches.md)", group="limits", metavar="N")] = Field(default=0, ge=0)
+    queue_timeout_s: Annotated[float, Option(
+        "how long a queued request waits for a slot before its 429", group="limits", flag="--queue-timeout",
+        metavar="SECONDS")] = Field(default=30.0, gt=0)
+    standard_slot_share: Annotated[float, Option(
+        "the part of each in-flight limit requests of the standard class may fill (the rest is kept for the "
+        "interactive class)", group="limits", metavar="FRACTION")] = Field(default=1.0, gt=0, le=1)
+    batch_slot_share: Annotated[float, Option(
+        "the part of each in-flight limit requests of the batch class (the Batch API's lines, service_tier flex) "
+        "may fill, so that interactive and standard requests find slots free", group="limits",
+        metavar="FRACTION")] = Field(default=0.5, gt=0, le=1)
     retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
                                          metavar="SECONDS")] = 1
     header_timeout_s: Annotated[float, Option(
@@ -236,6 +250,30 @@ class Settings(BaseModel):
         "a stored response is forgotten this long after it was made (OpenAI keeps them 30 days)", group="server",
         flag="--responses-store-ttl", metavar="SECONDS", shown_default="2592000 (30 days)")] = Field(
         default=30 * 86400.0, gt=0)
+    batch_dir: Annotated[Path | None, Option(
+        "where the Batch API (/v1/files, /v1/batches, /v1/messages/batches) keeps its files and job state: an "
+        "SQLite file and a files/ folder, made on first use, kept across restarts and shared by the workers of "
+        "this host (several gateways: --batch-store-url, docs/guides/batches.md)",
+        group="server", metavar="DIR",
+        shown_default="$XDG_STATE_HOME/openai-api/batches (~/.local/state/openai-api/batches)")] = None
+    batch_store_url: Annotated[str | None, Option(
+        "keep the Batch API's jobs, leases and answers in this Redis or Valkey (redis://HOST:PORT/DB), shared by "
+        "every gateway using it, each running jobs made through any of them; files stay in --batch-dir, which "
+        "must then be a volume every gateway mounts", group="server", metavar="URL",
+        shown_default="none: SQLite in --batch-dir")] = None
+    batch_max_file_bytes: Annotated[int, Option(
+        "largest file /v1/files takes (a 400 past it); an upload is also bounded by --max-body-bytes",
+        group="server", metavar="N")] = Field(default=16 * 1024 * 1024, gt=0)
+    batch_max_lines: Annotated[int, Option(
+        "requests per batch input file (OpenAI's limit; Anthropic's message batches take up to 100,000); a 400 "
+        "past it", group="server", metavar="N")] = Field(default=50_000, gt=0)
+    batch_max_jobs_per_key: Annotated[int, Option(
+        "batch jobs one key may have unfinished at once; a 400 past it", group="server", metavar="N")] = Field(
+        default=16, gt=0)
+    batch_concurrency: Annotated[int, Option(
+        "batch lines this gateway process runs at once (each through the routes in the batch priority class, so "
+        "they also keep to --batch-slot-share); 0 = this process runs no batch jobs (another gateway on the "
+        "same store does)", group="server", metavar="N")] = Field(default=8, ge=0)
     ready_models: Annotated[Literal["any", "all", "none"], Option(
         "what /health/ready (and /ping) need besides a loaded config and no drain: any = at least one configured "
         "model ready (vLLM and NIM serve one model: ready when it is), all = every model, none = the gateway "
@@ -341,6 +379,13 @@ class Settings(BaseModel):
     def _store_url(cls, value: str | None) -> str | None:
         if value is not None:
             store_kind(value)  # ValueError naming what is accepted
+        return value or None
+
+    @field_validator("batch_store_url")
+    @classmethod
+    def _batch_store_url(cls, value: str | None) -> str | None:
+        if value and store_kind(value) != "redis":
+            raise ValueError(f"{value!r} is not a Redis URL: redis://HOST:PORT/DB (without it, SQLite in --batch-dir)")
         return value or None
 
     # What `from_args` found worth a warning (a variable under its former name), for the caller to log once

@@ -3,9 +3,11 @@
 In order: the count limits of the body (`--max-messages`, `--max-embedding-inputs`, `--max-rerank-documents`: a
 400 naming the field) and its nesting depth (`services.bounds`), then the caller's allow-list (a model the key may
 not use is a 404, as an unknown one), then the in-flight slots of the request's ticket (`http.inflight`: a 429
-past a limit, the share a key's priority allows). The request's model is recorded for its metrics and access log,
-and a traced request gets an `admission` span. Without the guard middleware (a bare app in a test) there is no
-ticket: nothing is counted.
+past a limit, the share a key's priority allows), taken through the priority scheduler (`http.scheduler`: the
+request's class from its `priority`, `service_tier` or `x-gateway-inference-objective`, capped by the key's
+`max_class`; with a queue configured, a wait ordered by class). The request's model is recorded for its metrics
+and access log, and a traced request gets an `admission` span. Without the guard middleware (a bare app in a
+test) there is no ticket: nothing is counted.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from pydantic import BaseModel
 
 from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.http.inflight import Ticket
+from openai_api.http.scheduler import capped_class, requested_class
 from openai_api.observability import current_stats
-from openai_api.quota.caller import current_caller
+from openai_api.quota.caller import PriorityClass, current_caller
 from openai_api.schemas.dialects import RankingRequest, RootRerankRequest, TEIEmbedRequest
 from openai_api.schemas.openai import (
     ChatCompletionRequest,
@@ -36,11 +39,14 @@ class Admission:
     """One request's admission, decided once by its route after the body was validated (see the module
     docstring). Without the guard middleware (a bare app in a test) there is no ticket: nothing is counted."""
 
-    __slots__ = ("settings", "ticket")
+    __slots__ = ("forced", "objective", "settings", "ticket")
 
-    def __init__(self, ticket: Ticket | None, settings: Settings) -> None:
+    def __init__(self, ticket: Ticket | None, settings: Settings, objective: str | None = None,
+                 forced: PriorityClass | None = None) -> None:
         self.ticket = ticket
         self.settings = settings
+        self.objective = objective  # the x-gateway-inference-objective header
+        self.forced = forced  # the Batch API's lines: always `batch`, whatever their bodies ask for
 
     @staticmethod
     def allowed(model: str) -> None:
@@ -52,7 +58,20 @@ class Admission:
         if caller is not None and not caller.allows(model):
             raise ModelNotFoundError(f"The model {model!r} does not exist.", param="model")
 
-    def _admit(self, model: str, sequences: int = 1, param: str = "n") -> None:
+    def request_class(self, body: BaseModel | None) -> PriorityClass:
+        """The scheduler class of this request (`http.scheduler`): what it asks for, capped by its key."""
+        caller = current_caller()
+        policy = caller.policy if caller is not None else None
+        if self.forced is not None:
+            return self.forced
+        extra = (body.model_extra or {}) if body is not None else {}
+        asked = requested_class(self.objective, getattr(body, "service_tier", None) or extra.get("service_tier"),
+                                extra.get("priority"))
+        if policy is None:
+            return asked or "standard"
+        return capped_class(asked, policy.default_class, policy.max_class)
+
+    async def _admit(self, model: str, sequences: int = 1, param: str = "n", body: BaseModel | None = None) -> None:
         self.allowed(model)
         caller = current_caller()
         share = caller.share if caller is not None else 1.0
@@ -61,7 +80,9 @@ class Admission:
             stats.model = model
         if self.ticket is not None:
             with child_span("admission", **{"gen_ai.request.model": model, "openai_api.sequences": sequences}):
-                self.ticket.admit(model, sequences, param, share)  # traced requests only: a refusal ends it in error
+                # traced requests only: a refusal ends it in error
+                await self.ticket.acquire(model, sequences, param, share, self.request_class(body),
+                                          caller.owner if caller is not None else "")
 
     def detach(self) -> Callable[[], None]:
         """Hand the request's in-flight slots to work that outlives its response (a background response): the
@@ -74,52 +95,52 @@ class Admission:
         ticket.model, ticket.sequences = None, 0
         return moved.release
 
-    def chat(self, body: ChatCompletionRequest) -> None:
+    async def chat(self, body: ChatCompletionRequest) -> None:
         _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")
         check_body_depth(body)  # before anything walks its JSON (templates, schema checks, copies)
-        self._admit(body.model, body.n, "n")
+        await self._admit(body.model, body.n, "n", body)
 
-    def completions(self, body: CompletionRequest) -> None:
+    async def completions(self, body: CompletionRequest) -> None:
         prompts = _prompt_count(body.prompt)
         check_body_depth(body)
-        self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n")
+        await self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n", body)
 
-    def responses(self, body: ResponsesRequest) -> None:
+    async def responses(self, body: ResponsesRequest) -> None:
         check_body_depth(body)
-        self._admit(body.model)
+        await self._admit(body.model, body=body)
 
-    def embeddings(self, body: EmbeddingRequest) -> None:
+    async def embeddings(self, body: EmbeddingRequest) -> None:
         _check_count(_embedding_inputs(body), self.settings.max_embedding_inputs, "input", "inputs")
-        self._admit(body.model)
+        await self._admit(body.model, body=body)
 
-    def rerank(self, body: RerankRequest) -> None:
+    async def rerank(self, body: RerankRequest) -> None:
         _check_count(len(body.documents), self.settings.max_rerank_documents, "documents", "documents")
-        self._admit(body.model)
+        await self._admit(body.model)
 
-    def tei_embed(self, body: TEIEmbedRequest, model: str) -> None:
+    async def tei_embed(self, body: TEIEmbedRequest, model: str) -> None:
         """TEI `/embed`; `model` is the one serving it (TEI's body names none)."""
         count = 1 if isinstance(body.inputs, str) else len(body.inputs)
         _check_count(count, self.settings.max_embedding_inputs, "inputs", "inputs")
-        self._admit(model)
+        await self._admit(model)
 
-    def ranking(self, body: RankingRequest) -> None:
+    async def ranking(self, body: RankingRequest) -> None:
         """NIM `/v1/ranking`."""
         _check_count(len(body.passages), self.settings.max_rerank_documents, "passages", "passages")
-        self._admit(body.model)
+        await self._admit(body.model)
 
-    def root_rerank(self, body: RootRerankRequest, model: str) -> None:
+    async def root_rerank(self, body: RootRerankRequest, model: str) -> None:
         """`/rerank`: TEI's `texts` or Infinity's `documents`; `model` is the one serving it."""
         param = "texts" if body.texts is not None else "documents"
         count = len(body.texts if body.texts is not None else body.documents or [])
         _check_count(count, self.settings.max_rerank_documents, param, param)
-        self._admit(model)
+        await self._admit(model)
 
-    def tokenize(self, model: str, messages: int = 0, body: BaseModel | None = None) -> None:
+    async def tokenize(self, model: str, messages: int = 0, body: BaseModel | None = None) -> None:
         """`/tokenize` and `/detokenize`: tokenizer work only, but a request in flight like any other."""
         _check_count(messages, self.settings.max_messages, "messages", "messages")
         if body is not None:
             check_body_depth(body)
-        self._admit(model)
+        await self._admit(model)
 
 
 def _check_count(count: int, limit: int | None, param: str, what: str) -> None:

@@ -19,10 +19,12 @@ from openai_api.http.admission import Admission
 from openai_api.http.inflight import InFlightLimiter, request_ticket
 from openai_api.http.keys import presented_key
 from openai_api.http.lifecycle import Lifecycle
+from openai_api.http.scheduler import CLASSES, OBJECTIVE_HEADER
 from openai_api.observability import Metrics
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME, api_key_digest
 from openai_api.quota.service import QuotaService
+from openai_api.services.batches import BatchService
 from openai_api.services.chat import ChatService
 from openai_api.services.completions import CompletionsService
 from openai_api.services.container import Services
@@ -73,6 +75,8 @@ class AppState:
     # The status page's data (services/status.py); None with --no-status-page.
     status: StatusService | None = None
     process: Process | None = None
+    # The Batch API's files and jobs (services/batches.py; the runner is http/batch_runner.py).
+    batches: BatchService | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +131,14 @@ def quota_service(request: Request) -> QuotaService:
     return app_state(request).quota
 
 
+# scope["state"] key of a class every request of this scope runs as (the Batch API's in-process calls: `batch`).
+PRIORITY_CLASS_KEY = "priority_class"
+
+
 def admission(request: Request) -> Admission:
-    return Admission(request_ticket(request.scope), app_state(request).settings)
+    forced = request.scope.get("state", {}).get(PRIORITY_CLASS_KEY)
+    return Admission(request_ticket(request.scope), app_state(request).settings,
+                     request.headers.get(OBJECTIVE_HEADER), forced if forced in CLASSES else None)
 
 
 def chat_service(request: Request) -> ChatService:
@@ -167,6 +177,12 @@ def health_service(request: Request) -> HealthService:
     return services(request).health
 
 
+def batch_service(request: Request) -> BatchService:
+    found = app_state(request).batches
+    assert found is not None  # the batch routers are registered only with one
+    return found
+
+
 def metrics(request: Request) -> Metrics:
     return app_state(request).metrics
 
@@ -185,3 +201,4 @@ HealthSvc = Annotated[HealthService, Depends(health_service)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]
 CallerDep = Annotated[Caller, Depends(caller)]
 QuotaDep = Annotated[QuotaService, Depends(quota_service)]
+BatchesSvc = Annotated[BatchService, Depends(batch_service)]

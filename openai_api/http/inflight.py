@@ -4,7 +4,8 @@
 `n` > 1, takes one per sequence), on the event loop only, so no locks. The guard middleware (`http.guard`) gives
 every HTTP request a `Ticket` in its scope before the route runs and releases it when the response is done; the
 route takes its slots once, through `http.admission.Admission`, after the body was validated. Past a limit the
-answer is 429 with `Retry-After`, never a queue; a request that could never fit is the client's 400.
+answer is 429 with `Retry-After`, or with `--max-queue-per-model` a wait in the model's priority queue
+(`http.scheduler`); a request that could never fit is the client's 400.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import Any
 from starlette.types import Scope
 
 from openai_api.errors import InvalidRequestError, OverloadedError
+from openai_api.http.scheduler import Scheduler
 from openai_api.observability import Metrics
+from openai_api.quota.caller import PriorityClass
 
 # scope["state"] key of the request's ticket (set by the guard middleware).
 TICKET_KEY = "admission_ticket"
@@ -36,6 +39,8 @@ class InFlightLimiter:
         # Gauge children cached per model (`.labels()` validates and locks on every call); made on first
         # use, as `.labels()` would, so /metrics lists a model once it has served a request.
         self._model_gauges: dict[str, Any] = {}
+        # The classes' shares and the queues (`http.scheduler`); replaced by the process with its settings.
+        self.scheduler = Scheduler(self)
 
     def model_gauge(self, model: str) -> Any:
         """`model`'s in-flight gauge child, or None without metrics."""
@@ -63,27 +68,41 @@ class Ticket:
         self.model: str | None = None
         self.sequences = 0
 
-    def admit(self, model: str, sequences: int = 1, param: str = "n", share: float = 1.0) -> None:
-        """Take `sequences` slots of `model` and of the gateway. More than a limit could ever grant is the
-        client's error (400 naming `param`); more than is free now is a 429. `share` (a key's priority, from
-        the keys file) is the part of each limit this request may fill: lower priorities are refused first."""
+    def _check(self, model: str, sequences: int, param: str) -> bool:
+        """Whether `model` is counted at all; the 400 for more sequences than a limit could ever grant."""
         lim = self.limiter
         if self.sequences or model not in lim.models:
-            return  # unknown models get their 404 from the service; they never become a metric label
+            return False  # unknown models get their 404 from the service; they never become a metric label
         most = min(lim.max_per_model, lim.max_total)
         if sequences > most:
             raise InvalidRequestError(
                 f"This request asks for {sequences} generations at once (prompts x n); this server runs at most "
                 f"{most} per model. Send fewer prompts or a smaller n per request.", param=param,
                 code="too_many_sequences")
-        if lim.total + sequences > (lim.max_total if share >= 1 else max(int(lim.max_total * share), 1)):
-            raise lim.overloaded(f"The server is serving its maximum of {lim.max_total} requests; retry shortly.",
-                                 "global_limit")
-        n = lim.per_model.get(model, 0)
-        if n + sequences > (lim.max_per_model if share >= 1 else max(int(lim.max_per_model * share), 1)):
-            raise lim.overloaded(f"The model {model!r} is serving its maximum of {lim.max_per_model} generations; "
-                                 "retry shortly.", "model_limit")
-        lim.per_model[model] = n + sequences
+        return True
+
+    def admit(self, model: str, sequences: int = 1, param: str = "n", share: float = 1.0) -> None:
+        """Take `sequences` slots of `model` and of the gateway now. More than a limit could ever grant is the
+        client's error (400 naming `param`); more than is free now is a 429. `share` (a key's priority, from
+        the keys file) is the part of each limit this request may fill: lower priorities are refused first."""
+        if not self._check(model, sequences, param):
+            return
+        refused = self.limiter.scheduler.refusal(model, sequences, "interactive", share)
+        if refused is not None:
+            raise self.limiter.overloaded(refused[1], refused[0])
+        self.take(model, sequences)
+
+    async def acquire(self, model: str, sequences: int = 1, param: str = "n", share: float = 1.0,
+                      cls: PriorityClass = "standard", key: str = "") -> None:
+        """`admit` through the scheduler: the class's share of each limit, and a wait in the model's queue
+        (ordered by class, fair between keys) where one is configured (`http.scheduler`)."""
+        if self._check(model, sequences, param):
+            await self.limiter.scheduler.acquire(self, model, sequences, cls, key, share)
+
+    def take(self, model: str, sequences: int) -> None:
+        """Hold `sequences` slots of `model` (checked by the caller)."""
+        lim = self.limiter
+        lim.per_model[model] = lim.per_model.get(model, 0) + sequences
         lim.total += sequences
         self.model = model
         self.sequences = sequences
@@ -101,6 +120,7 @@ class Ticket:
                 gauge.dec(self.sequences)
             self.model = None
             self.sequences = 0
+            lim.scheduler.dispatch()  # the freed slots to whoever waits for them
 
 
 def request_ticket(scope: Scope) -> Ticket | None:

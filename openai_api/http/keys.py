@@ -24,9 +24,16 @@ import logging
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_api.errors import AuthenticationError, GatewayError
-from openai_api.http.middleware import AUTHORIZED_KEY, basic_password, browser_page, challenges, send_error
+from openai_api.http.middleware import (
+    AUTHORIZED_KEY,
+    INTERNAL_CALLER,
+    basic_password,
+    browser_page,
+    challenges,
+    send_error,
+)
 from openai_api.observability import current_stats
-from openai_api.quota.caller import bind_caller, unbind_caller
+from openai_api.quota.caller import Caller, bind_caller, unbind_caller
 from openai_api.quota.service import QuotaService, ratelimit_headers, refusal
 from openai_api.quota.store import Decision
 from openai_api.tracing import child_span
@@ -64,8 +71,9 @@ class KeysMiddleware:
             return
         quota = self.quota
         secret = presented_key(scope)
-        caller = quota.identify(secret)
         state = scope.setdefault("state", {})
+        internal = state.get(INTERNAL_CALLER)  # the batch runner's line: the job's key, without its secret
+        caller = internal if isinstance(internal, Caller) else quota.identify(secret)
         if scope["path"] in self.open_paths:  # open, but what it says may depend on the key: never counted
             state[AUTHORIZED_KEY] = caller is not None
             if caller is not None:

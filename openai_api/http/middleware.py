@@ -25,6 +25,7 @@ from openai_api.errors import AuthenticationError, GatewayError
 from openai_api.http.dialects.table import dialect_for
 from openai_api.logs import AccessLine
 from openai_api.observability import Metrics, RequestStats, bind_stats, unbind_stats
+from openai_api.quota.caller import Caller
 
 access_logger = logging.getLogger("openai_api.access")
 
@@ -41,6 +42,9 @@ async def send_error(scope: Scope, send: Send, err: GatewayError,
 
 # scope["state"] key: on an open path with keys configured, whether the request presented a valid key.
 AUTHORIZED_KEY = "authorized"
+# scope["state"] key: the `quota.caller.Caller` of an in-process call (the batch runner, `http.batch_runner`), which
+# runs as the key that made its job without that key's secret. Only code in this process can set it.
+INTERNAL_CALLER = "internal_caller"
 # Pages people open in a browser, which cannot add a bearer header: there the key may also come as the password
 # of HTTP basic auth (any user name), and a 401 asks for it, so the browser prompts.
 BROWSER_PAGES = frozenset({"/status", "/docs", "/redoc", "/openapi.json"})
@@ -95,7 +99,8 @@ class APIKeyMiddleware:
         return ok
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not self.keys or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or not self.keys or scope["method"] == "OPTIONS" or \
+                isinstance(scope.get("state", {}).get(INTERNAL_CALLER), Caller):
             await self.app(scope, receive, send)
             return
         auth = next((v for k, v in scope["headers"] if k == b"authorization"), None)

@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Priority = Literal["high", "normal", "low"]
+# The scheduler's classes, most urgent first (`http.scheduler`).
+PriorityClass = Literal["interactive", "standard", "batch"]
+RANKS: dict[str, int] = {"interactive": 0, "standard": 1, "batch": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,8 @@ class Policy:
     priority: Priority = "normal"
     admin: bool = False
     metrics: bool = False  # may read /metrics (admin keys may too): a key for Prometheus
+    max_class: PriorityClass = "interactive"  # the most urgent class its requests may ask for (http.scheduler)
+    default_class: PriorityClass = "standard"  # the class of its requests that ask for none
 
     @property
     def reads_metrics(self) -> bool:

@@ -15,6 +15,8 @@ keys:
     tokens_per_day: 5000000
     tokens_per_month: 100000000
     priority: normal                     # high | normal | low
+    max_class: interactive               # most urgent scheduler class it may ask for: interactive|standard|batch
+    default_class: standard              # the class of its requests that ask for none (docs/guides/batches.md)
     admin: false                         # may read GET /v1/admin/usage (and /metrics)
     metrics: false                       # may read /metrics (a key for Prometheus: give it `models: []`)
 ```
@@ -36,7 +38,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from openai_api.quota.caller import Caller, Policy, Priority
+from openai_api.quota.caller import RANKS, Caller, Policy, Priority, PriorityClass
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -57,11 +59,15 @@ class KeyEntry(BaseModel):
     priority: Priority = "normal"
     admin: bool = False
     metrics: bool = False
+    max_class: PriorityClass = "interactive"
+    default_class: PriorityClass = "standard"
 
     @model_validator(mode="after")
     def _one_secret(self) -> KeyEntry:
         if (self.secret_sha256 is None) == (self.secret_env is None):
             raise ValueError("give exactly one of secret_sha256 and secret_env")
+        if RANKS[self.default_class] < RANKS[self.max_class]:
+            raise ValueError(f"default_class {self.default_class!r} is more urgent than max_class {self.max_class!r}")
         return self
 
 
@@ -146,7 +152,8 @@ def parse_keys(data: Any, source: str, environ: Mapping[str, str] | None = None)
         policy = Policy(models=tuple(k.models), requests_per_minute=k.requests_per_minute,
                         tokens_per_minute=k.tokens_per_minute, max_concurrent=k.max_concurrent,
                         tokens_per_day=k.tokens_per_day, tokens_per_month=k.tokens_per_month,
-                        priority=k.priority, admin=k.admin, metrics=k.metrics)
+                        priority=k.priority, admin=k.admin, metrics=k.metrics, max_class=k.max_class,
+                        default_class=k.default_class)
         by_digest[digest] = (k.name, k.team, policy)
         policies[k.name] = policy
     shares: dict[str, float] = {**DEFAULT_SHARES, **{str(k): v for k, v in model.priority_shares.items()}}

@@ -67,9 +67,14 @@ BASES: dict[str, dict[str, Any]] = {
     # Runtime LoRA (vLLM's shapes; off without --allow-runtime-lora, so a valid body is a 404 here).
     "/v1/load_lora_adapter": {"lora_name": "a", "lora_path": "a", "base_model": MODEL},
     "/v1/unload_lora_adapter": {"lora_name": "a"},
+    # The Batch API (an input file no one uploaded: a 404 after validation).
+    "/v1/batches": {"input_file_id": "file-none", "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                    "metadata": {"k": "v"}},
+    "/v1/messages/batches": {"requests": [{"custom_id": "a", "params": {"model": MODEL, "max_tokens": 3,
+                                                                         "messages": []}}]},
 }
 # Routes that answer in Anthropic's error shape: no `param`, so the message must name the field.
-ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens"}
+ANTHROPIC = {"/v1/messages", "/v1/messages/count_tokens", "/v1/messages/batches"}
 # One value of each JSON type; a field is sent every one its schema does not allow (null aside: whether
 # a field may be null is not a question of type). "1" is the string that lax parsing would take for a
 # number, 1 the integer it would take for a boolean, True the boolean it would take for an integer.
@@ -84,8 +89,9 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> GatewayConfig:
 
 
 @pytest.fixture(scope="module")
-async def app(config: GatewayConfig) -> AsyncIterator[FastAPI]:
-    app = create_app(config, Settings(config_file=BUNDLED_CONFIG, api_keys=["k1"]))
+async def app(config: GatewayConfig, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[FastAPI]:
+    app = create_app(config, Settings(config_file=BUNDLED_CONFIG, api_keys=["k1"],
+                                      batch_dir=tmp_path_factory.mktemp("batches")))
     rt = app.state.gateway.services.registry.llm(MODEL)
     rt.backend = FakeBackend([[i] for i in rt.tokenizer.encode("Hello")])
     yield app
@@ -255,11 +261,11 @@ def with_value(body: dict[str, Any], path: list[Any], value: Any) -> dict[str, A
 
 
 def post_routes(openapi: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Every POST route with a JSON body: path -> body schema."""
+    """Every POST route with a JSON body: path -> body schema (`/v1/files` takes a multipart form)."""
     out = {}
     for path, ops in openapi["paths"].items():
         op = ops.get("post")
-        if op and "requestBody" in op:
+        if op and "application/json" in op.get("requestBody", {}).get("content", {}):
             out[path] = op["requestBody"]["content"]["application/json"]["schema"]
     return out
 

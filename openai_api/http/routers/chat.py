@@ -13,5 +13,5 @@ router = APIRouter()
 @router.post("/v1/chat/completions", tags=["chat"])
 async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     call = parse(body)
-    admission.chat(call)
+    await admission.chat(call)
     return await DIALECT.respond(await chat.create(call, ctx.request), ctx.flush_interval_s)

@@ -13,5 +13,5 @@ router = APIRouter()
 @router.post("/v1/completions", tags=["completions"])
 async def completions(body: CompletionRequest, service: CompletionsSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     call = parse(body)
-    admission.completions(call)
+    await admission.completions(call)
     return await DIALECT.respond(await service.create(call, ctx.request), ctx.flush_interval_s)

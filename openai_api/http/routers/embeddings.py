@@ -14,7 +14,7 @@ router = APIRouter()
 async def embeddings(body: EmbeddingRequest, service: EmbeddingsSvc, admission: AdmissionDep) -> Response:
     """OpenAI's shape; NIM's `input_type` / `truncate` (and `-query` / `-passage` model names) too."""
     body = service.resolve(body)
-    admission.embeddings(body)
+    await admission.embeddings(body)
     return Response(await service.create(body), media_type="application/json")
 
 
@@ -22,5 +22,5 @@ async def embeddings(body: EmbeddingRequest, service: EmbeddingsSvc, admission: 
 async def embed_tei(body: TEIEmbedRequest, service: EmbeddingsSvc, admission: AdmissionDep) -> Response:
     """Hugging Face TEI's shape: `{inputs, normalize?, truncate?, truncation_direction?}` -> a list of vectors."""
     model = service.model_name(body.model)
-    admission.tei_embed(body, model)
+    await admission.tei_embed(body, model)
     return Response(await service.create_tei(body), media_type="application/json")

@@ -18,7 +18,7 @@ async def create_message(body: MessagesRequest, service: MessagesSvc, admission:
     accepted."""
     admission.allowed(service.model(body.model))  # before anything looks at the model (its image support)
     call = parse(body, service)
-    admission.chat(call.chat)
+    await admission.chat(call.chat)
     return await DIALECT.respond(await service.create(call, ctx.request), ctx.flush_interval_s)
 
 
@@ -27,5 +27,5 @@ async def count_tokens(body: CountTokensRequest, service: MessagesSvc, admission
     """`{input_tokens}`: the prompt `/v1/messages` would send, through the model's template and tokenizer."""
     admission.allowed(service.model(body.model))
     call = parse(body, service)
-    admission.tokenize(call.chat.model, len(call.chat.messages), call.chat)
+    await admission.tokenize(call.chat.model, len(call.chat.messages), call.chat)
     return json_response(await service.count_tokens(call))

@@ -14,21 +14,21 @@ router = APIRouter()
 @router.post("/v1/rerank", tags=["rerank"])
 async def rerank(body: RerankRequest, service: RerankSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     """Seed-system shape (`data`), plus `results` for Cohere v1 / Jina clients."""
-    admission.rerank(body)
+    await admission.rerank(body)
     return json_response(await service.create(body, ctx.request_id))
 
 
 @router.post("/v2/rerank", tags=["rerank"])
 async def rerank_v2(body: RerankRequest, service: RerankSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     """Cohere v2 shape."""
-    admission.rerank(body)
+    await admission.rerank(body)
     return json_response(await service.create_v2(body, ctx.request_id))
 
 
 @router.post("/v1/ranking", tags=["rerank"])
 async def ranking(body: RankingRequest, service: RerankSvc, admission: AdmissionDep) -> Response:
     """NVIDIA NIM's shape: `{model, query: {text}, passages: [{text}], truncate?}` -> `{rankings: [{index, logit}]}`."""
-    admission.ranking(body)
+    await admission.ranking(body)
     return json_response(await service.ranking(body))
 
 
@@ -36,5 +36,5 @@ async def ranking(body: RankingRequest, service: RerankSvc, admission: Admission
 async def rerank_root(body: RootRerankRequest, service: RerankSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     """Hugging Face TEI (`texts` -> `[{index, score, text?}]`) or Infinity (`documents` -> `{results: [{index,
     relevance_score, document?}]}` with `document` a string), told apart by the body."""
-    admission.root_rerank(body, service.model_name(body.model))
+    await admission.root_rerank(body, service.model_name(body.model))
     return json_response(await service.rerank_root(body, ctx.request_id))

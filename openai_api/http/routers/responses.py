@@ -20,7 +20,7 @@ async def create_response(body: ResponsesRequest, service: ResponsesSvc, admissi
     """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set; with `background`
     the stored response, `queued`, at once. Tools the gateway cannot run (hosted ones) are left out and named in
     the `x-omitted-tools` header."""
-    admission.responses(body)
+    await admission.responses(body)
     if body.background:
         response = json_response(await service.start_background(body, ctx.request, admission.detach))
     else:

@@ -21,7 +21,7 @@ async def count_input_tokens(body: ResponsesOpRequest, service: ResponsesSvc, ad
                              ctx: Ctx) -> Response:
     """`{"object": "response.input_tokens", "input_tokens": N}`: the `usage.input_tokens` the same body would
     report on `/v1/responses`."""
-    admission.responses(body)
+    await admission.responses(body)
     return json_response(await response_ops.input_tokens(service, body, ctx.request))
 
 
@@ -30,7 +30,7 @@ async def compact_response(body: ResponsesOpRequest, service: ResponsesSvc, admi
                            ctx: Ctx) -> Response:
     """OpenAI's compacted response (`object: "response.compaction"`): the conversation's user messages and one
     `compaction` item holding the served model's summary, which a following `/v1/responses` takes as input."""
-    admission.responses(body)
+    await admission.responses(body)
     return json_response(await response_ops.compact(service, body, ctx.request))
 
 

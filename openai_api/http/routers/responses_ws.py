@@ -60,6 +60,7 @@ from openai_api.http.deps import AppState
 from openai_api.http.inflight import Ticket
 from openai_api.http.keys import presented_key
 from openai_api.http.responses import validation_error
+from openai_api.http.scheduler import OBJECTIVE_HEADER
 from openai_api.quota.caller import Caller, bind_caller, unbind_caller
 from openai_api.quota.service import refusal
 from openai_api.quota.store import Decision
@@ -219,7 +220,7 @@ class ResponsesSocket:
             if req.background:
                 raise InvalidRequestError("background is not taken over a WebSocket; POST /v1/responses instead.",
                                           param="background", code="unsupported_parameter")
-            Admission(ticket, state.settings).responses(req)
+            await Admission(ticket, state.settings, self.websocket.headers.get(OBJECTIVE_HEADER)).responses(req)
             self.served += 1
             service: ResponsesService = state.services.responses
             # The upgrade's headers stand for every request on the socket (Codex's session id routes them all).

@@ -13,12 +13,12 @@ router = APIRouter()
 @router.post("/tokenize", tags=["tokenize"])
 async def tokenize(body: TokenizeRequest, service: TokenizeSvc, admission: AdmissionDep) -> Response:
     """vLLM's shape: `{model, prompt}` or `{model, messages, ...}` -> `{count, max_model_len, tokens, token_strs}`."""
-    admission.tokenize(service.model_name(body.model), len(body.messages or ()), body)
+    await admission.tokenize(service.model_name(body.model), len(body.messages or ()), body)
     return json_response(await service.tokenize(body))
 
 
 @router.post("/detokenize", tags=["tokenize"])
 async def detokenize(body: DetokenizeRequest, service: TokenizeSvc, admission: AdmissionDep) -> Response:
     """vLLM's shape: `{model, tokens}` -> `{prompt}`."""
-    admission.tokenize(service.model_name(body.model))
+    await admission.tokenize(service.model_name(body.model))
     return json_response(await service.detokenize(body))

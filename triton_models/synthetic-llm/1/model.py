@@ -38,6 +38,11 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
   The tests derive a ``synthetic-reasoning`` copy with it set (default "0").
 * pacing: config parameter ``delay_ms`` (default 0) or request parameter ``delay_ms`` puts that pause
   between two tokens of a request, so benchmarks can hold many streams open cheaply.
+* engine steps: config parameters ``step_ms`` and ``step_per_seq_ms`` (default 0: off) make the unpaced requests
+  advance as an engine's in-flight batch does: one token for every active request per step, then a pause of
+  ``step_ms + step_per_seq_ms x active requests`` (non-streaming ones too, answered when done); with
+  ``max_active`` N > 0 at most N requests are in the batch and the others wait first-come-first-served, as in an
+  engine whose batch is full. Capacity is fixed, at almost no CPU (bench/priority_batch.py).
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
   a FINAL response carrying a ``TritonError``, as the reference model does.
 * cancellation: ``is_cancelled()`` is polled at least every ``CANCEL_POLL_S`` seconds and before every
@@ -216,6 +221,9 @@ class TritonPythonModel:
 
         self.delay_s = max(0.0, float(param("delay_ms", "0")) / 1000.0)
         self.reasoning = param("reasoning", "0") == "1"
+        self.step_s = max(0.0, float(param("step_ms", "0")) / 1000.0)
+        self.step_per_seq_s = max(0.0, float(param("step_per_seq_ms", "0")) / 1000.0)
+        self.max_active = max(0, int(param("max_active", "0")))
         self.max_sequence = int(param("max_sequence", str(DEFAULT_MAX_SEQUENCE)))
         # One-token output arrays, built once: the hot path only wraps them in pb_utils.Tensor.
         self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32)
@@ -329,7 +337,7 @@ class TritonPythonModel:
         while not self.stopping.is_set():
             self.wake.clear()
             now = time.monotonic()
-            while self.incoming:
+            while self.incoming and not (self.max_active and len(ready) >= self.max_active):
                 job = self.incoming.popleft()
                 job.next_check = now + CANCEL_POLL_S
                 ready.append(job)
@@ -339,7 +347,8 @@ class TritonPythonModel:
                 self.wake.wait(min(paced[0][0] - now, 0.5) if paced else 0.5)
                 continue
             # One round: every ready job advances by one token (paced ones then go back to the heap).
-            for _ in range(len(ready)):
+            stepped = len(ready)
+            for _ in range(stepped):
                 job = ready.popleft()
                 try:
                     done = self._step(job)
@@ -354,6 +363,8 @@ class TritonPythonModel:
                     heapq.heappush(paced, (time.monotonic() + job.delay_s, next(tie), job))
                 else:
                     ready.append(job)
+            if self.step_s or self.step_per_seq_s:  # the engine's step time for this batch
+                self.stopping.wait(self.step_s + self.step_per_seq_s * stepped)
         # Shutting down: release whatever is still queued or in flight.
         leftovers = list(ready) + [j for _, _, j in paced] + list(self.incoming)
         for job in leftovers:
@@ -374,7 +385,7 @@ class TritonPythonModel:
             self._send_error(job.sender, "request cancelled", "CANCELLED")
             self._finish("cancelled")
             return True
-        if not job.streaming and job.delay_s == 0.0:
+        if not job.streaming and job.delay_s == 0.0 and not (self.step_s or self.step_per_seq_s):
             while not self._advance(job):
                 pass
             return True

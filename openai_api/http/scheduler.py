@@ -1,0 +1,247 @@
+"""Priority classes and the per-model queue in front of the in-flight slots (`http.inflight`).
+
+**Classes.** Every admitted request has one of `interactive`, `standard`, `batch` (most urgent first), read from
+what it asks for, most specific first:
+
+* the llm-d header `x-gateway-inference-objective` (`interactive`/`critical`, `standard`, `batch`/`sheddable`;
+  other objective names are ignored);
+* OpenAI's `service_tier`: `priority` -> interactive, `default`/`auto` -> standard, `flex` -> batch;
+* vLLM's integer `priority` (lower is more urgent): below 0 -> interactive, 0 -> standard, above 0 -> batch;
+* else the key's `default_class` (keys file; `standard` without one).
+
+A key never gets a class more urgent than its `max_class` (keys file; `interactive` by default): asking for more is
+served at its `max_class`, not refused. The Batch API's lines always run as `batch`.
+
+**Slots.** A class may fill only its share of each in-flight limit (`--standard-slot-share`,
+`--batch-slot-share`; interactive: all of it), so slots stay free for the classes above it even while lower-class
+work keeps arriving: an interactive request never waits behind batch work that holds the slots.
+
+**Queue.** With `--max-queue-per-model` N > 0, a request that finds no free slot waits in its model's queue
+instead of an immediate 429: ordered by class, round-robin between keys within a class (a key with 1,000 queued
+requests does not starve a key with one), each with a deadline (`--queue-timeout`; past it a 429 with
+`Retry-After`). A full queue sheds its newest waiter of the lowest class below the arriving one (that waiter gets
+the 429), else refuses the arrival. A request arriving while requests of its own class or above wait queues
+behind them (no overtaking). With N = 0 (the default) nothing waits: an immediate 429, as before the queue.
+
+Event-loop only (no locks), like the limiter. `clock` is injectable for the unit tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from openai_api.errors import OverloadedError
+from openai_api.quota.caller import RANKS, PriorityClass
+
+if TYPE_CHECKING:
+    from openai_api.http.inflight import InFlightLimiter, Ticket
+
+CLASSES: tuple[PriorityClass, ...] = ("interactive", "standard", "batch")
+RANK = RANKS
+OBJECTIVE_HEADER = "x-gateway-inference-objective"
+_OBJECTIVES: dict[str, PriorityClass] = {
+    "interactive": "interactive", "critical": "interactive", "standard": "standard", "batch": "batch",
+    "sheddable": "batch"}
+_TIERS: dict[str, PriorityClass] = {"priority": "interactive", "default": "standard", "auto": "standard",
+                                    "flex": "batch"}
+# Triton's request `priority` parameter per class (1 = highest of the model's priority levels), for backends that
+# honour it (see docs/guides/batches.md: none of this repository's adapters send it today).
+TRITON_PRIORITY: dict[str, int] = {"interactive": 1, "standard": 2, "batch": 3}
+
+
+def requested_class(objective: str | None, service_tier: Any, priority: Any) -> PriorityClass | None:
+    """The class a request asks for (module docstring), or None when it asks for none."""
+    if objective:
+        found = _OBJECTIVES.get(objective.strip().lower())
+        if found is not None:
+            return found
+    if isinstance(service_tier, str) and service_tier in _TIERS:
+        return _TIERS[service_tier]
+    if isinstance(priority, int) and not isinstance(priority, bool):
+        return "interactive" if priority < 0 else "standard" if priority == 0 else "batch"
+    return None
+
+
+def capped_class(asked: PriorityClass | None, default: PriorityClass, most: PriorityClass) -> PriorityClass:
+    """`asked` (else `default`), never more urgent than `most`."""
+    cls = asked if asked is not None else default
+    return cls if RANK[cls] >= RANK[most] else most
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One queued request."""
+
+    ticket: Ticket
+    model: str
+    sequences: int
+    cls: PriorityClass
+    key: str
+    share: float
+    deadline: float
+    future: asyncio.Future[None] = field(repr=False)
+
+
+class ModelQueue:
+    """One model's waiters: per class, an ordered map key -> its waiters (FIFO), served round-robin."""
+
+    def __init__(self) -> None:
+        self.classes: dict[str, OrderedDict[str, deque[Waiter]]] = {c: OrderedDict() for c in CLASSES}
+        self.size = 0
+
+    def push(self, w: Waiter) -> None:
+        self.classes[w.cls].setdefault(w.key, deque()).append(w)
+        self.size += 1
+
+    def remove(self, w: Waiter) -> bool:
+        keys = self.classes[w.cls]
+        q = keys.get(w.key)
+        if q is None or w not in q:
+            return False
+        q.remove(w)
+        if not q:
+            del keys[w.key]
+        self.size -= 1
+        return True
+
+    def waiting_at_or_above(self, cls: PriorityClass) -> bool:
+        return any(self.classes[c] for c in CLASSES[:RANK[cls] + 1])
+
+    def lowest_below(self, cls: PriorityClass) -> Waiter | None:
+        """The newest waiter of the lowest class less urgent than `cls` (the one shed first)."""
+        for c in reversed(CLASSES[RANK[cls] + 1:]):
+            keys = self.classes[c]
+            if keys:
+                newest = max((q[-1] for q in keys.values()), key=lambda w: w.deadline)
+                return newest
+        return None
+
+    def all(self) -> list[Waiter]:
+        return [w for keys in self.classes.values() for q in keys.values() for w in q]
+
+
+class Scheduler:
+    """The classes' slot shares and the per-model queues over one `InFlightLimiter` (module docstring)."""
+
+    def __init__(self, limiter: InFlightLimiter, *, max_queue: int = 0, timeout_s: float = 30.0,
+                 shares: dict[str, float] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limiter = limiter
+        self.max_queue = max_queue
+        self.timeout_s = timeout_s
+        self.shares: dict[str, float] = {"interactive": 1.0, "standard": 1.0, "batch": 0.5, **(shares or {})}
+        self.clock = clock
+        self.queues: dict[str, ModelQueue] = {}
+        self.waiting = 0
+
+    # --- capacity ---------------------------------------------------------------------------------------------
+    @staticmethod
+    def _cap(limit: int, share: float) -> int:
+        return limit if share >= 1 else max(int(limit * share), 1)
+
+    def refusal(self, model: str, sequences: int, cls: PriorityClass, share: float) -> tuple[str, str] | None:
+        """Why `sequences` more of `model` cannot start now ((reason, message)), or None when they fit."""
+        lim = self.limiter
+        s = min(share, self.shares.get(cls, 1.0))
+        if lim.total + sequences > self._cap(lim.max_total, s):
+            return "global_limit", f"The server is serving its maximum of {lim.max_total} requests; retry shortly."
+        if lim.per_model.get(model, 0) + sequences > self._cap(lim.max_per_model, s):
+            return "model_limit", (f"The model {model!r} is serving its maximum of {lim.max_per_model} "
+                                   "generations; retry shortly.")
+        return None
+
+    def overloaded(self, reason: str, message: str) -> OverloadedError:
+        return self.limiter.overloaded(message, reason)
+
+    def _count(self, w: Waiter, delta: int) -> None:
+        """The queued gauge (`openai_api_queued_requests`) and the waiting total, when `w` joins or leaves."""
+        self.waiting += delta
+        metrics = self.limiter.metrics
+        if metrics is not None:
+            metrics.queued.labels(w.model, w.cls).inc(delta)
+
+    # --- admission --------------------------------------------------------------------------------------------
+    async def acquire(self, ticket: Ticket, model: str, sequences: int, cls: PriorityClass, key: str,
+                      share: float) -> None:
+        """Take the slots now, or wait for them in `model`'s queue; raises the 429 when refused or shed."""
+        queue = self.queues.get(model)
+        refused = self.refusal(model, sequences, cls, share)
+        if refused is None and (queue is None or not queue.waiting_at_or_above(cls)):
+            ticket.take(model, sequences)
+            return
+        if self.max_queue <= 0:
+            raise self.overloaded(*(refused or ("model_limit", f"The model {model!r} is busy; retry shortly.")))
+        if queue is None:
+            queue = self.queues[model] = ModelQueue()
+        if queue.size >= self.max_queue:
+            victim = queue.lowest_below(cls)
+            if victim is None:
+                raise self.overloaded("queue_full", f"The queue of model {model!r} is full; retry shortly.")
+            self._fail(queue, victim, "shed", f"The model {model!r} is saturated by more urgent work; this "
+                       f"{victim.cls} request was shed; retry later.")
+        loop = asyncio.get_running_loop()
+        w = Waiter(ticket, model, sequences, cls, key, share, self.clock() + self.timeout_s, loop.create_future())
+        queue.push(w)
+        self._count(w, 1)
+        timer = loop.call_later(self.timeout_s, self._timed_out, queue, w)
+        try:
+            await w.future
+        except asyncio.CancelledError:
+            if queue.remove(w):
+                self._count(w, -1)
+            raise
+        finally:
+            timer.cancel()
+
+    def _timed_out(self, queue: ModelQueue, w: Waiter) -> None:
+        self._fail(queue, w, "queue_timeout", f"The request waited {self.timeout_s:g} s for model {w.model!r} "
+                   "without a free slot; retry later.")
+
+    def _fail(self, queue: ModelQueue, w: Waiter, reason: str, message: str) -> None:
+        if queue.remove(w):
+            self._count(w, -1)
+            if not w.future.done():
+                w.future.set_exception(self.overloaded(reason, message))
+
+    def expire(self) -> int:
+        """Refuse every waiter past its deadline (by `clock`); the timers do this too. Returns how many."""
+        now = self.clock()
+        n = 0
+        for queue in self.queues.values():
+            for w in queue.all():
+                if w.deadline <= now:
+                    self._timed_out(queue, w)
+                    n += 1
+        return n
+
+    def dispatch(self) -> None:
+        """Start what fits now, most urgent class first, round-robin between keys within a class; a class whose
+        head cannot start holds back every class below it (slots freed go up first)."""
+        if not self.waiting:
+            return
+        for queue in self.queues.values():
+            for cls in CLASSES:
+                keys = queue.classes[cls]
+                blocked = False
+                while keys:
+                    key, q = next(iter(keys.items()))
+                    w = q[0]
+                    if self.refusal(w.model, w.sequences, w.cls, w.share) is not None:
+                        blocked = True
+                        break
+                    q.popleft()
+                    keys.pop(key)
+                    if q:
+                        keys[key] = q  # to the end: the next key's turn
+                    queue.size -= 1
+                    self._count(w, -1)
+                    if w.future.done():  # cancelled while queued: nothing to give
+                        continue
+                    w.ticket.take(w.model, w.sequences)
+                    w.future.set_result(None)
+                if blocked:
+                    break

@@ -1,0 +1,415 @@
+"""The Batch API's engine, below the routes: files, jobs and their wire objects, for OpenAI's `/v1/files` +
+`/v1/batches` and Anthropic's `/v1/messages/batches` alike (one job store, `stored.batches`).
+
+Wire contract (OpenAI's `openapi.yaml`: `OpenAIFile`, `Batch`, `BatchRequestInput`/`BatchRequestOutput`;
+Anthropic's Message Batches):
+
+* an input file (purpose `batch`) is JSONL, one request per line: `{"custom_id": str, "method": "POST", "url": the
+  batch's endpoint, "body": {...}}`; `custom_id`s are unique within the file. A file that is not such JSONL, or
+  larger than `--batch-max-file-bytes`, or with more than `--batch-max-lines` lines, is a 400 naming the line;
+* a job answers each line once: the output file (`output_file_id`) holds the 2xx answers, the error file
+  (`error_file_id`) the others, each `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
+  "error"}`, in input order; Anthropic's results are `{"custom_id", "result": {"type": "succeeded", "message"} |
+  {"type": "errored", "error"} | {"type": "canceled"} | {"type": "expired"}}`;
+* statuses: `validating` -> `in_progress` -> `finalizing` -> `completed`, or `cancelling` -> `cancelled`, or
+  `expired` past `expires_at` (24 h); Anthropic's `processing_status` is `in_progress`, `canceling` or `ended`.
+
+Everything is owned by the key that made it: another key's id is the same 404 as an id never issued.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from openai_api.errors import InvalidRequestError, NotFoundError
+from openai_api.settings import Settings
+from openai_api.stored.base import new_id
+from openai_api.stored.batches import (
+    ACTIVE,
+    CANCELED,
+    ERRORED,
+    EXPIRED,
+    SUCCEEDED,
+    BatchRecord,
+    BatchStore,
+    FileRecord,
+    default_batch_dir,
+    iter_lines,
+)
+
+__all__ = ["BatchRecord", "BatchService", "parse_lines", "result_line"]
+
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+MESSAGES = "/v1/messages"
+WINDOW_S = 24 * 3600
+FILE_PURPOSES = ("batch",)
+OUTPUT_PURPOSE = "batch_output"
+# The input of an Anthropic job: kept as a file like OpenAI's, never shown by /v1/files.
+INTERNAL_PURPOSE = "messages_batch_input"
+MAX_METADATA = 16
+ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TERMINAL = ("completed", "failed", "expired", "cancelled")
+
+
+class BatchService:
+    """Files and jobs of one store, with the bounds of the settings (module docstring)."""
+
+    def __init__(self, store: BatchStore, *, max_file_bytes: int, max_lines: int, max_jobs: int) -> None:
+        self.store = store
+        self.max_file_bytes = max_file_bytes
+        self.max_lines = max_lines
+        self.max_jobs = max_jobs
+        self.wake: asyncio.Event | None = None  # set when a job is made or cancelled (the runner's poll)
+        self.on_cancel: list[Callable[[str], None]] = []  # told of each cancel made through this process
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> BatchService:
+        """Over the SQLite store in `--batch-dir`, which opens on first use (a gateway nobody sends batches
+        makes nothing on disk), or with `--batch-store-url` over Redis (files still in `--batch-dir`)."""
+        folder = settings.batch_dir or default_batch_dir()
+        store = BatchStore(folder)
+        if settings.batch_store_url:
+            from openai_api.stored.batches_redis import RedisBatchStore  # its client only where used
+
+            store = RedisBatchStore(settings.batch_store_url, folder)
+        return cls(store, max_file_bytes=settings.batch_max_file_bytes, max_lines=settings.batch_max_lines,
+                   max_jobs=settings.batch_max_jobs_per_key)
+
+    def started(self) -> bool:
+        """Whether the store exists yet (the runner polls nothing before)."""
+        return self.store.exists()
+
+    async def finish(self, rec: BatchRecord, lines: list[tuple[int, str, str, dict[str, Any]]], *, cancelled: bool,
+                     expired: bool) -> str:
+        """End a job whose lines are all answered (or that was cancelled or expired): the results of lines never
+        run (Anthropic), the output and error files (OpenAI), the final status, which it returns."""
+        now = int(time.time())
+        final, field = ("cancelled", "cancelled_at") if cancelled else ("expired", "expired_at") if expired \
+            else ("completed", "completed_at")
+        fields: dict[str, Any] = {field: now, "ended_at": now}
+        if final != "completed" and rec.kind == "anthropic":
+            done = await self.store.done(rec.id)
+            outcome = CANCELED if cancelled else EXPIRED
+            for idx, custom_id, _, _ in lines:
+                if idx not in done:
+                    await self.store.record(rec.id, idx, outcome, unanswered_line(rec.kind, custom_id, outcome))
+        if rec.kind == "openai":
+            await self.store.update(rec.id, "finalizing" if final == "completed" else None, {"finalizing_at": now})
+            for which, key in ((SUCCEEDED, "output_file_id"), (ERRORED, "error_file_id")):
+                answers = await self.store.results(rec.id, which)
+                if answers:
+                    content = "".join(a + "\n" for a in answers).encode()
+                    file = FileRecord(new_id("file-"), rec.owner, OUTPUT_PURPOSE,
+                                      f"{rec.id}_{'output' if which == SUCCEEDED else 'error'}.jsonl", len(content),
+                                      len(answers), now)
+                    await self.store.put_file(file, content)
+                    fields[key] = file.id
+        await self.store.update(rec.id, final, fields)
+        return final
+
+    def _poke(self) -> None:
+        if self.wake is not None:
+            self.wake.set()
+
+    # --- files ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def file_object(rec: FileRecord) -> dict[str, Any]:
+        return {"id": rec.id, "object": "file", "bytes": rec.bytes, "created_at": rec.created_at,
+                "filename": rec.filename, "purpose": rec.purpose, "status": "processed"}
+
+    async def upload(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+        if purpose not in FILE_PURPOSES:
+            raise InvalidRequestError(f"purpose {purpose!r} is not supported here; this server takes 'batch' files.",
+                                      param="purpose", code="invalid_purpose")
+        if len(content) > self.max_file_bytes:
+            raise InvalidRequestError(f"The file has {len(content)} bytes; this server takes at most "
+                                      f"{self.max_file_bytes}.", param="file", code="file_too_large")
+        lines = await asyncio.to_thread(self._check_jsonl, content)
+        rec = FileRecord(new_id("file-"), owner, purpose, filename[:255] or "upload.jsonl", len(content), lines,
+                         int(time.time()))
+        await self.store.put_file(rec, content)
+        return self.file_object(rec)
+
+    def _check_jsonl(self, content: bytes) -> int:
+        """Lines of a batch input file; a 400 naming the first bad line (CPU work: off the event loop)."""
+        count = 0
+        seen: set[str] = set()
+        for idx, raw in iter_lines(content):
+            if idx >= self.max_lines:
+                raise InvalidRequestError(f"The file has more than {self.max_lines} requests, this server's limit.",
+                                          param="file", code="too_many_lines")
+            line = _line(raw, idx)
+            method, url, custom_id = line.get("method"), line.get("url"), line.get("custom_id")
+            if not isinstance(custom_id, str) or not custom_id:
+                raise _bad_line(idx, "has no custom_id string")
+            if custom_id in seen:
+                raise _bad_line(idx, f"repeats the custom_id {custom_id[:64]!r}")
+            seen.add(custom_id)
+            if method != "POST":
+                raise _bad_line(idx, "has a method other than POST")
+            if url not in ENDPOINTS:
+                raise _bad_line(idx, f"has a url that is none of {', '.join(ENDPOINTS)}")
+            if not isinstance(line.get("body"), dict):
+                raise _bad_line(idx, "has no body object")
+            count += 1
+        if not count:
+            raise InvalidRequestError("The file holds no requests.", param="file", code="empty_file")
+        return count
+
+    async def file(self, owner: str, file_id: str) -> FileRecord:
+        rec = await self.store.get_file(owner, file_id)
+        if rec is None or rec.purpose == INTERNAL_PURPOSE:
+            raise NotFoundError(f"No such File object: {file_id}", param="id")
+        return rec
+
+    async def list_files(self, owner: str, purpose: str | None, limit: int, after: str | None) -> dict[str, Any]:
+        recs = [r for r in await self.store.list_files(owner, purpose, 10_000) if r.purpose != INTERNAL_PURPOSE]
+        return _page([self.file_object(r) for r in recs], limit, after)
+
+    async def content(self, owner: str, file_id: str) -> bytes:
+        return await self.store.read((await self.file(owner, file_id)).id)
+
+    async def delete_file(self, owner: str, file_id: str) -> dict[str, Any]:
+        await self.file(owner, file_id)
+        await self.store.delete_file(owner, file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # --- jobs -------------------------------------------------------------------------------------------------
+    async def create(self, owner: str, input_file_id: str, endpoint: str, window: str,
+                     metadata: Mapping[str, str] | None, caller: Mapping[str, str]) -> dict[str, Any]:
+        if endpoint not in ENDPOINTS:
+            raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint",
+                                      code="invalid_endpoint")
+        if window != "24h":
+            raise InvalidRequestError("completion_window must be '24h'.", param="completion_window")
+        _check_metadata(metadata)
+        rec = await self.store.get_file(owner, input_file_id)
+        if rec is None or rec.purpose == INTERNAL_PURPOSE:
+            raise NotFoundError(f"No such File object: {input_file_id}", param="input_file_id")
+        if rec.purpose != "batch":
+            raise InvalidRequestError("The input file's purpose must be 'batch'.", param="input_file_id")
+        content = await self.store.read(rec.id)
+        wrong = await asyncio.to_thread(_other_url, content, endpoint)
+        if wrong is not None:
+            raise _bad_line(wrong, f"has a url other than the batch's endpoint {endpoint}", "input_file_id")
+        job = await self._create_job("openai", new_id("batch_"), owner, rec.id, endpoint, rec.lines,
+                                     dict(metadata or {}), caller)
+        return await self.batch_object(job)
+
+    async def _create_job(self, kind: str, job_id: str, owner: str, file_id: str, endpoint: str, total: int,
+                          metadata: dict[str, str], caller: Mapping[str, str]) -> BatchRecord:
+        now = int(time.time())
+        data: dict[str, Any] = {"endpoint": endpoint, "input_file_id": file_id, "total": total,
+                                "metadata": metadata, "expires_at": now + WINDOW_S, "caller": dict(caller)}
+        job = BatchRecord(job_id, owner, kind, "validating", now, data)
+        if not await self.store.create_batch(job, self.max_jobs):
+            raise InvalidRequestError(f"This key has {self.max_jobs} unfinished batches, this server's limit; "
+                                      "wait for one to end or cancel one.", code="too_many_batches")
+        self._poke()
+        return job
+
+    async def job(self, owner: str, job_id: str, kind: str) -> BatchRecord:
+        rec = await self.store.get_batch(owner, job_id)
+        if rec is None or rec.kind != kind:
+            what = "Batch" if kind == "openai" else "message batch"
+            raise NotFoundError(f"No such {what}: {job_id}", param="id")
+        return rec
+
+    async def batch_object(self, rec: BatchRecord) -> dict[str, Any]:
+        counts = await self.store.counts(rec.id)
+        d = rec.data
+        # Fields not set yet are left out, as OpenAI's description (none of them nullable) has it.
+        obj = {"id": rec.id, "object": "batch", "endpoint": d["endpoint"], "errors": d.get("errors"),
+                "input_file_id": d["input_file_id"], "completion_window": "24h", "status": rec.status,
+                "output_file_id": d.get("output_file_id"), "error_file_id": d.get("error_file_id"),
+                "created_at": rec.created_at, "in_progress_at": d.get("in_progress_at"),
+                "expires_at": d["expires_at"], "finalizing_at": d.get("finalizing_at"),
+                "completed_at": d.get("completed_at"), "failed_at": d.get("failed_at"),
+                "expired_at": d.get("expired_at"), "cancelling_at": d.get("cancelling_at"),
+                "cancelled_at": d.get("cancelled_at"),
+                "request_counts": {"total": d["total"], "completed": counts.get(SUCCEEDED, 0),
+                                   "failed": counts.get(ERRORED, 0)},
+                "metadata": d.get("metadata") or None}
+        return {k: v for k, v in obj.items() if v is not None or k == "metadata"}
+
+    async def list_batches(self, owner: str, kind: str, limit: int, after: str | None) -> dict[str, Any]:
+        recs = await self.store.list_batches(owner, kind, 10_000)
+        shape = self.batch_object if kind == "openai" else self.message_batch_object
+        page = _page([{"id": r.id, "rec": r} for r in recs], limit, after)
+        page["data"] = [await shape(x["rec"]) for x in page["data"]]
+        return page
+
+    async def cancel(self, owner: str, job_id: str, kind: str) -> BatchRecord:
+        rec = await self.job(owner, job_id, kind)
+        now = int(time.time())
+        field = "cancelling_at" if kind == "openai" else "cancel_initiated_at"
+        done = await self.store.update(rec.id, "cancelling", {field: now}, only_if=("validating", "in_progress"))
+        for listener in self.on_cancel:
+            listener(rec.id)
+        self._poke()
+        return done or rec
+
+    # --- Anthropic --------------------------------------------------------------------------------------------
+    async def create_messages(self, owner: str, requests: Any, caller: Mapping[str, str]) -> dict[str, Any]:
+        content = await asyncio.to_thread(self._messages_jsonl, requests)
+        job_id = new_id("msgbatch_")
+        rec = FileRecord(new_id("file-"), owner, INTERNAL_PURPOSE, f"{job_id}.jsonl", len(content),
+                         len(requests), int(time.time()))
+        await self.store.put_file(rec, content)
+        job = await self._create_job("anthropic", job_id, owner, rec.id, MESSAGES, rec.lines, {}, caller)
+        return await self.message_batch_object(job)
+
+    def _messages_jsonl(self, requests: Any) -> bytes:
+        if not isinstance(requests, list) or not requests:
+            raise InvalidRequestError("requests: a non-empty list of {custom_id, params} is required.",
+                                      param="requests")
+        if len(requests) > self.max_lines:
+            raise InvalidRequestError(f"requests: at most {self.max_lines} per batch on this server.",
+                                      param="requests")
+        seen: set[str] = set()
+        out: list[bytes] = []
+        for i, r in enumerate(requests):
+            if not isinstance(r, dict) or set(r) - {"custom_id", "params"}:
+                raise InvalidRequestError(f"requests.{i}: an object with custom_id and params.",
+                                          param=f"requests.{i}")
+            cid, params = r.get("custom_id"), r.get("params")
+            if not isinstance(cid, str) or not ANTHROPIC_ID.match(cid):
+                raise InvalidRequestError(f"requests.{i}.custom_id: 1 to 64 letters, digits, '_' or '-'.",
+                                          param=f"requests.{i}.custom_id")
+            if cid in seen:
+                raise InvalidRequestError(f"requests.{i}.custom_id: {cid!r} appears twice.",
+                                          param=f"requests.{i}.custom_id")
+            seen.add(cid)
+            if not isinstance(params, dict):
+                raise InvalidRequestError(f"requests.{i}.params: an object is required.",
+                                          param=f"requests.{i}.params")
+            out.append(json.dumps({"custom_id": cid, "method": "POST", "url": MESSAGES, "body": params},
+                                  separators=(",", ":")).encode())
+        data = b"\n".join(out) + b"\n"
+        if len(data) > self.max_file_bytes:
+            raise InvalidRequestError(f"The batch's requests take {len(data)} bytes; this server takes at most "
+                                      f"{self.max_file_bytes}.", param="requests")
+        return data
+
+    async def message_batch_object(self, rec: BatchRecord, base_url: str = "") -> dict[str, Any]:
+        counts = await self.store.counts(rec.id)
+        d = rec.data
+        ended = rec.status in TERMINAL
+        answered = sum(counts.values())
+        return {"id": rec.id, "type": "message_batch",
+                "processing_status": "ended" if ended else "canceling" if rec.status == "cancelling"
+                else "in_progress",
+                "request_counts": {"processing": 0 if ended else d["total"] - answered,
+                                   "succeeded": counts.get(SUCCEEDED, 0), "errored": counts.get(ERRORED, 0),
+                                   "canceled": counts.get(CANCELED, 0), "expired": counts.get(EXPIRED, 0)},
+                "ended_at": _iso(d.get("ended_at")), "created_at": _iso(rec.created_at),
+                "expires_at": _iso(d["expires_at"]), "archived_at": None,
+                "cancel_initiated_at": _iso(d.get("cancel_initiated_at")),
+                "results_url": f"{base_url}/v1/messages/batches/{rec.id}/results" if ended else None}
+
+    async def delete_message_batch(self, owner: str, job_id: str) -> dict[str, Any]:
+        """Forget an ended message batch, its results and its input; a 400 while it is still processing."""
+        rec = await self.job(owner, job_id, "anthropic")
+        if rec.status not in TERMINAL:
+            raise InvalidRequestError(f"Message batch {job_id} is still processing; cancel it, and delete it once "
+                                      "it has ended.")
+        await self.store.delete_batch(owner, rec.id)
+        await self.store.delete_file(owner, rec.data["input_file_id"])
+        return {"id": rec.id, "type": "message_batch_deleted"}
+
+    async def message_results(self, owner: str, job_id: str) -> bytes:
+        rec = await self.job(owner, job_id, "anthropic")
+        if rec.status not in TERMINAL:
+            raise InvalidRequestError(f"Message batch {job_id} has not ended; its results are not ready.")
+        lines = await self.store.results(rec.id)
+        return "".join(line + "\n" for line in lines).encode()
+
+
+# --- the lines' answers, as the runner records them -------------------------------------------------------------
+def result_line(kind: str, custom_id: str, status: int, body: Any, request_id: str) -> tuple[int, str]:
+    """(outcome, JSONL line) of one answered request."""
+    ok = 200 <= status < 300
+    if kind == "anthropic":
+        result: dict[str, Any] = {"type": "succeeded", "message": body} if ok else {
+            "type": "errored", "error": body if isinstance(body, dict) else {
+                "type": "error", "error": {"type": "api_error", "message": str(body)}}}
+        line: dict[str, Any] = {"custom_id": custom_id, "result": result}
+    else:
+        line = {"id": new_id("batch_req_"), "custom_id": custom_id,
+                "response": {"status_code": status, "request_id": request_id, "body": body}, "error": None}
+    return (SUCCEEDED if ok else ERRORED), json.dumps(line, separators=(",", ":"))
+
+
+def unanswered_line(kind: str, custom_id: str, outcome: int) -> str:
+    """The result of a line a cancelled or expired job never ran."""
+    if kind == "anthropic":
+        return json.dumps({"custom_id": custom_id, "result": {"type": "canceled" if outcome == CANCELED
+                                                              else "expired"}})
+    code = "batch_cancelled" if outcome == CANCELED else "batch_expired"
+    return json.dumps({"id": new_id("batch_req_"), "custom_id": custom_id, "response": None,
+                       "error": {"code": code, "message": "This request was not run: the batch "
+                                 + ("was cancelled." if outcome == CANCELED else "expired.")}})
+
+
+def parse_lines(content: bytes) -> list[tuple[int, str, str, dict[str, Any]]]:
+    """(index, custom_id, url, body) of each line of a checked input file (CPU work: off the event loop)."""
+    out = []
+    for idx, raw in iter_lines(content):
+        line = json.loads(raw)
+        out.append((idx, str(line["custom_id"]), str(line["url"]), line["body"]))
+    return out
+
+
+def active(status: str) -> bool:
+    return status in ACTIVE
+
+
+def _line(raw: bytes, idx: int) -> dict[str, Any]:
+    try:
+        line = json.loads(raw)
+    except ValueError:
+        raise _bad_line(idx, "is not JSON") from None
+    if not isinstance(line, dict):
+        raise _bad_line(idx, "is not a JSON object")
+    return line
+
+
+def _bad_line(idx: int, what: str, param: str = "file") -> InvalidRequestError:
+    return InvalidRequestError(f"Line {idx + 1} of the input file {what}.", param=param, code="invalid_batch_line")
+
+
+def _other_url(content: bytes, endpoint: str) -> int | None:
+    for idx, raw in iter_lines(content):
+        if json.loads(raw).get("url") != endpoint:
+            return idx
+    return None
+
+
+def _check_metadata(metadata: Mapping[str, Any] | None) -> None:
+    if metadata is None:
+        return
+    if len(metadata) > MAX_METADATA or any(not isinstance(k, str) or len(k) > 64 or not isinstance(v, str)
+                                           or len(v) > 512 for k, v in metadata.items()):
+        raise InvalidRequestError("metadata: at most 16 string pairs, keys up to 64 and values up to 512 "
+                                  "characters.", param="metadata")
+
+
+def _page(items: list[dict[str, Any]], limit: int, after: str | None) -> dict[str, Any]:
+    """OpenAI's cursor page over `items` (newest first): those after the id `after`, at most `limit`."""
+    if after is not None:
+        ids = [x["id"] for x in items]
+        items = items[ids.index(after) + 1:] if after in ids else []
+    page = items[:limit]
+    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None, "has_more": len(items) > limit}
+
+
+def _iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))

@@ -1,0 +1,354 @@
+"""The Batch API's state: uploaded files, batch jobs and each job's per-line answers, owned by the key that made them.
+
+**Embedded (the default):** one SQLite file (`batches.sqlite3`) and a `files/` folder under `--batch-dir`, shared by
+every worker of one host (WAL, `BEGIN IMMEDIATE`, as `stored.sqlite`). File contents live in the folder, never in
+the database: a 200 MB upload is one file write and a streamed download, and the database stays small.
+
+**Owners.** Every file and job carries its owner (`Caller.owner`); every read names the owner and answers None for
+another's, so the routes answer 404 as for an id never issued.
+
+**Exactly once.** A job's line is answered when its row is in `results` (`record`: `INSERT OR IGNORE` on
+`(batch_id, idx)`: a second answer of the same line, from a gateway that lost its lease mid-line, is dropped).
+A runner starting on a job skips every line already recorded, so a restart resumes at the first unanswered one.
+
+**Leases.** A gateway runs a job while it holds the job's lease (`claim`, renewed every few seconds, given back
+when the gateway stops); a lease that is not renewed runs out (`LEASE_S`) and another gateway takes the job.
+
+Off the event loop: every statement runs on this store's one thread, as in `stored.sqlite`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from openai_api.stored.base import StoreUnavailableError
+
+logger = logging.getLogger("openai_api.batches")
+DB_NAME = "batches.sqlite3"
+BUSY_S = 5.0
+LEASE_S = 15.0
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+# A line's outcome as `results` keeps it.
+SUCCEEDED, ERRORED, CANCELED, EXPIRED = 1, 0, 2, 3
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS files (
+  id TEXT PRIMARY KEY, owner TEXT NOT NULL, purpose TEXT NOT NULL, filename TEXT NOT NULL,
+  bytes INTEGER NOT NULL, lines INTEGER NOT NULL, created_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS files_owner ON files (owner, created_at);
+CREATE TABLE IF NOT EXISTS batches (
+  id TEXT PRIMARY KEY, owner TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+  created_at INTEGER NOT NULL, lease_owner TEXT, lease_until REAL NOT NULL DEFAULT 0, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS batches_owner ON batches (owner, kind, created_at);
+CREATE INDEX IF NOT EXISTS batches_status ON batches (status);
+CREATE TABLE IF NOT EXISTS results (
+  batch_id TEXT NOT NULL, idx INTEGER NOT NULL, outcome INTEGER NOT NULL, line TEXT NOT NULL,
+  PRIMARY KEY (batch_id, idx));
+"""
+
+
+def default_batch_dir() -> Path:
+    """`$XDG_STATE_HOME/openai-api/batches` (`~/.local/state/...` without it)."""
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "openai-api" / "batches"
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    id: str
+    owner: str
+    purpose: str
+    filename: str
+    bytes: int
+    lines: int
+    created_at: int
+
+
+@dataclass(slots=True)
+class BatchRecord:
+    """A job: its columns, and `data` (the wire object's fields the store does not look at)."""
+
+    id: str
+    owner: str
+    kind: str  # "openai" | "anthropic"
+    status: str
+    created_at: int
+    data: dict[str, Any]
+
+
+class BatchStore:
+    """See the module docstring. `folder` is made (mode 0700) on first use."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = Path(folder)
+        self.files_dir = self.folder / "files"
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
+        self._db: sqlite3.Connection | None = None
+
+    # --- on the store's thread ---------------------------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            self.files_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            db = sqlite3.connect(self.folder / DB_NAME, timeout=BUSY_S, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            try:
+                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                db.close()
+                raise
+            self._db = db
+        return self._db
+
+    def _tx(self, fn: Any, *args: Any) -> Any:
+        db = self._conn()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            out = fn(db, *args)
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        return out
+
+    def exists(self) -> bool:
+        """Whether the store was made yet (a runner polls nothing before)."""
+        return (self.folder / DB_NAME).exists()
+
+    def path(self, file_id: str) -> Path:
+        return self.files_dir / file_id
+
+    def _put_file(self, rec: FileRecord, content: bytes) -> None:
+        self._conn()
+        tmp = self.files_dir / f".{rec.id}.tmp"
+        tmp.write_bytes(content)
+        os.replace(tmp, self.path(rec.id))  # whole or absent, never half a file
+        self._conn().execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (rec.id, rec.owner, rec.purpose, rec.filename, rec.bytes, rec.lines, rec.created_at))
+
+    def _get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        row = self._conn().execute("SELECT * FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
+        return None if row is None else FileRecord(*row)
+
+    def _list_files(self, owner: str, purpose: str | None, limit: int) -> list[FileRecord]:
+        q = "SELECT * FROM files WHERE owner = ?" + (" AND purpose = ?" if purpose else "") + \
+            " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        args: tuple[Any, ...] = (owner, purpose, limit) if purpose else (owner, limit)
+        return [FileRecord(*r) for r in self._conn().execute(q, args).fetchall()]
+
+    def _delete_file(self, owner: str, file_id: str) -> bool:
+        gone = self._conn().execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner)).rowcount > 0
+        if gone:
+            self.path(file_id).unlink(missing_ok=True)
+        return gone
+
+    def _read(self, file_id: str) -> bytes:
+        return self.path(file_id).read_bytes()
+
+    def _create_batch(self, db: sqlite3.Connection, rec: BatchRecord, max_active: int) -> bool:
+        marks = ",".join("?" * len(ACTIVE))
+        (active,) = db.execute(f"SELECT count(*) FROM batches WHERE owner = ? AND status IN ({marks})",
+                               (rec.owner, *ACTIVE)).fetchone()
+        if active >= max_active:
+            return False
+        db.execute("INSERT INTO batches (id, owner, kind, status, created_at, data) VALUES (?, ?, ?, ?, ?, ?)",
+                   (rec.id, rec.owner, rec.kind, rec.status, rec.created_at, json.dumps(rec.data)))
+        return True
+
+    @staticmethod
+    def _batch(row: tuple[Any, ...]) -> BatchRecord:
+        return BatchRecord(row[0], row[1], row[2], row[3], row[4], json.loads(row[5]))
+
+    def _get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
+        q = "SELECT id, owner, kind, status, created_at, data FROM batches WHERE id = ?"
+        row = self._conn().execute(q + (" AND owner = ?" if owner is not None else ""),
+                                   (batch_id, owner) if owner is not None else (batch_id,)).fetchone()
+        return None if row is None else self._batch(row)
+
+    def _list_batches(self, owner: str, kind: str, limit: int) -> list[BatchRecord]:
+        rows = self._conn().execute(
+            "SELECT id, owner, kind, status, created_at, data FROM batches WHERE owner = ? AND kind = ? "
+            "ORDER BY created_at DESC, rowid DESC LIMIT ?", (owner, kind, limit)).fetchall()
+        return [self._batch(r) for r in rows]
+
+    def _update(self, db: sqlite3.Connection, batch_id: str, status: str | None, fields: dict[str, Any],
+                only_if: tuple[str, ...] | None) -> BatchRecord | None:
+        row = db.execute("SELECT id, owner, kind, status, created_at, data FROM batches WHERE id = ?",
+                         (batch_id,)).fetchone()
+        if row is None:
+            return None
+        rec = self._batch(row)
+        if only_if is not None and rec.status not in only_if:
+            return rec
+        rec.data.update(fields)
+        if status is not None:
+            rec.status = status
+        db.execute("UPDATE batches SET status = ?, data = ? WHERE id = ?", (rec.status, json.dumps(rec.data),
+                                                                          batch_id))
+        return rec
+
+    def _delete_batch(self, db: sqlite3.Connection, owner: str, batch_id: str) -> bool:
+        if db.execute("DELETE FROM batches WHERE id = ? AND owner = ?", (batch_id, owner)).rowcount == 0:
+            return False
+        db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
+        return True
+
+    def _claim(self, db: sqlite3.Connection, node: str, now: float, most: int) -> list[str]:
+        marks = ",".join("?" * len(ACTIVE))
+        rows = db.execute(f"SELECT id FROM batches WHERE status IN ({marks}) AND (lease_owner IS NULL OR "
+                          "lease_until < ?) ORDER BY created_at, rowid LIMIT ?", (*ACTIVE, now, most)).fetchall()
+        ids = [r[0] for r in rows]
+        db.executemany("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?",
+                       [(node, now + LEASE_S, i) for i in ids])
+        return ids
+
+    def _renew(self, batch_id: str, node: str) -> str | None:
+        """Extend `node`'s lease; the job's status, or None when the lease is no longer `node`'s."""
+        db = self._conn()
+        cur = db.execute("UPDATE batches SET lease_until = ? WHERE id = ? AND lease_owner = ?",
+                         (time.time() + LEASE_S, batch_id, node))
+        if cur.rowcount == 0:
+            return None
+        row = db.execute("SELECT status FROM batches WHERE id = ?", (batch_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def _release(self, batch_id: str, node: str) -> None:
+        self._conn().execute("UPDATE batches SET lease_owner = NULL, lease_until = 0 WHERE id = ? AND "
+                             "lease_owner = ?", (batch_id, node))
+
+    def _record(self, batch_id: str, idx: int, outcome: int, line: str) -> bool:
+        cur = self._conn().execute("INSERT OR IGNORE INTO results VALUES (?, ?, ?, ?)", (batch_id, idx, outcome,
+                                                                                         line))
+        return cur.rowcount == 1
+
+    def _done(self, batch_id: str) -> set[int]:
+        return {r[0] for r in self._conn().execute("SELECT idx FROM results WHERE batch_id = ?", (batch_id,))}
+
+    def _counts(self, batch_id: str) -> dict[int, int]:
+        rows = self._conn().execute("SELECT outcome, count(*) FROM results WHERE batch_id = ? GROUP BY outcome",
+                                    (batch_id,)).fetchall()
+        return {int(o): int(n) for o, n in rows}
+
+    def _results(self, batch_id: str, outcome: int | None) -> list[str]:
+        q = "SELECT line FROM results WHERE batch_id = ?" + ("" if outcome is None else " AND outcome = ?") + \
+            " ORDER BY idx"
+        args: tuple[Any, ...] = (batch_id,) if outcome is None else (batch_id, outcome)
+        return [r[0] for r in self._conn().execute(q, args)]
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # --- on the event loop -------------------------------------------------------------------------------
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        except (sqlite3.Error, OSError) as e:
+            logger.error("the batch store %s failed: %s", self.folder, e)
+            raise StoreUnavailableError("The gateway's batch store is unavailable; retry shortly.",
+                                        headers={"Retry-After": "1"}) from None
+
+    async def _read_op(self, empty: Any, fn: Any, *args: Any) -> Any:
+        """A read: `empty` while the store was never made (reads make nothing on disk; only writes do)."""
+        if self._db is None and not self.exists():
+            return empty
+        return await self._run(fn, *args)
+
+    async def put_file(self, rec: FileRecord, content: bytes) -> None:
+        await self._run(self._put_file, rec, content)
+
+    async def get_file(self, owner: str, file_id: str) -> FileRecord | None:
+        found: FileRecord | None = await self._read_op(None, self._get_file, owner, file_id)
+        return found
+
+    async def list_files(self, owner: str, purpose: str | None, limit: int) -> list[FileRecord]:
+        found: list[FileRecord] = await self._read_op([], self._list_files, owner, purpose, limit)
+        return found
+
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        gone: bool = await self._read_op(False, self._delete_file, owner, file_id)
+        return gone
+
+    async def read(self, file_id: str) -> bytes:
+        data: bytes = await self._run(self._read, file_id)
+        return data
+
+    async def create_batch(self, rec: BatchRecord, max_active: int) -> bool:
+        made: bool = await self._run(self._tx, self._create_batch, rec, max_active)
+        return made
+
+    async def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
+        found: BatchRecord | None = await self._read_op(None, self._get_batch, owner, batch_id)
+        return found
+
+    async def list_batches(self, owner: str, kind: str, limit: int) -> list[BatchRecord]:
+        found: list[BatchRecord] = await self._read_op([], self._list_batches, owner, kind, limit)
+        return found
+
+    async def update(self, batch_id: str, status: str | None = None, fields: dict[str, Any] | None = None,
+                     only_if: tuple[str, ...] | None = None) -> BatchRecord | None:
+        """Set `status` and `fields` of a job (only when its status is in `only_if`, if given); the job after."""
+        rec: BatchRecord | None = await self._run(self._tx, self._update, batch_id, status, fields or {}, only_if)
+        return rec
+
+    async def delete_batch(self, owner: str, batch_id: str) -> bool:
+        """Forget `owner`'s job and its answers (not its files); False when there was none of that owner."""
+        gone: bool = await self._read_op(False, self._tx, self._delete_batch, owner, batch_id)
+        return gone
+
+    async def claim(self, node: str, most: int) -> list[str]:
+        ids: list[str] = await self._run(self._tx, self._claim, node, time.time(), most)
+        return ids
+
+    async def renew(self, batch_id: str, node: str) -> str | None:
+        status: str | None = await self._run(self._renew, batch_id, node)
+        return status
+
+    async def release(self, batch_id: str, node: str) -> None:
+        await self._run(self._release, batch_id, node)
+
+    async def record(self, batch_id: str, idx: int, outcome: int, line: str) -> bool:
+        """Keep line `idx`'s answer; False when it was already answered (the first answer stays)."""
+        kept: bool = await self._run(self._record, batch_id, idx, outcome, line)
+        return kept
+
+    async def done(self, batch_id: str) -> set[int]:
+        found: set[int] = await self._run(self._done, batch_id)
+        return found
+
+    async def counts(self, batch_id: str) -> dict[int, int]:
+        """A job's answered lines per outcome (`SUCCEEDED`, `ERRORED`, ...)."""
+        found: dict[int, int] = await self._run(self._counts, batch_id)
+        return found
+
+    async def results(self, batch_id: str, outcome: int | None = None) -> list[str]:
+        """A job's recorded answers in line order (of one outcome, or all)."""
+        found: list[str] = await self._run(self._results, batch_id, outcome)
+        return found
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
+        self._thread.shutdown(wait=False)
+
+
+def iter_lines(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """(0-based index, line) of a JSONL file's non-blank lines."""
+    idx = 0
+    for raw in data.split(b"\n"):
+        if raw.strip():
+            yield idx, raw
+            idx += 1

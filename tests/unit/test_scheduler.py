@@ -1,0 +1,177 @@
+"""The priority scheduler (openai_api/http/scheduler.py): classes from the request, the key's cap, the queue's order
+(class first, round-robin between keys), deadlines with a fake clock, shedding, and the batch class's slot share."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from openai_api.errors import OverloadedError
+from openai_api.http.inflight import InFlightLimiter, Ticket
+from openai_api.http.scheduler import Scheduler, capped_class, requested_class
+from openai_api.quota.keys import KeysFileError, parse_keys
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(per_model: int = 2, queue: int = 8, batch_share: float = 0.5, timeout: float = 60.0,
+         ) -> tuple[InFlightLimiter, Scheduler, Clock]:
+    lim = InFlightLimiter(100, per_model, 1, {"m"})
+    clock = Clock()
+    lim.scheduler = Scheduler(lim, max_queue=queue, timeout_s=timeout, shares={"batch": batch_share}, clock=clock)
+    return lim, lim.scheduler, clock
+
+
+def test_class_from_request() -> None:
+    assert requested_class("critical", None, None) == "interactive"
+    assert requested_class("Sheddable", "priority", -5) == "batch"  # the header wins
+    assert requested_class("some-objective", "flex", None) == "batch"  # unknown objective names are ignored
+    assert requested_class(None, "priority", None) == "interactive"
+    assert requested_class(None, "auto", 5) == "standard"
+    assert requested_class(None, None, -1) == "interactive"
+    assert requested_class(None, None, 0) == "standard"
+    assert requested_class(None, None, 3) == "batch"
+    assert requested_class(None, None, True) is None  # a bool is no vLLM priority
+    assert requested_class(None, "scale", None) is None
+
+
+def test_key_caps_the_class() -> None:
+    assert capped_class("interactive", "standard", "standard") == "standard"
+    assert capped_class(None, "batch", "interactive") == "batch"
+    assert capped_class("batch", "standard", "standard") == "batch"  # less urgent is always allowed
+
+
+def test_keys_file_classes() -> None:
+    table = parse_keys({"keys": [{"name": "jobs", "secret_sha256": "a" * 64, "max_class": "standard",
+                                  "default_class": "batch"}]}, "k.yaml")
+    assert table.policies["jobs"].max_class == "standard"
+    assert table.policies["jobs"].default_class == "batch"
+    with pytest.raises(KeysFileError, match="default_class"):
+        parse_keys({"keys": [{"name": "x", "secret_sha256": "a" * 64, "max_class": "batch",
+                              "default_class": "interactive"}]}, "k.yaml")
+
+
+async def _enter(lim: InFlightLimiter, cls: str, key: str, log: list[str], tag: str) -> Ticket:
+    t = Ticket(lim)
+    await t.acquire("m", 1, "n", 1.0, cls, key)  # type: ignore[arg-type]
+    log.append(tag)
+    return t
+
+
+async def test_queue_orders_by_class_then_round_robin_between_keys() -> None:
+    lim, sched, _ = make(per_model=2, batch_share=1.0)
+    holders = [Ticket(lim), Ticket(lim)]
+    for h in holders:
+        await h.acquire("m", 1, "n", 1.0, "standard", "x")
+    log: list[str] = []
+    tasks = [asyncio.create_task(_enter(lim, cls, key, log, tag)) for cls, key, tag in [
+        ("batch", "b", "b1"), ("standard", "a", "a1"), ("standard", "a", "a2"), ("standard", "a", "a3"),
+        ("standard", "c", "c1"), ("interactive", "z", "z1")]]
+    await asyncio.sleep(0)
+    assert sched.waiting == 6
+    seen: set[int] = set()
+    for _ in range(6):  # one slot freed at a time: the next waiter in order takes it
+        holders.pop(0).release()
+        await asyncio.sleep(0)
+        for t in tasks:
+            if t.done() and id(t) not in seen:
+                seen.add(id(t))
+                holders.append(t.result())
+    assert log == ["z1", "a1", "c1", "a2", "a3", "b1"]
+
+
+async def test_deadline_refuses_with_retry_after() -> None:
+    lim, sched, clock = make(per_model=1)
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "standard", "x")
+    waiting = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "standard", "y"))
+    await asyncio.sleep(0)
+    clock.now += 59
+    assert sched.expire() == 0
+    clock.now += 2
+    assert sched.expire() == 1
+    with pytest.raises(OverloadedError) as e:
+        await waiting
+    assert e.value.status == 429 and e.value.headers == {"Retry-After": "1"}
+    assert sched.waiting == 0
+    holder.release()
+    assert lim.per_model["m"] == 0
+
+
+async def test_full_queue_sheds_lowest_class_first() -> None:
+    lim, _, _ = make(per_model=1, queue=2, batch_share=1.0)
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "standard", "x")
+    b1 = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "b"))
+    s1 = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "standard", "s"))
+    await asyncio.sleep(0)
+    i1 = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "i"))  # sheds b1
+    await asyncio.sleep(0)
+    with pytest.raises(OverloadedError, match="shed"):
+        await b1
+    with pytest.raises(OverloadedError, match="full"):  # nothing below batch to shed: the arrival is refused
+        await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "b")
+    holder.release()
+    await asyncio.sleep(0)
+    assert i1.done() and not s1.done()
+
+
+async def test_batch_share_keeps_slots_for_interactive() -> None:
+    lim, _, _ = make(per_model=4, queue=0, batch_share=0.5)
+    batch = [Ticket(lim) for _ in range(2)]
+    for t in batch:
+        await t.acquire("m", 1, "n", 1.0, "batch", "job")
+    with pytest.raises(OverloadedError):  # batch may hold half the model's slots, no more
+        await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job")
+    inter = [Ticket(lim) for _ in range(2)]
+    for t in inter:  # the interactive class finds the other half free, at once
+        await t.acquire("m", 1, "n", 1.0, "interactive", "chat")
+    assert lim.per_model["m"] == 4
+
+
+async def test_no_overtaking_and_cancelled_waiter_leaves_queue() -> None:
+    lim, sched, _ = make(per_model=1)
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "standard", "x")
+    waiting = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "standard", "y"))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.sleep(0)
+    assert sched.waiting == 0
+    holder.release()
+    assert lim.per_model["m"] == 0
+
+
+async def test_without_queue_the_answer_is_an_immediate_429() -> None:
+    lim, _, _ = make(per_model=1, queue=0)
+    await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "x")
+    with pytest.raises(OverloadedError, match="maximum of 1"):
+        await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "x")
+
+
+async def test_the_queue_is_a_gauge_per_model_and_class() -> None:
+    from openai_api.observability import Metrics
+
+    metrics = Metrics()
+    lim = InFlightLimiter(100, 1, 1, {"m"}, metrics=metrics)
+    lim.scheduler = Scheduler(lim, max_queue=4, timeout_s=60)
+
+    def queued(cls: str) -> float | None:
+        return metrics.registry.get_sample_value("openai_api_queued_requests", {"model": "m", "class": cls})
+
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "standard", "x")
+    waiting = [asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "b")) for _ in range(2)]
+    await asyncio.sleep(0)
+    assert queued("batch") == 2
+    waiting[0].cancel()
+    holder.release()  # the other one gets the slot
+    await asyncio.sleep(0)
+    assert queued("batch") == 0 and waiting[1].done()
