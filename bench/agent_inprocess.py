@@ -117,7 +117,6 @@ class InProcessGateway:
         template render; the prompt's tokenization (through the prompt cache when on); the rest of
         ``ChatService.prepare``; the ids as the ``input_ids`` tensor's bytes (``wire.encode_tensor``, as the
         adapter encodes them); and their ``total``. Not included: generating the answer and writing it."""
-        from openai_api.schemas.openai import ChatCompletionRequest
         from openai_api.services import preprocess as pp
 
         clock = time.process_time
@@ -159,7 +158,7 @@ class InProcessGateway:
             else:
                 r = ResponsesRequest.model_validate_json(body)
                 c1 = clock()
-                chat_req = ChatCompletionRequest.model_validate(responses_chat_body(self.services.responses, r))
+                chat_req = (await self.services.responses.chat_request(r, RequestContext("bench"))).chat
             c2 = clock()
             prepared = await self.services.chat.prepare(chat_req, RequestContext("bench"))
             c3 = clock()
@@ -227,21 +226,6 @@ class InProcessApp:
 
         await self.app(scope, receive, send)
         return status, b"".join(out)
-
-
-def responses_chat_body(svc: Any, r: ResponsesRequest) -> dict[str, Any]:
-    """The chat request body ``ResponsesService.create`` builds from ``r`` (its first lines, for timing apart)."""
-    from openai_api.services import responses as rs
-
-    body: dict[str, Any] = {"model": r.model, "messages": svc._conversation(r, []), "tools": rs.chat_tools(r),
-                            "tool_choice": rs.chat_tool_choice(r.tool_choice), "max_tokens": r.max_output_tokens,
-                            "response_format": rs.response_format(r.text)}
-    extra = r.model_extra or {}
-    for key in rs._PASSED:
-        value = getattr(r, key, None) if key in ResponsesRequest.model_fields else extra.get(key)
-        if value is not None:
-            body[key] = value
-    return {k: v for k, v in body.items() if v is not None}
 
 
 @dataclasses.dataclass
