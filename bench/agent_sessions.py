@@ -489,8 +489,12 @@ class AgentBench:
         try:
             for name, root in sides.items():
                 cfg = self.config()
+                # The templates moved into the package (openai_api/chat_templates/); older checkouts keep them at
+                # the root.
+                template = next(p for p in (root / "openai_api" / "chat_templates" / "smollm2.jinja",
+                                            root / "chat_templates" / "smollm2.jinja") if p.exists())
                 for m in cfg["llm"]:
-                    m["chat_template"] = str(root / "chat_templates" / "smollm2.jinja")
+                    m["chat_template"] = str(template)
                 gw = CheckoutGateway(root, cfg, self.workdir, f"short-{name}")
                 await asyncio.to_thread(gw.start)
                 gws[name] = gw
