@@ -33,13 +33,32 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from openai_api.errors import OverloadedError
 from openai_api.quota.caller import RANKS, PriorityClass
 
 if TYPE_CHECKING:
-    from openai_api.http.inflight import InFlightLimiter, Ticket
+    from openai_api.observability import Metrics
+
+
+class InFlightLimiter(Protocol):
+    """What the scheduler reads of `http.inflight.InFlightLimiter` (which holds the scheduler: named here as a
+    protocol so the two modules do not import each other)."""
+
+    max_total: int
+    max_per_model: int
+    total: int
+    per_model: dict[str, int]
+    metrics: Metrics | None
+
+    def overloaded(self, message: str, reason: str) -> OverloadedError: ...
+
+
+class Ticket(Protocol):
+    """What the scheduler does with `http.inflight.Ticket`: hands it the slots it waited for."""
+
+    def take(self, model: str, sequences: int) -> None: ...
 
 CLASSES: tuple[PriorityClass, ...] = ("interactive", "standard", "batch")
 RANK = RANKS

@@ -28,7 +28,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol, TypeVar
 
 from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError, OverloadedError
 from openai_api.quota.caller import Caller
@@ -36,8 +36,29 @@ from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.context import RequestContext
 from openai_api.services.stored_responses import ResponseStore, StoredResponse, input_item_resources
 
-if TYPE_CHECKING:  # the service imports this module; this one only names its type
-    from openai_api.services.responses import ResponseBuilder, ResponsesService
+
+class ResponseBuilder(Protocol):
+    """What a background task reads of the response being made (`services.responses.ResponseBuilder`; the
+    service imports this module, so its types are named here as protocols)."""
+
+    id: str
+    req: ResponsesRequest
+
+    def response(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any] | None) -> dict[str, Any]:
+        ...
+
+    def conversation_after(self) -> list[dict[str, Any]]: ...
+
+
+B = TypeVar("B", bound=ResponseBuilder)
+
+
+class ResponsesService(Protocol[B]):
+    """The two steps of `services.responses.ResponsesService` a background response runs."""
+
+    async def prepare(self, req: ResponsesRequest, ctx: RequestContext) -> B: ...
+
+    async def generate(self, resp: B) -> dict[str, Any]: ...
 
 logger = logging.getLogger(__name__)
 RUNNING = ("queued", "in_progress")
@@ -59,7 +80,7 @@ class BackgroundResponses:
         self.owners: dict[str, int] = {}
         self.closing = False
 
-    async def start(self, service: ResponsesService, req: ResponsesRequest, ctx: RequestContext,
+    async def start(self, service: ResponsesService[B], req: ResponsesRequest, ctx: RequestContext,
                     detach: Callable[[], Release]) -> dict[str, Any]:
         """Store `req` queued and start generating it; `detach` hands over the request's in-flight slot (it is
         called once the task exists, and the task releases what it returns when it ends)."""
@@ -95,7 +116,7 @@ class BackgroundResponses:
             logger.warning("background response %s: its state %s was not stored", stored.response["id"],
                            stored.response["status"])
 
-    async def _run(self, service: ResponsesService, resp: ResponseBuilder, caller: Caller,
+    async def _run(self, service: ResponsesService[B], resp: B, caller: Caller,
                    inputs: list[dict[str, Any]], release: Release) -> None:
         model = resp.req.model
         state = {**resp.response("in_progress", [], None), "background": True}
