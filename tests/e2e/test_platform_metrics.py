@@ -140,9 +140,10 @@ def prometheus(gateway: GatewayServer, tmp_path_factory: pytest.TempPathFactory)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{listen}", timeout=30) as prom:
             deadline = time.monotonic() + 120
-            while True:  # ready, and the gateway scraped with the key
+            while True:  # ready (a 503 until its storage is open), and the gateway scraped with the key
                 try:
-                    up = prom_query(prom, 'up{job="openai-api"}')
+                    r = prom.get("/api/v1/query", params={"query": 'up{job="openai-api"}'})
+                    up = r.json()["data"]["result"] if r.status_code == 200 else []
                     if up and up[0]["value"][1] == "1":
                         break
                 except httpx.HTTPError:
@@ -193,7 +194,12 @@ def test_the_vllm_dashboards_queries_return_data(prometheus: httpx.Client, clien
 def test_the_endpoint_pickers_scrape_reads_the_gateway_as_a_pod(gateway: GatewayServer, client: OpenAI) -> None:
     with httpx.Client(base_url=gateway.url, timeout=30) as anonymous:
         assert anonymous.get("/v1/models").status_code == 401  # the API still wants a key
-        page = anonymous.get("/metrics")  # the EPP sends none
+        deadline = time.monotonic() + 30
+        while True:  # the gateway's first scrape of Triton's KV figures (every 0.2 s) may not have landed yet
+            page = anonymous.get("/metrics")  # the EPP sends none
+            if "vllm:kv_cache_usage_perc{" in page.text or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         assert page.status_code == 200 and "openai_api_" not in page.text and "vllm:" in page.text
         idle = read_pod(page.text, queued=f"vllm:num_requests_waiting{{model_name={VLLM_BASE}}}",
                         running=f"vllm:num_requests_running{{model_name={VLLM_BASE}}}",
