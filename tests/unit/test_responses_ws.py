@@ -175,3 +175,19 @@ def test_a_client_that_leaves_mid_answer_cancels_its_generation(app: FastAPI) ->
         time.sleep(0.01)
     assert fake.closed_early == 1 and fake.completed == 0
     assert app.state.gateway.limiter.per_model.get(MODEL) == 0
+
+
+def test_each_request_on_the_socket_gets_an_access_log_line(app: FastAPI, caplog: pytest.LogCaptureFixture) -> None:
+    script(app, "Hello.")
+    with caplog.at_level("INFO", logger="openai_api.access"), \
+            TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="Hi", store=False)
+        done = until_end(ws)[-1]["response"]
+        create(ws, model="not-a-model", input="Hi")
+        assert until_end(ws)[-1]["status"] == 404
+    lines = [r.getMessage() for r in caplog.records if r.name == "openai_api.access"
+             and "method=WEBSOCKET" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "path=/v1/responses status=200" in lines[0] and f"object_id={done['id']}" in lines[0]
+    assert f"model={MODEL}" in lines[0] and "key=a" in lines[0] and "sk-a" not in lines[0]
+    assert "status=404" in lines[1] and "not-a-model" not in lines[1]  # an unknown model is never a label

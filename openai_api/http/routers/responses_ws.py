@@ -25,8 +25,9 @@ event), its nesting bounded, the key's allow-list, its in-flight slot (429 past 
 request and token limits, settled when it ends. A frame that is not JSON, not an object, of an unknown type or
 binary is a 400 error event; the connection closes only when the client goes (the generation running for it is
 then cancelled), or with 1001 when the gateway drains. Each request is counted in `openai_api_requests` and its
-latency histogram under the route `websocket:/v1/responses` (499 for one whose client left); the connection's
-opening and close (with how many requests it served) are logged.
+latency histogram under the route `websocket:/v1/responses` (499 for one whose client left) and gets an
+access-log line (method `WEBSOCKET`); the connection's opening and close (with how many requests it served) are
+logged.
 """
 
 from __future__ import annotations
@@ -59,8 +60,10 @@ from openai_api.http.admission import Admission
 from openai_api.http.deps import AppState
 from openai_api.http.inflight import Ticket
 from openai_api.http.keys import presented_key
+from openai_api.http.middleware import access_logger
 from openai_api.http.responses import validation_error
 from openai_api.http.scheduler import OBJECTIVE_HEADER
+from openai_api.logs import AccessLine
 from openai_api.quota.caller import Caller, bind_caller, unbind_caller
 from openai_api.quota.service import refusal
 from openai_api.quota.store import Decision
@@ -206,6 +209,8 @@ class ResponsesSocket:
         status = 500
         ticket = Ticket(state.limiter)
         token = bind_caller(caller)
+        request_id = uuid.uuid4().hex
+        object_id = ""
         try:
             if caller.policy.counted:
                 begun = await quota.begin(caller)
@@ -224,8 +229,9 @@ class ResponsesSocket:
             self.served += 1
             service: ResponsesService = state.services.responses
             # The upgrade's headers stand for every request on the socket (Codex's session id routes them all).
-            ctx = RequestContext(uuid.uuid4().hex, caller, self.websocket.scope.get("headers", ()))
+            ctx = RequestContext(request_id, caller, self.websocket.scope.get("headers", ()))
             resp = await service.prepare(req, ctx, self.local)
+            object_id = resp.id
             if generate is False:
                 await self._warm_up(resp)
             else:
@@ -246,8 +252,26 @@ class ResponsesSocket:
                                           str(status)).inc()
             state.metrics.latency.labels(WS_ROUTE, model if model in state.limiter.models else "").observe(
                 time.perf_counter() - start)
+            self._log(status, time.perf_counter() - start, request_id, object_id,
+                      model if model in state.limiter.models else "")
             if state.settings.keys_file is not None:  # as the keys middleware settles an HTTP request
                 await asyncio.shield(quota.finish(caller, begun, status))
+
+    def _log(self, status: int, duration: float, request_id: str, object_id: str, model: str) -> None:
+        """The access-log line of one `response.create`, as the HTTP routes' (`http.middleware`), its method
+        `WEBSOCKET` and its path the socket's."""
+        if not self.state.settings.access_log or not access_logger.isEnabledFor(logging.INFO):
+            return
+        fields: dict[str, Any] = {"method": "WEBSOCKET", "path": self.websocket.scope.get("path", ""),
+                                  "status": status, "duration_ms": round(duration * 1000, 1),
+                                  "request_id": request_id}
+        if object_id:
+            fields["object_id"] = object_id
+        if model:
+            fields["model"] = model
+        if self.state.settings.keys_file is not None or self.state.settings.api_keys:
+            fields["key"] = self.caller.name  # the keys file's name for the key (never the key)
+        access_logger.info(AccessLine(fields))
 
     def _remember(self, resp: ResponseBuilder, conversation: list[dict[str, Any]] | None = None) -> None:
         self.local = {resp.id: conversation if conversation is not None else resp.conversation_after()}
