@@ -19,23 +19,20 @@ Off the event loop: every statement runs on this store's one thread, as in `stor
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
 import sqlite3
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openai_api.stored.base import StoreUnavailableError
+from openai_api.stored.sqlite import SQLiteOnThread
 
 logger = logging.getLogger("openai_api.batches")
 DB_NAME = "batches.sqlite3"
-BUSY_S = 5.0
 LEASE_S = 15.0
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 # A line's outcome as `results` keeps it.
@@ -86,32 +83,16 @@ class BatchRecord:
     data: dict[str, Any]
 
 
-class BatchStore:
+class BatchStore(SQLiteOnThread):
     """See the module docstring. `folder` is made (mode 0700) on first use."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
         self.files_dir = self.folder / "files"
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="batch-store")
-        self._db: sqlite3.Connection | None = None
+        super().__init__(self.folder / DB_NAME, _SCHEMA, self.files_dir, "batch-store", "batch store", self.folder,
+                         "The gateway's batch store is unavailable; retry shortly.", logger)
 
     # --- on the store's thread ---------------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            self.files_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-            db = sqlite3.connect(self.folder / DB_NAME, timeout=BUSY_S, isolation_level=None,
-                                 check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")
-            try:
-                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
-            except BaseException:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                db.close()
-                raise
-            self._db = db
-        return self._db
 
     def _tx(self, fn: Any, *args: Any) -> Any:
         db = self._conn()
@@ -248,20 +229,7 @@ class BatchStore:
         args: tuple[Any, ...] = (batch_id,) if outcome is None else (batch_id, outcome)
         return [r[0] for r in self._conn().execute(q, args)]
 
-    def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
     # --- on the event loop -------------------------------------------------------------------------------
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-        except (sqlite3.Error, OSError) as e:
-            logger.error("the batch store %s failed: %s", self.folder, e)
-            raise StoreUnavailableError("The gateway's batch store is unavailable; retry shortly.",
-                                        headers={"Retry-After": "1"}) from None
-
     async def _read_op(self, empty: Any, fn: Any, *args: Any) -> Any:
         """A read: `empty` while the store was never made (reads make nothing on disk; only writes do)."""
         if self._db is None and not self.exists():
@@ -339,10 +307,6 @@ class BatchStore:
         """A job's recorded answers in line order (of one outcome, or all)."""
         found: list[str] = await self._run(self._results, batch_id, outcome)
         return found
-
-    async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
-        self._thread.shutdown(wait=False)
 
 
 def iter_lines(data: bytes) -> Iterator[tuple[int, bytes]]:

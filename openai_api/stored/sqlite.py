@@ -48,26 +48,32 @@ CREATE TRIGGER IF NOT EXISTS objects_replaced AFTER UPDATE OF size ON objects BE
 """
 
 
-class SQLiteObjectStore:
-    """See the module docstring. `folder` is made (mode 0700) when missing."""
+class SQLiteOnThread:
+    """One SQLite file used from one thread of its own (a connection made there on first use): WAL,
+    `synchronous=NORMAL`, `schema` created in one `BEGIN IMMEDIATE` transaction (several workers may create it at
+    once), `make` (the file's folder, or one below it) made with mode 0700 first. `_run` calls a function on that
+    thread from the event loop; what SQLite or the disk refuses is a `StoreUnavailableError` saying
+    `unavailable`, logged as "the <what> <where> failed". The object store and the batch store are both this."""
 
-    def __init__(self, folder: Path, max_entries: int, max_bytes: int, ttl_s: float = DEFAULT_TTL_S) -> None:
-        self.path = Path(folder) / FILE_NAME
-        self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.ttl_s = ttl_s
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="object-store")
+    def __init__(self, path: Path, schema: str, make: Path, thread_name: str, what: str, where: Path,
+                 unavailable: str, log: logging.Logger = logger) -> None:
+        self._db_path = path
+        self._log = log
+        self._schema = schema
+        self._make = make
+        self._what, self._where, self._unavailable = what, where, unavailable
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix=thread_name)
         self._db: sqlite3.Connection | None = None  # used on `_thread` only
 
     # --- on the store's thread ---------------------------------------------------------------------------
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:
-            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            db = sqlite3.connect(self.path, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
+            self._make.mkdir(mode=0o700, parents=True, exist_ok=True)
+            db = sqlite3.connect(self._db_path, timeout=BUSY_S, isolation_level=None, check_same_thread=False)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             try:  # one transaction: several workers may create the schema at once
-                db.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+                db.executescript("BEGIN IMMEDIATE;" + self._schema + "COMMIT;")
             except BaseException:
                 if db.in_transaction:
                     db.execute("ROLLBACK")
@@ -75,6 +81,37 @@ class SQLiteObjectStore:
                 raise
             self._db = db
         return self._db
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    # --- on the event loop -------------------------------------------------------------------------------
+    async def _run(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
+        except (sqlite3.Error, OSError) as e:  # locked past BUSY_S, unwritable, full disk, not a folder
+            self._log.error("the %s %s failed: %s", self._what, self._where, e)
+            raise StoreUnavailableError(self._unavailable, headers={"Retry-After": "1"}) from None
+
+    async def close(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
+        self._thread.shutdown(wait=False)
+
+
+class SQLiteObjectStore(SQLiteOnThread):
+    """See the module docstring. `folder` is made (mode 0700) when missing."""
+
+    def __init__(self, folder: Path, max_entries: int, max_bytes: int, ttl_s: float = DEFAULT_TTL_S) -> None:
+        self.path = Path(folder) / FILE_NAME
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.ttl_s = ttl_s
+        super().__init__(self.path, _SCHEMA, self.path.parent, "object-store", "object store", self.path,
+                         "The gateway's store of responses is unavailable; retry shortly.")
+
+    # --- on the store's thread ---------------------------------------------------------------------------
 
     def _put(self, obj: StoredObject) -> bool:
         size = len(obj.data)
@@ -122,20 +159,7 @@ class SQLiteObjectStore:
                                    (kind, object_id, owner))
         return cur.rowcount > 0
 
-    def _close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
-
     # --- on the event loop -------------------------------------------------------------------------------
-    async def _run(self, fn: Any, *args: Any) -> Any:
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
-        except (sqlite3.Error, OSError) as e:  # locked past BUSY_S, unwritable, full disk, not a folder
-            logger.error("the object store %s failed: %s", self.path, e)
-            raise StoreUnavailableError("The gateway's store of responses is unavailable; retry shortly.",
-                                        headers={"Retry-After": "1"}) from None
-
     async def put(self, obj: StoredObject) -> bool:
         kept: bool = await self._run(self._put, obj)
         return kept
@@ -150,7 +174,3 @@ class SQLiteObjectStore:
 
     async def start(self) -> None:
         await self._run(self._conn)  # the file and its schema now: a bad folder is reported at start-up
-
-    async def close(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._thread, self._close)
-        self._thread.shutdown(wait=False)
