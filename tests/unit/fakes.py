@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,3 +80,12 @@ def llm_only_config(folder: Path, url: str | None = None) -> GatewayConfig:
     path = folder / "model_config.json"
     path.write_text(json.dumps({"model_infos": infos, "llm": [entry]}), encoding="utf-8")
     return load_config(path)
+
+
+def script(app: Any, text: str) -> FakeBackend:
+    """Make the app's one model (`MODEL`) answer `text`, a token a chunk, with its own tokenizer's ids; the fake
+    (its `requests` are what the gateway sent)."""
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = FakeBackend([[i] for i in rt.tokenizer.encode(text)])
+    rt.backend = fake
+    return fake

@@ -29,7 +29,7 @@ from openai_api.settings import Settings
 from openai_api.text.templates import ChatTemplate
 from tests.anthropic_events import accumulate, check_stream, parse_sse
 from tests.helpers import REPO
-from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+from tests.unit.fakes import MODEL, llm_only_config, script
 from tests.unit.test_responses import EVENT_SCHEMAS as RESPONSE_EVENTS
 
 DATA = REPO / "tests" / "data"
@@ -50,13 +50,6 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     rt.context_length = 200_000  # the agents' prompts are long; the fake backend does not care
     yield app
     await app.state.gateway.process.close()
-
-
-def script(app: FastAPI, text: str) -> FakeBackend:
-    rt = app.state.gateway.services.registry.llm(MODEL)
-    fake = FakeBackend([[i] for i in rt.tokenizer.encode(text)])
-    rt.backend = fake
-    return fake
 
 
 async def post(app: FastAPI, path: str, body: dict[str, Any], headers: dict[str, str] | None = None

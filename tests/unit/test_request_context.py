@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.observability import RequestStats
 from openai_api.settings import Settings
-from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+from tests.unit.fakes import MODEL, llm_only_config, script
 
 
 @pytest.fixture
@@ -23,13 +23,6 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path))
     yield app
     await app.state.gateway.process.close()
-
-
-def script(app: FastAPI, text: str) -> FakeBackend:
-    rt = app.state.gateway.services.registry.llm(MODEL)
-    fake = FakeBackend([[i] for i in rt.tokenizer.encode(text)])
-    rt.backend = fake
-    return fake
 
 
 BODIES: dict[str, dict[str, Any]] = {

@@ -20,7 +20,7 @@ from openai_api.app import create_app
 from openai_api.services.compaction import COMPACTION_TAG, MAX_SUMMARY_CHARS, read_compaction, write_compaction
 from openai_api.services.response_ops import COMPACT_PROMPT
 from openai_api.settings import Settings
-from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+from tests.unit.fakes import MODEL, llm_only_config, script
 from tests.unit.test_responses import TOOL
 
 KEYS = [{"name": "a", "secret_sha256": hashlib.sha256(b"sk-a").hexdigest()},
@@ -35,13 +35,6 @@ async def app(tmp_path: Path) -> AsyncIterator[FastAPI]:
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, keys_file=keys, responses_store=8))
     yield app
     await app.state.gateway.process.close()
-
-
-def script(app: FastAPI, text: str) -> FakeBackend:
-    rt = app.state.gateway.services.registry.llm(MODEL)
-    fake = FakeBackend([[i] for i in rt.tokenizer.encode(text)])
-    rt.backend = fake
-    return fake
 
 
 async def post(app: FastAPI, path: str, body: dict[str, Any], key: dict[str, str] = A) -> httpx.Response:

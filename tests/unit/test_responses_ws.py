@@ -20,7 +20,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from openai_api.app import create_app
 from openai_api.settings import Settings
-from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
+from tests.unit.fakes import MODEL, FakeBackend, llm_only_config, script
 from tests.unit.test_agent_requests import EVENT_SCHEMAS
 
 KEYS = [{"name": "a", "secret_sha256": hashlib.sha256(b"sk-a").hexdigest()},
@@ -37,13 +37,6 @@ def app(tmp_path: Path) -> Iterator[FastAPI]:
     app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, keys_file=keys,
                                                          max_body_bytes=64 * 1024))
     yield app
-
-
-def script(app: FastAPI, text: str) -> FakeBackend:
-    rt = app.state.gateway.services.registry.llm(MODEL)
-    fake = FakeBackend([[i] for i in rt.tokenizer.encode(text)])
-    rt.backend = fake
-    return fake
 
 
 def create(ws: Any, **body: Any) -> None:
