@@ -103,6 +103,17 @@ async def wait_status(client: httpx.AsyncClient, path: str, done: Callable[[dict
     raise AssertionError(f"{path} never got there: {got}")
 
 
+async def run_until(app: FastAPI, client: httpx.AsyncClient, path: str,
+                    done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """Run the app's batch runner until the object at `path` is `done`; that object."""
+    run = runner(app)
+    await run.start()
+    try:
+        return await wait_status(client, path, done)
+    finally:
+        await run.close()
+
+
 async def test_openai_batch_end_to_end(app: FastAPI, client: httpx.AsyncClient,
                                        openai_schema: Callable[[str, Any], None]) -> None:
     r = await upload(client, jsonl(5))
@@ -116,12 +127,7 @@ async def test_openai_batch_end_to_end(app: FastAPI, client: httpx.AsyncClient,
     batch = r.json()
     openai_schema("Batch", batch)
     assert batch["status"] == "validating" and batch["request_counts"]["total"] == 5
-    run = runner(app)
-    await run.start()
-    try:
-        done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
-    finally:
-        await run.close()
+    done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
     openai_schema("Batch", done)
     assert done["request_counts"] == {"total": 5, "completed": 5, "failed": 0}
     assert "error_file_id" not in done
@@ -245,12 +251,7 @@ async def test_errors_go_to_the_error_file(app: FastAPI, client: httpx.AsyncClie
     file = (await upload(client, jsonl(1) + bad + b"\n")).json()
     batch = (await client.post("/v1/batches", headers=A, json={"input_file_id": file["id"], "endpoint":
                                "/v1/chat/completions", "completion_window": "24h"})).json()
-    run = runner(app)
-    await run.start()
-    try:
-        done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
-    finally:
-        await run.close()
+    done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
     assert done["request_counts"] == {"total": 2, "completed": 1, "failed": 1}
     err = json.loads((await client.get(f"/v1/files/{done['error_file_id']}/content", headers=A)).content)
     assert err["custom_id"] == "nope" and err["response"]["status_code"] == 404
@@ -267,13 +268,8 @@ async def test_anthropic_message_batch(app: FastAPI, client: httpx.AsyncClient) 
     assert made["request_counts"]["processing"] == 3 and made["results_url"] is None
     r = await client.get(f"/v1/messages/batches/{made['id']}/results", headers=A)
     assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's shape
-    run = runner(app)
-    await run.start()
-    try:
-        done = await wait_status(client, f"/v1/messages/batches/{made['id']}",
-                                 lambda b: b["processing_status"] == "ended")
-    finally:
-        await run.close()
+    done = await run_until(app, client, f"/v1/messages/batches/{made['id']}",
+                           lambda b: b["processing_status"] == "ended")
     assert done["request_counts"] == {"processing": 0, "succeeded": 3, "errored": 0, "canceled": 0, "expired": 0}
     assert done["results_url"].endswith(f"/v1/messages/batches/{made['id']}/results")
     results = [json.loads(x) for x in (await client.get(done["results_url"], headers=A)).content.splitlines()]
@@ -412,13 +408,8 @@ async def test_anthropic_cancel_and_expiry_answer_every_line(app: FastAPI, clien
     late = (await client.post("/v1/messages/batches", headers=A, json={"requests": [
         {"custom_id": "x", "params": params}]})).json()
     await store.update(late["id"], fields={"expires_at": 0})
-    run = runner(app)
-    await run.start()
-    try:
-        done = await wait_status(client, f"/v1/messages/batches/{late['id']}",
-                                 lambda b: b["processing_status"] == "ended")
-    finally:
-        await run.close()
+    done = await run_until(app, client, f"/v1/messages/batches/{late['id']}",
+                           lambda b: b["processing_status"] == "ended")
     assert done["request_counts"]["expired"] == 1
     results = [json.loads(x) for x in (await client.get(done["results_url"], headers=A)).content.splitlines()]
     assert results == [{"custom_id": "x", "result": {"type": "expired"}}]
