@@ -56,7 +56,7 @@ class InFlightLimiter:
 
 
 class Ticket:
-    """One request's admission: the slots it holds, taken at once by `admit` and given back by the guard
+    """One request's admission: the slots it holds, taken by `acquire` and given back by the guard
     middleware when the response is done. A slot is one Triton sequence: a request that fans out
     (completions with several prompts, `n` > 1) takes one per sequence, from its model's limit and from
     the global one, because each is a request Triton works on and a stream the gateway holds open."""
@@ -81,21 +81,12 @@ class Ticket:
                 code="too_many_sequences")
         return True
 
-    def admit(self, model: str, sequences: int = 1, param: str = "n", share: float = 1.0) -> None:
-        """Take `sequences` slots of `model` and of the gateway now. More than a limit could ever grant is the
-        client's error (400 naming `param`); more than is free now is a 429. `share` (a key's priority, from
-        the keys file) is the part of each limit this request may fill: lower priorities are refused first."""
-        if not self._check(model, sequences, param):
-            return
-        refused = self.limiter.scheduler.refusal(model, sequences, "interactive", share)
-        if refused is not None:
-            raise self.limiter.overloaded(refused[1], refused[0])
-        self.take(model, sequences)
-
     async def acquire(self, model: str, sequences: int = 1, param: str = "n", share: float = 1.0,
                       cls: PriorityClass = "standard", key: str = "") -> None:
-        """`admit` through the scheduler: the class's share of each limit, and a wait in the model's queue
-        (ordered by class, fair between keys) where one is configured (`http.scheduler`)."""
+        """Take `sequences` slots of `model` and of the gateway. More than a limit could ever grant is the
+        client's error (400 naming `param`); more than is free now is a 429, or a wait in the model's queue
+        (ordered by class, fair between keys) where one is configured (`http.scheduler`). `share` (a key's
+        priority, from the keys file) is the part of each limit this request may fill, capped by its class's."""
         if self._check(model, sequences, param):
             await self.limiter.scheduler.acquire(self, model, sequences, cls, key, share)
 

@@ -96,7 +96,7 @@ async def test_the_route_admits_once_and_the_guard_gives_the_slots_back() -> Non
         ticket = request_ticket(scope)
         assert ticket is not None
         try:
-            ticket.admit("m")
+            await ticket.acquire("m")
         except GatewayError as e:
             await send_error(scope, send, e)
             return
@@ -293,17 +293,17 @@ def test_fan_out_takes_a_slot_per_sequence_from_both_limits() -> None:
 
     lim = InFlightLimiter(max_total=5, max_per_model=4, retry_after_s=1, models={"m", "x"})
     t = Ticket(lim)
-    t.admit("m", 3)
+    asyncio.run(t.acquire("m", 3))
     assert (lim.total, lim.per_model["m"]) == (3, 3)
     other = Ticket(lim)
     with pytest.raises(OverloadedError):
-        other.admit("m", 2)  # 3 + 2 > 4 for the model
+        asyncio.run(other.acquire("m", 2))  # 3 + 2 > 4 for the model
     with pytest.raises(InvalidRequestError) as e:
-        other.admit("m", 5, "prompt")  # more than any limit could grant
+        asyncio.run(other.acquire("m", 5, "prompt"))  # more than any limit could grant
     assert e.value.param == "prompt" and e.value.code == "too_many_sequences"
     assert (lim.total, lim.per_model["m"]) == (3, 3)  # a refused request takes nothing
     with pytest.raises(OverloadedError) as o:
-        other.admit("x", 3)  # the model has room, the server does not: 3 + 3 > 5
+        asyncio.run(other.acquire("x", 3))  # the model has room, the server does not: 3 + 3 > 5
     assert "server" in o.value.message and lim.total == 3
     t.release()
     assert (lim.total, lim.per_model["m"]) == (0, 0)
