@@ -37,22 +37,6 @@ from openai_api.triton.llm import GenerationRequest
 logger = logging.getLogger(__name__)
 
 
-def message_text(msg: ChatMessage, index: int) -> str | None:
-    """Content as one string: a string, or a list of text parts joined; other part types are refused."""
-    content = msg.content
-    if content is None or isinstance(content, str):
-        return content
-    parts = []
-    for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise InvalidRequestError(
-                f"Content part type {kind!r} is not supported by this model; only 'text' parts are.",
-                param=f"messages[{index}].content[{j}]", code="unsupported_content")
-        parts.append(part["text"])
-    return "".join(parts)
-
-
 def template_content(msg: ChatMessage, index: int, as_parts: bool, placeholder: bool
                      ) -> str | list[dict[str, Any]] | None:
     """Content as the chat template reads it: a string (text parts joined), or with `as_parts` the list of
