@@ -189,6 +189,18 @@ def _route_of(scope: Scope) -> str:
     return path if isinstance(path, str) else "unmatched"
 
 
+def access_fields(method: str, path: str, status: int, duration_s: float, request_id: str, object_id: str = "",
+                  model: str = "") -> dict[str, Any]:
+    """The fields every access-log line starts with (`logs.AccessLine`); the object id and model when known."""
+    fields: dict[str, Any] = {"method": method, "path": path, "status": status,
+                              "duration_ms": round(duration_s * 1000, 1), "request_id": request_id}
+    if object_id:
+        fields["object_id"] = object_id
+    if model:
+        fields["model"] = model
+    return fields
+
+
 class RequestRecorder:
     """Records each finished request: the request counter and latency histogram, then the access log.
 
@@ -219,12 +231,8 @@ class RequestRecorder:
         latency.observe(duration)
         if not self.access_log or not access_logger.isEnabledFor(logging.INFO):
             return
-        fields: dict[str, Any] = {"method": scope["method"], "path": scope["path"], "status": int(label),
-                                  "duration_ms": round(duration * 1000, 1), "request_id": stats.request_id}
-        if stats.object_id:
-            fields["object_id"] = stats.object_id
-        if stats.model:
-            fields["model"] = stats.model
+        fields = access_fields(scope["method"], scope["path"], int(label), duration, stats.request_id,
+                               stats.object_id, stats.model)
         if stats.prompt_tokens or stats.completion_tokens:
             fields["prompt_tokens"], fields["completion_tokens"] = stats.prompt_tokens, stats.completion_tokens
         if stats.disconnected:

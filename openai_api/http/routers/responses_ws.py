@@ -60,7 +60,7 @@ from openai_api.http.admission import Admission
 from openai_api.http.deps import AppState
 from openai_api.http.inflight import Ticket
 from openai_api.http.keys import presented_key
-from openai_api.http.middleware import access_logger
+from openai_api.http.middleware import access_fields, access_logger
 from openai_api.http.responses import validation_error
 from openai_api.http.scheduler import OBJECTIVE_HEADER
 from openai_api.logs import AccessLine
@@ -262,13 +262,8 @@ class ResponsesSocket:
         `WEBSOCKET` and its path the socket's."""
         if not self.state.settings.access_log or not access_logger.isEnabledFor(logging.INFO):
             return
-        fields: dict[str, Any] = {"method": "WEBSOCKET", "path": self.websocket.scope.get("path", ""),
-                                  "status": status, "duration_ms": round(duration * 1000, 1),
-                                  "request_id": request_id}
-        if object_id:
-            fields["object_id"] = object_id
-        if model:
-            fields["model"] = model
+        fields = access_fields("WEBSOCKET", self.websocket.scope.get("path", ""), status, duration, request_id,
+                               object_id, model)
         if self.state.settings.keys_file is not None or self.state.settings.api_keys:
             fields["key"] = self.caller.name  # the keys file's name for the key (never the key)
         access_logger.info(AccessLine(fields))
