@@ -238,6 +238,11 @@ class Settings(BaseModel):
         "how many /v1/responses with background: true one key may have running at once in a worker (each also "
         "holds an in-flight slot of its model until it ends); past it a 429. Needs --responses-store",
         group="server", metavar="N")] = Field(default=8, ge=1)
+    responses_ws_max_age_s: Annotated[float, Option(
+        "a Responses WebSocket connection lasts at most this long (OpenAI's mode: 60 minutes): then, once the "
+        "response it is generating has finished, it gets an error event websocket_connection_limit_reached and "
+        "is closed; the client opens a new one", group="server", flag="--responses-ws-max-age",
+        metavar="SECONDS")] = Field(default=3600.0, gt=0)
     responses_store_url: Annotated[str | None, Option(
         "where the stored responses live: memory (this process), sqlite:///DIR (a file in DIR shared by every "
         "worker of this host, kept across restarts) or redis://HOST:PORT/DB (shared by every gateway using it)",

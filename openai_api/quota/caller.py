@@ -80,15 +80,18 @@ class Caller:
 
 
 Reserve = Callable[[int], Awaitable[object]]
+Settle = Callable[["TokenMeter"], Awaitable[None]]
 
 
 @dataclass(slots=True)
 class TokenMeter:
     """One request's tokens: `reserve` before each Triton call (prompt + max_tokens, the prompt counted once
     per distinct prompt), `used` when it ends with the real counts. The keys middleware settles the
-    difference when the response is over (streamed, plain or cancelled alike)."""
+    difference when the response is over (streamed, plain or cancelled alike); work that outlives its request
+    (a background response) counts on a `fork()` of it and calls `settle()` when it ends."""
 
     reserve_fn: Reserve
+    settle_fn: Settle | None = None  # what `settle()` does (the quota service's; None: nothing to settle)
     reservations: list[tuple[object, int]] = field(default_factory=list)  # (grant, tokens reserved)
     prompts_seen: set[int] = field(default_factory=set)
     prompt_tokens: int = 0
@@ -113,6 +116,18 @@ class TokenMeter:
     @property
     def reserved(self) -> int:
         return sum(t for _, t in self.reservations)
+
+    def fork(self) -> TokenMeter:
+        """A new meter on the same key's counters, empty: for work that outlives the request (its tokens are
+        then settled by that work's `settle()`, never by the request's end, which would settle them early)."""
+        return TokenMeter(self.reserve_fn, self.settle_fn)
+
+    async def settle(self) -> None:
+        """Give back what was reserved and not used, and count what was used (work that outlived a request).
+        Once: later calls do nothing."""
+        settle, self.settle_fn = self.settle_fn, None
+        if settle is not None:
+            await settle(self)
 
 
 _CALLER: ContextVar[Caller | None] = ContextVar("openai_api_caller", default=None)

@@ -195,23 +195,38 @@ class QuotaService:
                 raise refusal(d, limits, caller.name, tokens)
             return (d.grant, d.local)
 
-        meter = TokenMeter(reserve)
+        async def settle(done: TokenMeter) -> None:
+            await self.settle(caller, done)
+
+        meter = TokenMeter(reserve, settle)
         return meter
 
     async def finish(self, caller: Caller, begun: Decision | None, status: int) -> None:
         """The request is over: per-key metrics, the concurrency slot back, reservations settled."""
-        label = self.label(caller.name)
-        self.m_requests.labels(label, str(status)).inc()
-        meter = caller.meter
-        if meter is not None:
-            if meter.prompt_tokens:
-                self.m_prompt.labels(label).inc(meter.prompt_tokens)
-            if meter.completion_tokens:
-                self.m_completion.labels(label).inc(meter.completion_tokens)
+        self.m_requests.labels(self.label(caller.name), str(status)).inc()
         if begun is None:
+            self._count(caller, caller.meter)
             return
+        await self._settle(caller, caller.meter, True, begun.local)
+
+    async def settle(self, caller: Caller, meter: TokenMeter) -> None:
+        """Work that outlived its request (a background response, on a `TokenMeter.fork()`) is over: its tokens
+        counted and its reservations settled as `finish` settles a request's; no slot is given back (the
+        request's end gave it)."""
+        await self._settle(caller, meter, False, False)
+
+    def _count(self, caller: Caller, meter: TokenMeter | None) -> None:
+        if meter is None:
+            return
+        label = self.label(caller.name)
+        if meter.prompt_tokens:
+            self.m_prompt.labels(label).inc(meter.prompt_tokens)
+        if meter.completion_tokens:
+            self.m_completion.labels(label).inc(meter.completion_tokens)
+
+    async def _settle(self, caller: Caller, meter: TokenMeter | None, release: bool, local: bool) -> None:
+        self._count(caller, meter)
         adjustments: list[tuple[list[Any], int]] = []
-        local = begun.local
         if meter is not None and meter.reservations:
             # Give back what was reserved and not used, newest reservation first, each down to zero.
             unused = meter.reserved - (meter.prompt_tokens + meter.completion_tokens)
@@ -223,8 +238,10 @@ class QuotaService:
                 unused += delta
                 adjustments.append((bucket, delta))
                 local = local or granted_locally
+        elif not release:
+            return  # nothing reserved, no slot to give back: nothing to tell the store
         try:
-            await self.store.finish(caller.name, self.limits(caller), adjustments, True, local)
+            await self.store.finish(caller.name, self.limits(caller), adjustments, release, local)
         except GatewayError as e:
             logger.warning("key %s: could not settle a request's counters: %s", caller.name, e.message)
 

@@ -282,6 +282,7 @@ class ChatService:
             g.guide = guide
             g.images = images
             g.thinking_budget = req.thinking_token_budget
+            g.retention = prompt.retention  # Anthropic cache_control breakpoints (services.retention); else ()
         return PreparedChat(rt, plan, greqs, req.stop_list() + plan.stops, prompt_tokens, prompt.text)
 
     async def count_reasoning(self, rt: LLMRuntime, out: ChoiceOutput, whole: str) -> int:

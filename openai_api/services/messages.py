@@ -78,6 +78,7 @@ from openai_api.services.generation import TextEvent, sequence_events
 from openai_api.services.images import chat_image_sources
 from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
+from openai_api.services.retention import strip_marks
 from openai_api.services.streaming import sse_stream
 from openai_api.services.tools import plan_tools
 from openai_api.text.templates import ChatTemplate
@@ -299,6 +300,7 @@ class MessagesService:
         rt = self.chat.registry.llm(chat_req.model)
 
         async def tokens(text: str) -> int:
+            text = strip_marks(text)[0]  # a cache_control breakpoint's marker is no prompt text
             return await self.chat.preprocess.run(len(text), count_tokens, rt, text)
 
         prompt_tokens = None

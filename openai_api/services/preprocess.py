@@ -16,6 +16,11 @@ rendering; after rendering, the text between markers is tokenized with special t
 text and the rest as usual, so only the template's own markup yields control tokens. Text-in backends
 (the vLLM and text protocols) tokenize the prompt themselves and cannot be told, so for them such a request is a
 400 instead. Requests without special-token text (nearly all) take the usual path, unchanged.
+
+KV-cache retention (`services.retention`): the breakpoint markers an Anthropic request's `cache_control` blocks
+carry are removed from every rendered prompt; for a token-id backend that takes retention, their offsets become
+the prompt's retained token ranges (`Prompt.retention`), each found by tokenizing the text before it as the
+prompt was tokenized.
 """
 
 from __future__ import annotations
@@ -29,11 +34,12 @@ from typing import Any, TypeVar
 
 from openai_api.errors import ContextLengthExceededError, InvalidRequestError
 from openai_api.services.registry import LLMRuntime
+from openai_api.services.retention import retained_ranges, strip_marks
 from openai_api.text.prompt_cache import NO_BOUNDARIES, PromptTokenCache
 from openai_api.text.templates import RenderLimits, TemplateBudgetError, TemplateError
 from openai_api.text.workers import CPUWorkers, JobTimeoutError
 from openai_api.tracing import child_span, traced_step
-from openai_api.triton.llm import takes_prompt_text
+from openai_api.triton.llm import RetainedRange, takes_prompt_text
 
 T = TypeVar("T")
 
@@ -59,6 +65,9 @@ class Prompt:
     # When its tokenization started and ended (time.time_ns, in whichever thread it ran): a traced request's
     # `tokenize` span. Two clock reads per request, so they are always taken.
     encoded_ns: tuple[int, int] = (0, 0)
+    # The KV-cache retention of its `cache_control` breakpoints (`services.retention`), for a backend that
+    # takes it; () for every other prompt.
+    retention: tuple[RetainedRange, ...] = ()
 
 
 def _size(value: Any) -> int:
@@ -112,6 +121,11 @@ def encode_prompt(rt: LLMRuntime, text: str, param: str, add_special_tokens: boo
     if _utf8_len(text) > rt.context_length and rt.tokenizer.bound(text, rt.context_length)[1]:
         raise _context_error(rt, param)
     return rt.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+
+def _closed(prefix: str) -> str:
+    """A prefix of a marked prompt that cuts a marked stretch: closed, so that stretch's start is read plain."""
+    return prefix + CLOSE if prefix.count(OPEN) > prefix.count(CLOSE) else prefix
 
 
 def _encode_marked(rendered: str, encode: Callable[[str], list[int]], plain: Callable[[str], list[int]]
@@ -191,6 +205,9 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
                                   param="messages") from None
     if rt.config.image_placeholder is not None and IMAGE_MARK in rendered:
         rendered = rendered.replace(IMAGE_MARK, rt.config.image_placeholder)
+    rendered, marks = strip_marks(rendered)  # never sent, whatever the backend
+    if marks and (takes_text or not rt.backend.supports("kv_retention")):
+        marks = []  # only a token-id backend that takes retention is told where the breakpoints are
     text = rendered + prefill
     if found:
         if text.count(OPEN) != text.count(CLOSE) or len(_MARKED.findall(text)) != text.count(OPEN):
@@ -206,12 +223,22 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
         if _utf8_len(plain) > rt.context_length and rt.tokenizer.bound(plain, rt.context_length)[1]:
             raise _context_error(rt, "messages")
         enc = PromptEncoder.of(rt, cache, len(text))
-        return Prompt(plain, _encode_marked(text, enc.encode, enc.plain), (t0, time.time_ns()))
+        ids = _encode_marked(text, enc.encode, enc.plain)
+        encoded = time.time_ns()
+        retention = retained_ranges(marks, ids, lambda k: _encode_marked(_closed(text[:k]), enc.encode, enc.plain)
+                                    ) if marks else ()
+        return Prompt(plain, ids, (t0, encoded), retention)
     if not text:
         raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
                                   param="messages", code="empty_prompt")
     t0 = time.time_ns()
-    return Prompt(text, PromptEncoder.of(rt, cache, len(text)).encode(text), (t0, time.time_ns()))
+    encoder = PromptEncoder.of(rt, cache, len(text))
+    ids = encoder.encode(text)
+    encoded = time.time_ns()
+    # A breakpoint's prefix tokenized as the prompt was (through the prompt cache, a long prompt's segments are
+    # found there): where the block ends in the prompt's own tokens (`retention.token_offset`).
+    retention = retained_ranges(marks, ids, lambda k: encoder.encode(text[:k])) if marks else ()
+    return Prompt(text, ids, (t0, encoded), retention)
 
 
 class Preprocessor:

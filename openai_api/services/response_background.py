@@ -16,7 +16,13 @@ with `background` is a 400 here (OpenAI's resumable background streams are not s
 `LEASE_S / 3` seconds. A response read (`GET`, `cancel`) while `queued` or `in_progress` whose lease ran out and
 that no task of this worker runs, is marked `failed` (`server_error`: the worker running it stopped) and stored
 so: with the SQLite or Redis store a restarted worker, or another worker or gateway, never shows it in progress
-forever. A worker that shuts down marks its own running ones `failed` at once. A cancel that reaches another
+forever. A worker that shuts down marks its own running ones `failed` at once.
+
+**Token quotas.** The request that creates a background response is counted as any request (one request, its
+concurrency slot until the `queued` answer is sent). The generation's tokens are reserved (prompt + max_tokens)
+on a meter of the task's own (`TokenMeter.fork`) and settled when the task ends - completed, failed or
+cancelled - to what the response's `usage` says (a cancelled one: its prompt and the tokens made before the
+cancel), as the keys middleware settles a plain request's. A cancel that reaches another
 worker than the one running the response marks it `cancelled` in the store; that worker's result, when it
 comes, does not replace it.
 """
@@ -28,10 +34,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, Protocol, TypeVar
 
 from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError, OverloadedError
-from openai_api.quota.caller import Caller
+from openai_api.quota.caller import Caller, bind_caller, unbind_caller
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.context import RequestContext
 from openai_api.services.stored_responses import ResponseStore, StoredResponse, input_item_resources
@@ -69,6 +76,14 @@ SHUT_DOWN = "The gateway shut down before this background response finished; cre
 Release = Callable[[], None]
 
 
+async def _settle(caller: Caller) -> None:
+    """The background response's tokens settled on its key's quota (once; shielded: a cancel, a shutdown's
+    included, must not leave its tokens reserved)."""
+    if caller.meter is not None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(caller.meter.settle())
+
+
 class BackgroundResponses:
     """The background responses of this worker, over the process's response store (see the module docstring)."""
 
@@ -104,7 +119,10 @@ class BackgroundResponses:
                                       param="input", code="store_failed")
         self.owners[owner] = self.owners.get(owner, 0) + 1
         release = detach()
-        self.tasks[resp.id] = asyncio.create_task(self._run(service, resp, caller, inputs, release),
+        # The task counts its tokens on a meter of its own, settled when it ends: the request's meter is settled
+        # when the request's answer (`queued`) is sent, before (or while) the task reserves anything.
+        worker = replace(caller, meter=caller.meter.fork() if caller.meter is not None else None)
+        self.tasks[resp.id] = asyncio.create_task(self._run(service, resp, worker, inputs, release),
                                                   name=f"background {resp.id}")
         return queued
 
@@ -121,16 +139,19 @@ class BackgroundResponses:
         model = resp.req.model
         state = {**resp.response("in_progress", [], None), "background": True}
         renew: asyncio.Task[None] | None = None
+        bound = bind_caller(caller)  # the task's own context: its generation reserves on the task's meter
         try:
             await self._put(caller, model, StoredResponse(state, [], inputs, self._lease()))
             renew = asyncio.create_task(self._renew(caller, model, state, inputs))
             result = {**await service.generate(resp), "background": True}
             renew.cancel()
+            await _settle(caller)  # before the result is shown: a poller that sees it sees the key's quota settled
             if not await self._cancelled_elsewhere(caller, resp.id):
                 await self._put(caller, model, StoredResponse(result, resp.conversation_after(), inputs))
         except asyncio.CancelledError:
             ended = ({**state, "status": "failed", "error": {"code": "server_error", "message": SHUT_DOWN}}
                      if self.closing else {**state, "status": "cancelled"})
+            await _settle(caller)
             await self._put(caller, model, StoredResponse(ended, [], inputs))
         except Exception as e:  # a failed generation is the response's `error`, never lost
             if not isinstance(e, GatewayError):
@@ -138,10 +159,13 @@ class BackgroundResponses:
             message = e.message if isinstance(e, GatewayError) and e.status < 500 else \
                 "The server had an error while generating this response."
             failed = {**state, "status": "failed", "error": {"code": "server_error", "message": message}}
+            await _settle(caller)
             await self._put(caller, model, StoredResponse(failed, [], inputs))
         finally:
             if renew is not None:
                 renew.cancel()
+            unbind_caller(bound)
+            await _settle(caller)  # where an end above did not get to it (settling twice does nothing)
             release()
             self.owners[caller.owner] -= 1
             if not self.owners[caller.owner]:

@@ -131,6 +131,19 @@ class GenerationRequest:
     # Its prompt was counted already: a budget's second phase, whose prompt is the first phase's prompt and
     # output. Usage, key quotas and metrics count only its generated tokens (the client's prompt counts once).
     prompt_counted: bool = False
+    # Prompt token ranges to keep in the KV cache (`services.retention`); sent only by an adapter whose model
+    # declares the retention inputs (`supports("kv_retention")`), else nothing.
+    retention: tuple[RetainedRange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RetainedRange:
+    """Prompt tokens [start, end) the engine should keep in its KV cache for `duration_ms` at a high priority
+    (TensorRT-LLM's `KvCacheRetentionConfig` token ranges; from Anthropic `cache_control` breakpoints)."""
+
+    start: int
+    end: int
+    duration_ms: int
 
 
 @dataclass(slots=True)

@@ -13,6 +13,13 @@ Prompt-cache reuse (tensorrtllm_backend docs/model_config.md): a model whose con
 `return_perf_metrics=true` and asked for that output alone; every response then carries the KV cache blocks
 the request reused, which become `GenerationChunk.cached_tokens` (blocks x the model's `tokens_per_block`, at
 most the prompt). A model without them is asked nothing and reports nothing.
+
+KV-cache retention (TensorRT-LLM's `KvCacheRetentionConfig`, tensorrt_llm model config): a model whose config
+declares `retention_token_range_starts`, `retention_token_range_ends` and `retention_token_range_priorities`
+(INT32 [n]) is sent a request's `GenerationRequest.retention` ranges (Anthropic `cache_control` breakpoints,
+`services.retention`) as [1, n] tensors, each at priority `RETENTION_PRIORITY`, with
+`retention_token_range_durations_ms` (INT32 [n]) when declared. `retention_decode_*` are not sent: the
+generated tokens keep the engine's default priority. A model without those inputs is sent nothing.
 """
 
 from __future__ import annotations
@@ -78,6 +85,14 @@ def trtllm_guide(guide: Guide) -> tuple[str, str]:
 # TensorRT-LLM's per-request perf metrics: the flag that asks for them, and the one output read (INT32 [1]).
 PERF_METRICS, REUSED_BLOCKS = "return_perf_metrics", "kv_cache_reused_blocks"
 
+# KV-cache retention inputs (INT32 [n] each); durations are optional in the backend too.
+_RETAIN_STARTS, _RETAIN_ENDS, _RETAIN_PRIORITIES, _RETAIN_DURATIONS = (
+    "retention_token_range_starts", "retention_token_range_ends", "retention_token_range_priorities",
+    "retention_token_range_durations_ms")
+# TensorRT-LLM's retention priorities run 0-100, default 35: a breakpoint's prefix outlives ordinary blocks,
+# and leaves 91-100 to an operator's own pinned prompts.
+RETENTION_PRIORITY = 90
+
 # LoRA (see `openai_api.lora` for the tensors' layout): the task id, and the weights with their config.
 _LORA_ID, _LORA_WEIGHTS, _LORA_CONFIG = "lora_task_id", "lora_weights", "lora_config"
 
@@ -107,10 +122,14 @@ class TensorRTLLMAdapter(SpecAdapter):
         self.lora_sent: set[int] = set()
         # Whether the model reports KV cache reuse (module docstring): asked on every request, or never.
         self.reports_reuse = PERF_METRICS in self.spec.inputs and REUSED_BLOCKS in self.spec.outputs
+        # Whether the model takes KV-cache retention ranges (module docstring).
+        self.takes_retention = all(n in self.spec.inputs for n in (_RETAIN_STARTS, _RETAIN_ENDS, _RETAIN_PRIORITIES))
 
     def supports(self, param: str) -> bool:
         if param == "lora":
             return all(n in self.spec.inputs for n in (_LORA_ID, _LORA_WEIGHTS, _LORA_CONFIG))
+        if param == "kv_retention":
+            return self.takes_retention
         return super().supports(param)
 
     def _add_lora(self, r: InferRequest, lora: LoraAdapter, weights: bool) -> None:
@@ -163,6 +182,13 @@ class TensorRTLLMAdapter(SpecAdapter):
             r.add(spec, _GUIDE, text)
         if req.lora is not None:
             self._add_lora(r, req.lora, lora_weights)
+        if req.retention and self.takes_retention:
+            ranges = req.retention
+            r.add(spec, _RETAIN_STARTS, [x.start for x in ranges])
+            r.add(spec, _RETAIN_ENDS, [x.end for x in ranges])
+            r.add(spec, _RETAIN_PRIORITIES, [RETENTION_PRIORITY] * len(ranges))
+            if _RETAIN_DURATIONS in names:
+                r.add(spec, _RETAIN_DURATIONS, [x.duration_ms for x in ranges])
         r.output("output_ids")
         if not streaming and "sequence_length" in spec.outputs:  # streamed responses hold new tokens only
             r.output("sequence_length")

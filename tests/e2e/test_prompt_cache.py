@@ -2,7 +2,8 @@
 real tritonserver reports the blocks it reused as TensorRT-LLM does (`return_perf_metrics` ->
 `kv_cache_reused_blocks`), and the gateway turns them into each API's usage, read here through the clients people
 use: the `openai` client (chat, streamed chat, Responses), the `anthropic` SDK (plain and streamed), and the
-TensorRT-LLM text interface (the ensemble's tensors).
+TensorRT-LLM text interface (the ensemble's tensors). Anthropic `cache_control` reaches the engine as
+TensorRT-LLM's KV-cache retention tensors, recorded by the engine.
 
 Every conversation starts with a system prompt of its own (a random nonce first), so no other test's prompt
 shares its first block: its first turn is a cold prefill (0 cached), and its second turn, which repeats the
@@ -20,8 +21,11 @@ from typing import Any
 import anthropic
 import openai
 import pytest
+from tokenizers import Tokenizer
 
+from openai_api.triton.tensorrt_llm import RETENTION_PRIORITY
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
+from tests.helpers import MODELS
 
 BLOCK = 32  # the engine's tokens_per_block (triton_models/smollm2-135m-instruct/config.pbtxt) and the gateway's
 TEXT_LLM = "smollm2-135m-instruct-trtllm-text"  # the same engine behind TensorRT-LLM's ensemble tensors
@@ -121,6 +125,28 @@ def test_anthropic_reports_cache_reads_apart_from_input_tokens(claude: anthropic
     # Anthropic's input_tokens leaves the cache reads out: together they are the whole prompt.
     assert second.usage.input_tokens > 0 and second.usage.cache_creation_input_tokens == 0
     assert second.usage.input_tokens + read > prompt
+
+
+def test_anthropic_cache_control_becomes_the_engines_kv_retention(
+        claude: anthropic.Anthropic, ref_stats: Callable[[], dict[str, Any]]) -> None:
+    """A `cache_control` breakpoint (1 h) on the system prompt reaches the engine as TensorRT-LLM's retention
+    tensors: one range from token 0 to the token just after the system text, as SmolLM2's own tokenizer counts
+    the ChatML prefix `<|im_start|>system\n` + the text (the engine's stats file records what it received); a
+    request without a breakpoint sends none."""
+    system = system_prompt()
+    before = int(ref_stats().get("kv_retention_requests", 0))
+    turn = [{"role": "user", "content": "How many marbles are in the red box?"}]
+    claude.messages.create(model=LLM, messages=turn, max_tokens=1, system=[
+        {"type": "text", "text": system, "cache_control": {"type": "ephemeral", "ttl": "1h"}}])
+    stats = ref_stats()
+    tokenizer = Tokenizer.from_file(str(MODELS / LLM / "tokenizer.json"))
+    end = len(tokenizer.encode(f"<|im_start|>system\n{system}", add_special_tokens=False).ids)
+    assert stats["kv_retention_requests"] == before + 1
+    assert stats["kv_retention"] == {"token_range_starts": [0], "token_range_ends": [end],
+                                     "token_range_priorities": [RETENTION_PRIORITY],
+                                     "token_range_durations_ms": [3_600_000]}
+    claude.messages.create(model=LLM, system=system, messages=turn, max_tokens=1)
+    assert ref_stats()["kv_retention_requests"] == before + 1
 
 
 def test_the_ensemble_text_interface_reports_reuse_too(client: openai.OpenAI) -> None:

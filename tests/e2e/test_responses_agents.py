@@ -2,17 +2,20 @@
 Triton (SmolLM2): `responses.input_tokens.count` equals the usage of the same request, `responses.compact` and a
 following request that continues from its output, `background` with polling and `responses.cancel`, and a
 two-turn session over `responses.connect()` (the Responses WebSocket mode) continued with `previous_response_id`
-and no store."""
+and no store; the OpenAI Agents SDK as a third client (a tool turn over HTTP and over the WebSocket mode)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import httpx
 import openai
 import pytest
+from pydantic import BaseModel
 
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
@@ -109,3 +112,83 @@ def test_a_websocket_session_of_two_turns(client: openai.OpenAI) -> None:
     assert first.output_text.strip() and second.usage is not None and first.usage is not None
     # The second turn's prompt holds the first turn (kept by the connection, not a store).
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+
+# ------------------------------------------------------------------ the OpenAI Agents SDK as a third client
+class Report(BaseModel):
+    """The agent's final output (a guided, strict `text.format`): one enum, a few tokens and a small grammar, as a
+    135M model cannot be trusted to write a schema's JSON by itself and every token costs test time."""
+
+    sky: Literal["clear", "rain", "snow"]
+
+
+@pytest.mark.parametrize("transport", ["http", "websocket"])
+async def test_an_agents_sdk_agent_runs_a_tool_turn_chained_by_previous_response_id(
+        gateway: GatewayServer, client: openai.OpenAI, transport: str) -> None:
+    """The Agents SDK (0.24) on its Responses model classes - `OpenAIResponsesModel` over HTTP and
+    `OpenAIResponsesWSModel` over the Responses WebSocket mode - runs one agent turn of two model calls: a forced
+    call of our function tool (it runs), then the structured `Report`, the second call continuing the first with
+    `previous_response_id` (`auto_previous_response_id`) and only the tool's output as input. The SDK has no
+    input-token counting nor `background` (neither is called anywhere in the package); what it does count is
+    its `Usage`, the sum of the responses' `usage`, checked here against the stored responses (HTTP)."""
+    pytest.importorskip("agents")
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel, OpenAIResponsesWSModel
+
+    set_tracing_disabled(True)
+    bodies: list[dict[str, Any]] = []
+
+    async def record(request: httpx.Request) -> None:
+        if request.content:
+            bodies.append(json.loads(request.content))
+
+    seen: list[str] = []
+
+    def get_weather(city: Literal["Oslo", "Rome"]) -> str:
+        """The weather in a city."""
+        seen.append(city)
+        return f"snow in {city}"
+
+    sdk_client = openai.AsyncOpenAI(base_url=f"{gateway.url}/v1", api_key=API_KEY, max_retries=0,
+                                    http_client=httpx.AsyncClient(timeout=60, event_hooks={"request": [record]}))
+    model_class = OpenAIResponsesModel if transport == "http" else OpenAIResponsesWSModel
+    before = _ws_requests(gateway)
+    agent = Agent(name="weather", instructions="Use the tool, then report.", output_type=Report,
+                  model=model_class(model=LLM, openai_client=sdk_client), tools=[function_tool(get_weather)],
+                  model_settings=ModelSettings(tool_choice="get_weather", parallel_tool_calls=False, max_tokens=24,
+                                               temperature=0.8, store=transport == "http"))
+    try:
+        result = await Runner.run(agent, "What is the weather in Oslo?", max_turns=3,
+                                  auto_previous_response_id=True)
+    finally:
+        if isinstance(agent.model, OpenAIResponsesWSModel):
+            await agent.model.close()
+        await sdk_client.close()
+    assert len(seen) == 1 and isinstance(result.final_output, Report)
+    first, second = result.raw_responses
+    assert second.response_id is not None and result.last_response_id == second.response_id
+    usage = result.context_wrapper.usage
+    assert usage.requests == 2
+    if transport == "websocket":
+        assert bodies == []  # nothing went over HTTP: both calls were response.create frames on one socket
+        assert _ws_requests(gateway) - before == 2
+        return
+    sent_first, sent_second = bodies
+    assert sent_first["tool_choice"] == {"type": "function", "name": "get_weather"}
+    assert sent_second["previous_response_id"] == first.response_id
+    assert [i["type"] for i in sent_second["input"]] == ["function_call_output"]
+    assert sent_second["input"][0]["output"] == f"snow in {seen[0]}"
+    # What the agent produced is what the gateway stored as the chain's last response.
+    stored = [client.responses.retrieve(r.response_id or "") for r in (first, second)]
+    assert Report.model_validate_json(stored[1].output_text) == result.final_output
+    assert [c.name for c in stored[0].output if c.type == "function_call"] == ["get_weather"]
+    assert usage.input_tokens == sum(s.usage.input_tokens for s in stored if s.usage is not None)
+    assert usage.output_tokens == sum(s.usage.output_tokens for s in stored if s.usage is not None)
+
+
+def _ws_requests(gateway: GatewayServer) -> float:
+    """`response.create`s answered 200 over the WebSocket so far (the gateway's request counter)."""
+    text = httpx.get(f"{gateway.url}/metrics", headers={"authorization": f"Bearer {API_KEY}"}, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("openai_api_requests_total{") and 'route="websocket:/v1/responses"' in line
+               and 'status="200"' in line)

@@ -23,6 +23,7 @@ from openai_api.http.sse import coalesced
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.services import parts
 from openai_api.services.messages import PING
+from openai_api.services.retention import mark_block
 from openai_api.settings import Settings
 from tests.anthropic_events import accumulate, check_stream, parse_sse, validate
 from tests.unit.fakes import MODEL, FakeBackend, llm_only_config
@@ -113,7 +114,8 @@ async def test_system_blocks_tools_and_history_become_the_chat_messages() -> Non
                 {"type": "tool_result", "tool_use_id": "toolu_1", "content": "oops", "is_error": True},
                 {"type": "text", "text": "Thanks"}]}]})
     assert chat_messages(req) == [
-        {"role": "system", "content": "Be brief.\n\nUse tools."},
+        # The cache_control breakpoint's marker (`services.retention`), removed from the rendered prompt.
+        {"role": "system", "content": mark_block("Be brief.", "5m") + "\n\nUse tools."},
         {"role": "user", "content": "Weather in Paris?"},
         {"role": "assistant", "content": "Checking.", "reasoning_content": "I should call it.",
          "tool_calls": [{"id": "toolu_1", "type": "function",
@@ -136,7 +138,7 @@ async def test_claude_codes_billing_header_is_left_out_so_turns_share_their_pref
                 {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]
 
     first, second = chat_messages(req(blocks("a1b2c"))), chat_messages(req(blocks("f9e8d")))
-    assert first == second and first[0] == {"role": "system", "content": "You are Claude Code."}
+    assert first == second and first[0] == {"role": "system", "content": mark_block("You are Claude Code.", "5m")}
     inline = chat_messages(req("x-anthropic-billing-header: cch=77;\nYou are Claude Code."))
     assert inline[0]["content"] == "You are Claude Code."
     kept = chat_messages(req(blocks("a1b2c")), strip_billing=False)

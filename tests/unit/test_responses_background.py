@@ -5,6 +5,8 @@ and never left `in_progress` forever by a worker that stopped (SQLite store, as 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS
+from openai_api.services.backends import InstrumentedLLMBackend
 from openai_api.services.response_background import STOPPED
 from openai_api.services.stored_responses import StoredResponse
 from openai_api.settings import Settings
@@ -201,3 +204,78 @@ async def test_a_stopped_workers_response_is_failed_not_in_progress_forever(tmp_
         assert r.json()["status"] == "cancelled"
     finally:
         await restarted.state.gateway.process.close()
+
+
+# --- token quotas: a background response's tokens are settled like a request's --------------------------------
+METERED = "sk-metered"
+
+
+@pytest.fixture
+async def metered(tmp_path: Path) -> AsyncIterator[FastAPI]:
+    """A key with a token rate and a daily budget (both counted), and the real metrics wrapper over the fake (where
+    a generation reserves its tokens)."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": [{"name": "metered", "secret_sha256": hashlib.sha256(METERED.encode())
+                                          .hexdigest(), "tokens_per_minute": 100_000, "tokens_per_day": 100_000}]}),
+                    encoding="utf-8")
+    app = make_app(tmp_path, keys_file=keys, responses_background_max=4)
+    await app.state.gateway.services.parts.start()
+    yield app
+    await app.state.gateway.process.close()
+
+
+def instrumented(app: FastAPI, fake: FakeBackend) -> FakeBackend:
+    state = app.state.gateway
+    state.services.registry.llm(MODEL).backend = InstrumentedLLMBackend(fake, state.metrics, MODEL)
+    return fake
+
+
+async def key_usage(app: FastAPI) -> dict[str, Any]:
+    quota = app.state.gateway.quota
+    caller = quota.identify(METERED.encode())
+    used: dict[str, Any] = await quota.store.usage(caller.name, quota.limits(caller))
+    return used
+
+
+async def test_background_responses_settle_their_tokens_to_their_usage(metered: FastAPI) -> None:
+    """Each reserves prompt + max_output_tokens while it runs; once it is shown completed, the key has used exactly
+    what the responses' `usage` says (the oracle: their usage, summed here), not the reservations."""
+    rt = metered.state.gateway.services.registry.llm(MODEL)
+    fake = instrumented(metered, HeldBackend([[i] for i in rt.tokenizer.encode("Background answer.")]))
+    first = await start(metered, METERED, max_output_tokens=500)
+    assert first.status_code == 200, first.text
+    await fake.started.wait()
+    running = await key_usage(metered)
+    fake.go.set()
+    done = [await poll(metered, first.json()["id"], key=METERED)]
+    for _ in range(2):
+        r = await start(metered, METERED, max_output_tokens=500)
+        done.append(await poll(metered, r.json()["id"], key=METERED))
+    assert [d["status"] for d in done] == ["completed"] * 3
+    # While the first ran, its prompt and all 500 output tokens were held.
+    assert running["tokens_today"] == done[0]["usage"]["input_tokens"] + 500
+    used = await key_usage(metered)
+    spent = sum(d["usage"]["total_tokens"] for d in done)
+    assert 0 < spent < 500 and used["tokens_today"] == spent and used["tokens_in_window"] == spent
+    assert used["concurrent"] == 0
+
+
+async def test_a_cancelled_or_failed_background_response_settles_what_it_used(metered: FastAPI) -> None:
+    rt = metered.state.gateway.services.registry.llm(MODEL)
+    script_ids = [[i] for i in rt.tokenizer.encode("Background answer.")]
+    instrumented(metered, FakeBackend(script_ids))
+    whole = await poll(metered, (await start(metered, METERED, max_output_tokens=500)).json()["id"], key=METERED)
+    prompt = whole["usage"]["input_tokens"]  # the same input below: the same prompt
+    spent = whole["usage"]["total_tokens"]
+    held_fake = instrumented(metered, HeldBackend(script_ids))
+    r = await start(metered, METERED, max_output_tokens=500)
+    await held_fake.started.wait()  # reserved: prompt + 500
+    cancelled = await call(metered, "POST", f"/v1/responses/{r.json()['id']}/cancel", key=METERED)
+    assert cancelled.json()["status"] == "cancelled"
+    spent += prompt  # its prompt was read; nothing was generated
+    assert (await key_usage(metered))["tokens_today"] == spent
+    instrumented(metered, FakeBackend(script_ids, fail_at=2))
+    failed = await poll(metered, (await start(metered, METERED, max_output_tokens=500)).json()["id"], key=METERED)
+    assert failed["status"] == "failed"
+    spent += prompt + 2  # two tokens made before the backend failed
+    assert (await key_usage(metered))["tokens_today"] == spent

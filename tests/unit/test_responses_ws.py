@@ -184,3 +184,41 @@ def test_each_request_on_the_socket_gets_an_access_log_line(app: FastAPI, caplog
     assert "path=/v1/responses status=200" in lines[0] and f"object_id={done['id']}" in lines[0]
     assert f"model={MODEL}" in lines[0] and "key=a" in lines[0] and "sk-a" not in lines[0]
     assert "status=404" in lines[1] and "not-a-model" not in lines[1]  # an unknown model is never a label
+
+
+def test_a_connection_past_its_lifetime_finishes_its_response_then_says_so_and_closes(tmp_path: Path) -> None:
+    """OpenAI closes a WebSocket after 60 minutes with `websocket_connection_limit_reached`; here with 0.4 s. The
+    response running when the time is up completes; a frame sent after it is answered by the limit's error event
+    (never run), and the connection closes."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"keys": KEYS}), encoding="utf-8")
+    app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, keys_file=keys,
+                                                         responses_ws_max_age_s=0.4))
+    rt = app.state.gateway.services.registry.llm(MODEL)
+    fake = SlowBackend([[i] for i in rt.tokenizer.encode("word " * 40)])  # ~0.8 s: outlives the limit
+    rt.backend = fake
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        started = time.monotonic()
+        create(ws, input="Talk.", store=False)
+        create(ws, input="And again.", store=False)  # waits behind the first; the limit comes before its turn
+        first = until_end(ws)
+        assert time.monotonic() - started > 0.4
+        assert first[-1]["type"] == "response.completed", first[-1]
+        error = json.loads(ws.receive_text())
+        assert error["type"] == "error" and error["status"] == 400
+        assert error["error"]["code"] == "websocket_connection_limit_reached"
+        assert error["error"]["type"] == "invalid_request_error"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+        assert closed.value.code == 1000 and closed.value.reason == "websocket_connection_limit_reached"
+    assert len(fake.requests) == 1 and fake.completed == 1
+
+
+def test_an_idle_connection_is_told_and_closed_when_its_lifetime_is_up(tmp_path: Path) -> None:
+    app = create_app(llm_only_config(tmp_path), Settings(config_file=tmp_path, responses_ws_max_age_s=0.1))
+    with TestClient(app).websocket_connect("/v1/responses") as ws:
+        error = json.loads(ws.receive_text())  # sent unasked, once 0.1 s have passed
+        assert error["error"]["code"] == "websocket_connection_limit_reached"
+        with pytest.raises(WebSocketDisconnect) as closed:
+            ws.receive_text()
+        assert closed.value.code == 1000

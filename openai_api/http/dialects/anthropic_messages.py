@@ -14,9 +14,11 @@ turn issued. An assistant turn's `text` blocks are its text, `tool_use` blocks i
 call's arguments), `thinking` blocks its reasoning (templates read it as `reasoning_content` / `thinking`);
 `redacted_thinking` is opaque and dropped. A user turn's `image` blocks (base64 or url sources) are images for
 a model that takes images; to one that does not, a 400 naming the block, as for `document` and unknown block
-types. `cache_control` anywhere is accepted and ignored. `tools` (`name`, `description`, `input_schema`;
-Anthropic's server tools are a 400) are function tools, except those with `defer_loading` (left out of the
-prompt, as Anthropic keeps them out of the context until a tool search loads them); `tool_choice` `auto` /
+types. `cache_control` (at most 4 blocks, `{type: ephemeral}` with `ttl` `5m` or `1h`, else a 400) marks the
+end of its block's text for the KV-cache retention of a backend that takes it (`services.retention`). `tools`
+(`name`, `description`, `input_schema`; Anthropic's server tools are a 400) are function tools, except those
+with `defer_loading` (left out of the prompt, as Anthropic keeps them out of the context until a tool search
+loads them); `tool_choice` `auto` /
 `any` / `tool` (+ `name`) / `none` are chat's `auto` / `required` / a named function / `none` (forced calls
 are guided), `disable_parallel_tool_use` is `parallel_tool_calls: false`. `stop_sequences` are stop strings,
 `metadata.user_id` the `user` (the rest of `metadata` is accepted), `temperature`, `top_p`, `top_k`,
@@ -59,6 +61,7 @@ from openai_api.services.parts import (
     chat_messages,
     image_paths,
 )
+from openai_api.services.retention import cache_ttl, check_breakpoints, mark_block
 
 PREFIX = "/v1/messages"
 
@@ -118,8 +121,9 @@ def strip_billing_header(text: str) -> str:
 
 def system_text(system: Any, field: str = "system", strip_billing: bool = True) -> str:
     """A system prompt (top-level `system`, or a `system`-role message's content): a string or text blocks
-    (their `cache_control` ignored), joined by a blank line; with `strip_billing`, Claude Code's billing
-    header lines dropped (a block left empty by that is dropped whole)."""
+    (a block with `cache_control` ends with its breakpoint marker, `retention.mark_block`), joined by a blank
+    line; with `strip_billing`, Claude Code's billing header lines dropped (a block left empty by that is
+    dropped whole)."""
     if isinstance(system, str):
         return strip_billing_header(system) if strip_billing else system
     if not isinstance(system, list):
@@ -134,7 +138,7 @@ def system_text(system: Any, field: str = "system", strip_billing: bool = True) 
             text = strip_billing_header(text)
             if not text:
                 continue
-        parts.append(text)
+        parts.append(mark_block(text, cache_ttl(block, where)))
     return "\n\n".join(parts)
 
 
@@ -150,19 +154,20 @@ def _tool_result_text(block: dict[str, Any], where: str, model: str) -> str:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind != "text":
                 raise _refuse_block(str(kind), pwhere, model, "a tool_result holds a string or text blocks")
-            parts.append(_text(part, pwhere))
+            parts.append(mark_block(_text(part, pwhere), cache_ttl(part, pwhere)))
         text = "\n\n".join(parts)
     else:
         raise _bad(f"{where}.content: must be a string or a list of text blocks.", f"{where}.content")
     is_error = block.get("is_error", False)
     if not isinstance(is_error, bool):
         raise _bad(f"{where}.is_error: must be a boolean.", f"{where}.is_error")
-    return f"Error: {text}" if is_error else text
+    return mark_block(f"Error: {text}" if is_error else text, cache_ttl(block, where))
 
 def turns(req: CountTokensRequest, strip_billing: bool = True) -> list[Turn]:
     """`system` and `messages` as typed turns (see the module docstring), each block checked once.
     `strip_billing`: Claude Code's billing header left out of system text."""
     out: list[Turn] = []
+    check_breakpoints(_breakpoints(req))
     if req.system is not None:
         text = system_text(req.system, strip_billing=strip_billing)
         if text:
@@ -186,12 +191,38 @@ def turns(req: CountTokensRequest, strip_billing: bool = True) -> list[Turn]:
     return out
 
 
+def _breakpoints(req: CountTokensRequest) -> int:
+    """How many blocks carry `cache_control` (each checked): tools, system blocks, message blocks and the text
+    blocks inside a tool_result. Only the places Anthropic defines are read, each at most once."""
+    count = 0
+
+    def one(block: Any, where: str) -> None:
+        nonlocal count
+        if cache_ttl(block, where) is not None:
+            count += 1
+
+    for k, tool in enumerate(getattr(req, "tools", None) or ()):
+        one(tool, f"tools[{k}]")
+    if isinstance(req.system, list):
+        for j, block in enumerate(req.system):
+            one(block, f"system[{j}]")
+    for i, m in enumerate(req.messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            where = f"messages[{i}].content[{j}]"
+            one(block, where)
+            inner = block.get("content") if isinstance(block, dict) and block.get("type") == "tool_result" else None
+            for k, part in enumerate(inner if isinstance(inner, list) else ()):
+                one(part, f"{where}.content[{k}]")
+    return count
+
+
 def _assistant(blocks: list[dict[str, Any]], where: str, issued: set[str], model: str) -> tuple[Part, ...]:
     parts: list[Part] = []
     for j, b in enumerate(blocks):
         bwhere, kind = f"{where}[{j}]", b["type"]
         if kind == "text":
-            parts.append(Text(_text(b, bwhere)))
+            parts.append(Text(mark_block(_text(b, bwhere), cache_ttl(b, bwhere))))
         elif kind == "thinking":
             parts.append(Reasoning(_text(b, bwhere, "thinking")))
         elif kind == "redacted_thinking":
@@ -230,7 +261,7 @@ def _user(blocks: list[dict[str, Any]], where: str, issued: set[str], model: str
     for j, b in enumerate(blocks):
         bwhere, kind = f"{where}[{j}]", b["type"]
         if kind == "text":
-            parts.append(Text(_text(b, bwhere)))
+            parts.append(Text(mark_block(_text(b, bwhere), cache_ttl(b, bwhere))))
         elif kind == "image":
             parts.append(_image(b, bwhere))
         elif kind == "tool_result":

@@ -28,6 +28,15 @@ then cancelled), or with 1001 when the gateway drains. Each request is counted i
 latency histogram under the route `websocket:/v1/responses` (499 for one whose client left) and gets an
 access-log line (method `WEBSOCKET`); the connection's opening and close (with how many requests it served) are
 logged.
+
+A connection lasts at most `--responses-ws-max-age` (3600 s, OpenAI's 60 minutes). When it is up, a response
+being generated is let finish (cutting it would lose the turn the client is waiting for; the limit is about
+connections, not requests); then the connection sends one error event, `{"type": "error", "status": 400, "error":
+{"type": "invalid_request_error", "code": "websocket_connection_limit_reached", ...}}` - at once if it is idle,
+and in answer to any frames still waiting, which are not run - and closes (1000, reason
+`websocket_connection_limit_reached`). OpenAI's answer to that code is "open a new connection"; a response kept
+only in the old connection's memory (`store: false`) cannot be continued there, so the client resends the
+conversation.
 """
 
 from __future__ import annotations
@@ -76,6 +85,15 @@ router = APIRouter()
 # Frames waiting while one request runs: past it the gateway stops reading (the client's sends back up).
 MAX_PENDING = 8
 WS_ROUTE = "websocket:/v1/responses"  # the `route` label of its requests in the request metrics
+LIFETIME_CODE = "websocket_connection_limit_reached"  # OpenAI's error code when a connection's 60 minutes are up
+LIFETIME_UP = "gateway.lifetime_up"  # the reader's wake-up for an idle worker (never a client frame type)
+
+
+class ConnectionLimitError(InvalidRequestError):
+    """The connection's lifetime (`--responses-ws-max-age`) is up: OpenAI's `websocket_connection_limit_reached`,
+    after which the connection is closed and the client opens another."""
+
+    default_code = LIFETIME_CODE
 
 
 def error_event(err: GatewayError) -> dict[str, Any]:
@@ -128,31 +146,47 @@ class ResponsesSocket:
         # The connection's last response: its id -> the conversation a `previous_response_id` continues.
         self.local: dict[str, list[dict[str, Any]]] = {}
         self.served = 0  # response.create requests answered (for the close's log line)
+        # Past --responses-ws-max-age the response being generated finishes and nothing else starts.
+        self.deadline = time.monotonic() + state.settings.responses_ws_max_age_s
+        self.expired = False  # the limit's error event was sent: the close says why
 
     async def run(self) -> None:
         pending: asyncio.Queue[dict[str, Any]] = asyncio.Queue(MAX_PENDING)
         worker = asyncio.create_task(self._work(pending), name="responses websocket")
+        receiving: asyncio.Future[Any] | None = None
+        woken = False  # the worker has been told the lifetime is up
         try:
             while not worker.done():
-                receiving = asyncio.ensure_future(self.websocket.receive())
-                await asyncio.wait([receiving, worker], return_when=asyncio.FIRST_COMPLETED)
-                if not receiving.done():
-                    receiving.cancel()
+                if receiving is None:
+                    receiving = asyncio.ensure_future(self.websocket.receive())
+                left = None if woken else max(0.0, self.deadline - time.monotonic())
+                await asyncio.wait([receiving, worker], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                if worker.done():
                     break
-                message = receiving.result()
+                if not receiving.done():  # the connection's lifetime is up
+                    woken = True
+                    # Wakes an idle worker; a busy one (or one with frames waiting) sees the deadline as it
+                    # takes its next frame, once the response it is generating has finished.
+                    with contextlib.suppress(asyncio.QueueFull):
+                        pending.put_nowait({"type": LIFETIME_UP})
+                    continue
+                message, receiving = receiving.result(), None
                 if message["type"] == "websocket.disconnect":
                     break
                 await pending.put(dict(message))
         except (WebSocketDisconnect, RuntimeError):
             pass  # the client went while we read
         finally:
+            if receiving is not None and not receiving.done():
+                receiving.cancel()
             worker.cancel()  # a generation still running for a client that left is cancelled with it
             await asyncio.wait([worker])
             if not worker.cancelled() and worker.exception() is not None:
                 logger.error("responses websocket worker failed", exc_info=worker.exception())
             if self.websocket.application_state == WebSocketState.CONNECTED:
                 with contextlib.suppress(Exception):
-                    await self.websocket.close(code=1001 if self.state.lifecycle.draining else 1000)
+                    await self.websocket.close(code=1001 if self.state.lifecycle.draining else 1000,
+                                               reason=LIFETIME_CODE if self.expired else None)
 
     async def _send(self, payload: bytes | dict[str, Any]) -> None:
         text = payload.decode() if isinstance(payload, bytes) else orjson.dumps(payload).decode()
@@ -162,6 +196,12 @@ class ResponsesSocket:
         with contextlib.suppress(WebSocketDisconnect, OSError, RuntimeError):  # the client went: nothing to say
             while True:
                 message = await pending.get()
+                if time.monotonic() >= self.deadline:  # frames still waiting get this one event, then the close
+                    self.expired = True
+                    await self._send(error_event(ConnectionLimitError(
+                        f"This connection reached its limit of {self.state.settings.responses_ws_max_age_s:g} "
+                        "seconds; open a new connection to continue.")))
+                    return
                 if self.state.lifecycle.draining:
                     await self._send(error_event(ShuttingDownError("The server is shutting down; open a new "
                                                                    "connection to another instance.")))

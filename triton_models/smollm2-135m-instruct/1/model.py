@@ -45,6 +45,11 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   [1, 1] and ``arrival_time_ns``, ``first_scheduled_time_ns``, ``first_token_time_ns``, ``last_token_time_ns``
   INT64 [1, 1] (``SmolLM2Engine.perf_metric_tensors``). Requests with a LoRA adapter neither read nor store
   blocks.
+* KV-cache retention, as TensorRT-LLM's ``KvCacheRetentionConfig`` inputs: ``retention_token_range_starts`` /
+  ``_ends`` / ``_priorities`` / ``_durations_ms`` INT32 [1, n] and ``retention_decode_priority`` /
+  ``retention_decode_duration_ms`` INT32 [1, 1], all optional. Checked as the backend checks them (a bad set
+  fails the request with its words) and recorded as the stats' ``kv_retention`` (the last request's ranges, as
+  received) and ``kv_retention_requests``; the reuse cache itself stays LRU.
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over 8192 tokens) come back as a
   FINAL response carrying a ``TritonError``.
 * cancellation (client cancels the gRPC stream) is polled before every token step; the request is
@@ -116,6 +121,7 @@ class TritonPythonModel(SmolLM2Engine):
         max_new = int(batched_scalar(request, "request_output_len", 16))
         self.validate_prompt(prompt, max_new, "request_output_len")
         temperature = checked_temperature(float(batched_scalar(request, "temperature", 1.0)))
+        self._retention(request)
         lora = self._lora(request)
         return Job(
             lora=lora,
@@ -143,6 +149,43 @@ class TritonPythonModel(SmolLM2Engine):
                 "return_perf_metrics": bool(batched_scalar(request, "return_perf_metrics", False)),
             },
         )
+
+    def _retention(self, request: Any) -> None:
+        """TensorRT-LLM's KV-cache retention inputs, checked as its backend checks them (ends and priorities of
+        the starts' length, durations too when sent; priorities 0-100; start < end, or end -1) and recorded as
+        the stats' ``kv_retention`` (the last request's, as received) with a ``kv_retention_requests`` count."""
+        starts = input_array(request, "retention_token_range_starts")
+        if starts is None:
+            return
+        def row(a: np.ndarray) -> list[int]:  # [1, n] (batch dim) or [n] -> n ints
+            return [int(x) for x in a.reshape(-1).tolist()]
+
+        got = {"token_range_starts": row(starts)}
+        n = len(got["token_range_starts"])
+        for name, needed in (("ends", True), ("priorities", True), ("durations_ms", False)):
+            arr = input_array(request, f"retention_token_range_{name}")
+            if arr is None:
+                if needed:
+                    raise RequestError(f"retention_token_range_{name} must be provided, and have the same length "
+                                       "as retention_token_range_starts")
+                continue
+            got[f"token_range_{name}"] = row(arr)
+            if len(got[f"token_range_{name}"]) != n:
+                raise RequestError(f"retention_token_range_{name} must have the same length as "
+                                   "retention_token_range_starts")
+        for start, end, priority in zip(got["token_range_starts"], got["token_range_ends"],
+                                        got["token_range_priorities"], strict=True):
+            if start < 0 or (end != -1 and end <= start) or not 0 <= priority <= 100:
+                raise RequestError(f"retention token range [{start}, {end}) at priority {priority}: a range needs "
+                                   "0 <= start < end (or end -1) and a priority from 0 to 100")
+        record: dict[str, Any] = dict(got)
+        for name in ("retention_decode_priority", "retention_decode_duration_ms"):
+            value = batched_scalar(request, name, None)
+            if value is not None:
+                record[name.removeprefix("retention_")] = int(value)
+        with self.stats_lock:
+            self.stats["kv_retention"] = record
+            self.stats["kv_retention_requests"] = int(self.stats.get("kv_retention_requests", 0)) + 1
 
     def _lora(self, request: Any) -> Any:
         """The request's adapter, as TensorRT-LLM's PEFT cache answers: weights + config with a task id are
