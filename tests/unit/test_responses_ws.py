@@ -184,3 +184,29 @@ def test_each_request_on_the_socket_gets_an_access_log_line(app: FastAPI, caplog
     assert "path=/v1/responses status=200" in lines[0] and f"object_id={done['id']}" in lines[0]
     assert f"model={MODEL}" in lines[0] and "key=a" in lines[0] and "sk-a" not in lines[0]
     assert "status=404" in lines[1] and "not-a-model" not in lines[1]  # an unknown model is never a label
+
+
+def test_a_compaction_trigger_on_the_socket_compacts_and_the_next_turn_continues_it(
+        app: FastAPI, validate: Callable[..., None]) -> None:
+    """Codex's remote compaction v2 over the WebSocket: the connection's conversation summarized into one
+    `compaction` item, and the next `response.create` continues from the summary (no store needed)."""
+    from openai_api.services.compaction import read_compaction
+
+    script(app, "Noted: the code word is quokka.")
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="Remember the code word quokka.", store=False)
+        first = until_end(ws)[-1]["response"]
+        fake = script(app, "The user set the code word quokka.")
+        create(ws, input=[{"type": "compaction_trigger"}], previous_response_id=first["id"], store=False)
+        events = until_end(ws)
+        for e in events:
+            validate(EVENT_SCHEMAS[e["type"]], e)
+        done = events[-1]["response"]
+        [item] = done["output"]
+        assert read_compaction(item["encrypted_content"], "x") == "The user set the code word quokka."
+        assert "Remember the code word quokka." in fake.requests[0].prompt_text
+        fake = script(app, "quokka")
+        create(ws, input="What was the code word?", previous_response_id=done["id"], store=False)
+        assert until_end(ws)[-1]["type"] == "response.completed"
+        prompt = fake.requests[0].prompt_text
+        assert "The user set the code word quokka." in prompt and "Noted: the code word" not in prompt
