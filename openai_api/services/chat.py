@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -31,6 +30,7 @@ from openai_api.services.preprocess import IMAGE_MARK, Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
+from openai_api.text import json_args
 from openai_api.text.templates import ChatTemplate
 from openai_api.triton.llm import GenerationRequest
 
@@ -79,7 +79,7 @@ def template_arguments(arguments: str, index: int, call: int) -> Any:
         return {}
     param = f"messages[{index}].tool_calls[{call}].function.arguments"
     try:
-        value = json.loads(arguments)
+        value = json_args.decode(arguments)  # json.loads's value; what it gives is remembered by the text
     except ValueError:
         raise InvalidRequestError(
             f"messages[{index}].tool_calls[{call}].function.arguments is not valid JSON; the model's chat template "
@@ -88,7 +88,8 @@ def template_arguments(arguments: str, index: int, call: int) -> Any:
         value = None
         too_deep = True
     else:
-        too_deep = find_excess(value, MAX_JSON_DEPTH) is not None  # the template walks it (tojson)
+        too_deep = json_args.nested_deeper_than(  # the template walks it (tojson)
+            value, MAX_JSON_DEPTH, lambda v, d: find_excess(v, d) is not None)
     if too_deep:
         raise InvalidRequestError(f"'{param}' is nested too deeply: past the gateway's limit of {MAX_JSON_DEPTH} "
                                   "levels of JSON nesting.", param=param, code="too_deeply_nested")

@@ -14,12 +14,12 @@ before it staying before it. An assistant turn's text is its content, its `ToolC
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from openai_api.schemas.openai import ChatMessage, ToolCallFunction
 from openai_api.schemas.openai import ToolCall as ChatToolCall
+from openai_api.text import json_args
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +97,7 @@ def _user(parts: tuple[Part, ...]) -> list[ChatMessage]:
 def _assistant(parts: tuple[Part, ...]) -> ChatMessage:
     text = "".join(p.text for p in parts if isinstance(p, Text))
     calls = [ChatToolCall.model_construct(id=p.id, type="function", function=ToolCallFunction.model_construct(
-        name=p.name, arguments=json.dumps(p.arguments, ensure_ascii=False))) for p in parts if isinstance(p, ToolCall)]
+        name=p.name, arguments=json_args.canonical(p.arguments))) for p in parts if isinstance(p, ToolCall)]
     fields: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
     if calls:
         fields["tool_calls"] = calls

@@ -136,7 +136,7 @@ class TokenIds(list[int]):
 
     __slots__ = ("int32_le",)
 
-    def __init__(self, ids: list[int], int32_le: bytes) -> None:
+    def __init__(self, ids: Iterable[int], int32_le: bytes) -> None:
         super().__init__(ids)
         self.int32_le = int32_le
 
@@ -228,13 +228,14 @@ class PromptTokenCache:
                     stats.miss_tokens += len(entry[0])
                 self._evict()
             found = [f if f is not None else fresh[missing[s]] for f, s in zip(found, segments, strict=True)]
-        out: list[int] = []
+        out = TokenIds((), b"")  # joined in place: a second copy of ~100k ids cost ~0.3 ms a long turn
         raw: list[bytes] = []
         for entry in found:
             assert entry is not None
             out += entry[0]
             raw.append(entry[1])
-        return TokenIds(out, b"".join(raw))
+        out.int32_le = b"".join(raw)
+        return out
 
     def _put(self, k: tuple[int, str], entry: tuple[list[int], bytes]) -> None:
         if k in self._map:

@@ -70,3 +70,37 @@ async def test_the_input_is_freed_without_a_garbage_collection(no_cyclic_gc: Non
         assert alive() is None, [type(r).__name__ for r in gc.get_referrers(alive())]
     finally:
         workers.close()
+
+
+def test_trims_paced_by_rss_growth() -> None:
+    """A trim hands every free page back, and the next request faults them in again (~2 ms of system CPU at
+    an agent turn of ~117k tokens): so a job trims only once RSS has grown `slack` past its last trimmed
+    level, which still bounds what a stream of big requests can leave behind."""
+    from openai_api.text.workers import TrimPacer
+
+    rss = [100 << 20]
+    calls: list[int] = []
+    pacer = TrimPacer(slack=16 << 20, rss=lambda: rss[0], trim=lambda pad: calls.append(pad) or 0)
+    pacer.after_job()  # no level known yet: trims, and remembers what RSS is after it
+    assert calls == [0]
+    for grown in (1, 8, 15):  # agent turns: growth under the slack, nothing handed back
+        rss[0] = (100 + grown) << 20
+        pacer.after_job()
+    assert len(calls) == 1
+    rss[0] = 117 << 20  # a big request's fragments: past the slack
+    pacer.after_job()
+    assert len(calls) == 2
+    rss[0] = 120 << 20  # measured from the level after that trim, not from the first one
+    pacer.after_job()
+    assert len(calls) == 2
+
+
+def test_trims_every_job_without_procfs() -> None:
+    from openai_api.text.workers import TrimPacer
+
+    calls: list[int] = []
+    pacer = TrimPacer(rss=lambda: None, trim=lambda pad: calls.append(pad) or 0)
+    for _ in range(3):
+        pacer.after_job()
+    assert len(calls) == 3
+    TrimPacer(trim=None).after_job()  # not glibc: nothing to call

@@ -148,3 +148,59 @@ async def test_a_compaction_item_not_made_here_is_a_400_naming_it(app: FastAPI, 
 def test_the_compaction_codec_round_trips_any_text() -> None:
     for text in ("", "plain", "ünïcødé ✓ 🦘", "x" * 10_000):
         assert read_compaction(write_compaction(text), "input[0]") == text
+
+
+# Codex's remote compaction v2: `/v1/responses` with a final `compaction_trigger` item answers one `compaction`
+# output item (Codex fails the turn on anything else: "expected exactly one compaction output item").
+TRIGGER = {"type": "compaction_trigger"}
+
+
+async def test_a_compaction_trigger_answers_one_compaction_item(app: FastAPI, validate: Callable[..., None]) -> None:
+    summary = "The user asked the time in UTC (noon) and then in Paris."
+    fake = script(app, summary)
+    r = await post(app, "/v1/responses", {"input": [*CONVERSATION, TRIGGER], "store": True, "tools": [TOOL]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    validate("Response", body)
+    assert body["object"] == "response" and body["status"] == "completed"
+    [item] = body["output"]
+    assert item["type"] == "compaction" and read_compaction(item["encrypted_content"], "x") == summary
+    prompt = fake.requests[0].prompt_text
+    assert COMPACT_PROMPT in prompt and "12:00" in prompt and "compaction_trigger" not in prompt
+    assert body["usage"]["input_tokens"] == len(fake.requests[0].prompt_ids)
+    # Stored as the compacted conversation: a follow-up reads the user messages and the summary, not the turns.
+    fake = script(app, "In Paris it is 13:00.")
+    nxt = await post(app, "/v1/responses", {"input": "So what time is it there?", "previous_response_id": body["id"]})
+    assert nxt.status_code == 200, nxt.text
+    prompt = fake.requests[0].prompt_text
+    assert "then in Paris." in prompt and "Thanks. And in Paris?" in prompt and "12:00" not in prompt
+
+
+async def test_a_streamed_compaction_trigger_is_the_items_events(app: FastAPI, validate: Callable[..., None]) -> None:
+    from tests.unit.test_agent_requests import EVENT_SCHEMAS
+
+    script(app, "Summary.")
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+        r = await c.post("/v1/responses", headers=A, json={"model": MODEL, "stream": True,
+                                                             "input": [*CONVERSATION, TRIGGER]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.output_item.added",
+                                           "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(5))
+    for e in events:
+        validate(EVENT_SCHEMAS[e["type"]], e)
+    [item] = events[-1]["response"]["output"]
+    assert item == events[2]["item"] == events[3]["item"] and read_compaction(item["encrypted_content"], "x") == \
+        "Summary."
+
+
+@pytest.mark.parametrize("items, at", [([TRIGGER, {"role": "user", "content": "Hi"}], 0),
+                                       ([{"role": "user", "content": "Hi"}, TRIGGER, TRIGGER], 1)])
+async def test_a_compaction_trigger_must_be_last_and_alone(app: FastAPI, items: list[Any], at: int) -> None:
+    fake = script(app, "x")
+    r = await post(app, "/v1/responses", {"input": items})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == f"input[{at}]" and not fake.requests
+    r = await post(app, "/v1/responses", {"input": [{"role": "user", "content": "Hi"}, TRIGGER], "background": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "background"

@@ -222,3 +222,29 @@ def test_an_idle_connection_is_told_and_closed_when_its_lifetime_is_up(tmp_path:
         with pytest.raises(WebSocketDisconnect) as closed:
             ws.receive_text()
         assert closed.value.code == 1000
+
+
+def test_a_compaction_trigger_on_the_socket_compacts_and_the_next_turn_continues_it(
+        app: FastAPI, validate: Callable[..., None]) -> None:
+    """Codex's remote compaction v2 over the WebSocket: the connection's conversation summarized into one
+    `compaction` item, and the next `response.create` continues from the summary (no store needed)."""
+    from openai_api.services.compaction import read_compaction
+
+    script(app, "Noted: the code word is quokka.")
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        create(ws, input="Remember the code word quokka.", store=False)
+        first = until_end(ws)[-1]["response"]
+        fake = script(app, "The user set the code word quokka.")
+        create(ws, input=[{"type": "compaction_trigger"}], previous_response_id=first["id"], store=False)
+        events = until_end(ws)
+        for e in events:
+            validate(EVENT_SCHEMAS[e["type"]], e)
+        done = events[-1]["response"]
+        [item] = done["output"]
+        assert read_compaction(item["encrypted_content"], "x") == "The user set the code word quokka."
+        assert "Remember the code word quokka." in fake.requests[0].prompt_text
+        fake = script(app, "quokka")
+        create(ws, input="What was the code word?", previous_response_id=done["id"], store=False)
+        assert until_end(ws)[-1]["type"] == "response.completed"
+        prompt = fake.requests[0].prompt_text
+        assert "The user set the code word quokka." in prompt and "Noted: the code word" not in prompt

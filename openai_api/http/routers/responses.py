@@ -5,10 +5,12 @@ from typing import Literal
 from fastapi import APIRouter, Query
 from starlette.responses import Response
 
+from openai_api.errors import InvalidRequestError
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
 from openai_api.http.responses import json_response, service_response
 from openai_api.http.routers import responses_ops, responses_ws
 from openai_api.schemas.openai import ResponsesRequest
+from openai_api.services import response_ops
 from openai_api.services.response_tools import OMITTED_TOOLS_HEADER, omitted_tools
 
 router = APIRouter()
@@ -18,10 +20,16 @@ router = APIRouter()
 async def create_response(body: ResponsesRequest, service: ResponsesSvc, admission: AdmissionDep,
                           ctx: Ctx) -> Response:
     """OpenAI's Responses API: a response object, or its typed SSE events when `stream` is set; with `background`
-    the stored response, `queued`, at once. Tools the gateway cannot run (hosted ones) are left out and named in
-    the `x-omitted-tools` header."""
+    the stored response, `queued`, at once; with a final `compaction_trigger` input item, a response whose output is
+    one `compaction` item (`services.response_ops.compaction_turn`). Tools the gateway cannot run (hosted ones)
+    are left out and named in the `x-omitted-tools` header."""
     await admission.responses(body)
-    if body.background:
+    if response_ops.compaction_triggered(body):  # Codex's remote compaction: one `compaction` item, no answer
+        if body.background:
+            raise InvalidRequestError("A compaction_trigger is not taken with background: true.", param="background")
+        turn = await response_ops.compaction_turn(service, body, ctx.request)
+        response = await service_response(turn.sse() if body.stream else turn.response, ctx.flush_interval_s)
+    elif body.background:
         response = json_response(await service.start_background(body, ctx.request, admission.detach))
     else:
         response = await service_response(await service.create(body, ctx.request), ctx.flush_interval_s)

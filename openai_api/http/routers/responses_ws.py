@@ -77,6 +77,7 @@ from openai_api.quota.caller import Caller, bind_caller, unbind_caller
 from openai_api.quota.service import refusal
 from openai_api.quota.store import Decision
 from openai_api.schemas.openai import ResponsesRequest
+from openai_api.services import response_ops
 from openai_api.services.context import RequestContext
 from openai_api.services.responses import ResponseBuilder, ResponsesService
 
@@ -270,6 +271,14 @@ class ResponsesSocket:
             service: ResponsesService = state.services.responses
             # The upgrade's headers stand for every request on the socket (Codex's session id routes them all).
             ctx = RequestContext(request_id, caller, self.websocket.scope.get("headers", ()))
+            if response_ops.compaction_triggered(req):  # Codex's remote compaction v2: one `compaction` item
+                turn = await response_ops.compaction_turn(service, req, ctx, self.local)
+                object_id = turn.response["id"]
+                self.local = {object_id: turn.conversation}
+                for event in turn.events():
+                    await self._send(event)
+                status = 200
+                return
             resp = await service.prepare(req, ctx, self.local)
             object_id = resp.id
             if generate is False:

@@ -14,13 +14,13 @@ A `ToolFormat` is one family's whole definition, registered under its config nam
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from openai_api.text.families.calls import Decoder, ParsedToolCall, ToolContext, openai_call_id
 from openai_api.text.families.reasoning import ReasoningParserName
+from openai_api.text.json_args import canonical
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +81,15 @@ class WrittenCall:
 
 
 def dump(value: Any) -> str:
-    """JSON as the families' own templates write it (`json.dumps` separators, characters kept)."""
-    return json.dumps(value, ensure_ascii=False)
+    """JSON as the families' own templates write it (`json.dumps` separators, characters kept); an earlier
+    call's decoded arguments by what their source text gives (`text.json_args`: no re-encoding per turn)."""
+    return canonical(value)
+
+
+def dump_object(*pairs: tuple[str, Any]) -> str:
+    """`dump(dict(pairs))`, built from each value's `dump` (so decoded arguments inside are not re-encoded):
+    `json.dumps`'s own output for an object, with its separators."""
+    return "{" + ", ".join(canonical(k) + ": " + dump(v) for k, v in pairs) + "}"
 
 
 def as_text(value: Any) -> str:

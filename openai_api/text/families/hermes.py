@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openai_api.text.families.calls import RawCall, ToolContext, as_object, loads, typed_value
-from openai_api.text.families.family import CallPrompt, Marks, Region, ToolFormat, WrittenCall, as_text, dump
+from openai_api.text.families.family import CallPrompt, Marks, Region, ToolFormat, WrittenCall, as_text, dump_object
 
 TOOL_CALL = Region("<tool_call>", "</tool_call>")
 
@@ -31,7 +31,7 @@ def _decode_hermes(text: str, ctx: ToolContext, partial: bool = False) -> list[R
 
 
 def _write_hermes(calls: Sequence[WrittenCall]) -> str:
-    return "\n".join("<tool_call>\n" + dump({"name": c.name, "arguments": c.arguments}) + "\n</tool_call>"
+    return "\n".join("<tool_call>\n" + dump_object(("name", c.name), ("arguments", c.arguments)) + "\n</tool_call>"
                      for c in calls)
 
 

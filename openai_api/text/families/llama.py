@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openai_api.text.families.calls import RawCall, ToolContext, as_object, loads, split_top_level
-from openai_api.text.families.family import CallPrompt, Marks, Region, ToolFormat, WrittenCall, dump
+from openai_api.text.families.family import CallPrompt, Marks, Region, ToolFormat, WrittenCall, dump_object
 
 
 def _decode_llama3_json(text: str, ctx: ToolContext, partial: bool = False) -> list[RawCall] | None:
@@ -30,7 +30,7 @@ def _decode_llama3_json(text: str, ctx: ToolContext, partial: bool = False) -> l
 
 
 def _write_llama3_json(calls: Sequence[WrittenCall]) -> str:
-    return "; ".join(dump({"name": c.name, "parameters": c.arguments}) for c in calls)
+    return "; ".join(dump_object(("name", c.name), ("parameters", c.arguments)) for c in calls)
 
 
 LLAMA3_JSON = ToolFormat(
