@@ -61,7 +61,7 @@ class RecordingBackend:
         self.last: GenerationRequest | None = None
 
     def supports(self, param: str) -> bool:
-        return param != "images"
+        return param not in ("images", "kv_retention")  # as the synthetic model: no retention inputs
 
     async def check(self) -> None:
         return None
