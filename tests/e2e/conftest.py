@@ -190,6 +190,8 @@ _SESSION_TRITON = _SessionTriton()
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return  # nothing runs: no tritonserver to start (and to wait for at the end)
     here = Path(__file__).parent
     if any(here in item.path.parents and "triton" in getattr(item, "fixturenames", ()) for item in session.items):
         _SESSION_TRITON.begin()
