@@ -27,7 +27,7 @@ from openai_api.embedded.launcher import EmbeddedTriton, TritonLaunchError
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
-from tests.helpers import MODELS, REPO, derived_model, free_port
+from tests.helpers import MODELS, REPO, derived_model, free_port, stop_now
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
@@ -163,7 +163,7 @@ class _SessionTriton:
         if self.thread is not None:
             self.thread.join()
         if self.server is not None:
-            self.server.stop()
+            stop_now(self.server)  # the run's last seconds: no graceful unload of ~20 models to wait for
             self.server = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -187,7 +187,6 @@ def _one_start_at_a_time() -> Iterator[None]:
 
 
 _SESSION_TRITON = _SessionTriton()
-
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if session.config.option.collectonly:
