@@ -87,8 +87,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     if _is_xdist_worker() or not _FILES:
         return
     data = record()
-    if config.cache is not None:
-        config.cache.set("file_times/last", data)
+    cache = getattr(config, "cache", None)  # none under -p no:cacheprovider
+    if cache is not None:
+        cache.set("file_times/last", data)
     terminalreporter.section("time per file and process (file_times/last in .pytest_cache)")
     for line in summary(data):
         terminalreporter.write_line(line)
