@@ -5,7 +5,8 @@
 # Extra arguments go to pytest.
 #
 # pytest runs in TEST_WORKERS processes (pytest-xdist, default 2; 0 = in this process), each taking whole test
-# files in the order collected (unit, deploy, then e2e: --dist loadfile --no-loadscope-reorder), so a module's
+# files in the order collected (unit, deploy, then e2e, its longest files first: tests/e2e/conftest.py's
+# LONGEST_FIRST; --dist loadfile --no-loadscope-reorder), so a module's
 # gateway fixture stays in one process and each process's session tritonserver starts while its unit tests
 # run. Most of the e2e tier waits (sockets, paced models, process starts): in one process the 2 cores were
 # ~70% idle and pytest took 25.7 min here; in two, 15.6-23.6 min (the second session tritonserver starts only once
@@ -17,8 +18,9 @@ bash scripts/setup_tests.sh  # Redis and the npm clients the e2e tests use: pyte
 .venv/bin/python -m ruff check .
 .venv/bin/python -m mypy
 workers="${TEST_WORKERS:-2}"
-# Every run reports its 30 slowest tests (set-up, call and teardown each), so where the minutes go stays visible
-# (docs/contributing/testing.md keeps the last figures).
+# Every run reports its 30 slowest tests (set-up, call and teardown each) and each process's time per file with
+# the idle tail at the end (tests/file_times.py; `python scripts/test_times.py` prints the whole record), so where
+# the minutes go stays visible (docs/contributing/testing.md keeps the last figures).
 durations=(--durations=30 --durations-min=5)
 if [ "$workers" = "0" ]; then
   exec .venv/bin/python -m pytest "${durations[@]}" "$@"

@@ -69,3 +69,7 @@ def traffic_stays_on_loopback() -> Iterator[None]:
         mp.setattr(socket.socket, "connect", guarded_connect)
         mp.setattr(socket.socket, "connect_ex", guarded_connect_ex)
         yield
+
+
+# Every run ends with each pytest process's time per test file and the idle tail (tests/file_times.py).
+from tests.file_times import pytest_runtest_logreport, pytest_terminal_summary  # noqa: E402, F401

@@ -27,7 +27,7 @@ from openai_api.embedded.launcher import EmbeddedTriton, TritonLaunchError
 from openai_api.embedded.prepare import prepare_models
 from openai_api.server import uvicorn_config
 from openai_api.settings import Settings
-from tests.helpers import MODELS, REPO, derived_model, free_port
+from tests.helpers import MODELS, REPO, derived_model, free_port, stop_now
 
 API_KEY = "test-key"
 LLM = "smollm2-135m-instruct"
@@ -163,7 +163,7 @@ class _SessionTriton:
         if self.thread is not None:
             self.thread.join()
         if self.server is not None:
-            self.server.stop()
+            stop_now(self.server)  # the run's last seconds: no graceful unload of ~20 models to wait for
             self.server = None
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
@@ -188,8 +188,33 @@ def _one_start_at_a_time() -> Iterator[None]:
 
 _SESSION_TRITON = _SessionTriton()
 
+# The end-to-end files that take longest, run first in this order, the rest after them as collected. pytest-xdist
+# hands whole files to its two processes in collection order (scripts/test.sh), so the run ends when the process
+# with the last long file ends, the other core idle meanwhile: alphabetically, test_structured_outputs.py (~2 min
+# of real SmolLM2 decoding) and test_workers.py (~45 s) came last but a few. Longest first leaves short files to
+# even out the end. Files that start tritonservers of their own come after the first few, by when both processes'
+# session tritonservers are up (two loads at once starve Triton's stubs: `_SessionTriton._start`). The figures:
+# every run's per-file record (tests/file_times.py, `python scripts/test_times.py`).
+LONGEST_FIRST = ("test_structured_outputs.py", "test_platform_metrics.py", "test_reliability_soak.py",
+                 "test_guided_reference.py", "test_replicas.py", "test_lora.py", "test_launcher_supervision.py",
+                 "test_config_reload.py", "test_workers.py", "test_reliability_faults.py")
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.parent != here:
+            return -1  # unit and deploy tiers first, as collected (pyproject's testpaths)
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: files keep their tests' order, the others the order collected
+
 
 def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return  # nothing runs: no tritonserver to start (and to wait for at the end)
     here = Path(__file__).parent
     if any(here in item.path.parents and "triton" in getattr(item, "fixturenames", ()) for item in session.items):
         _SESSION_TRITON.begin()

@@ -208,7 +208,7 @@ def test_the_endpoint_pickers_scrape_reads_the_gateway_as_a_pod(gateway: Gateway
         assert idle.kv_cache_usage_percent == KV_FRACTION and not idle.errors
 
         def stream(model: str) -> int:
-            s = client.chat.completions.create(model=model, max_tokens=48, stream=True, extra_body={"ignore_eos": True},
+            s = client.chat.completions.create(model=model, max_tokens=16, stream=True, extra_body={"ignore_eos": True},
                                                messages=[{"role": "user", "content": "Tell me a long story."}])
             return sum(1 for c in s if c.choices and c.choices[0].delta.content)
 

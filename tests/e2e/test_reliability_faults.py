@@ -32,7 +32,7 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.embedded.prepare import prepare_models
 from openai_api.settings import Settings
 from tests.e2e.conftest import API_KEY, LLM, STATS_ENV, GatewayServer, read_ref_stats
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_now
 
 EMBEDDING = "all-minilm-l6-v2"
 MODELS = [LLM, EMBEDDING]
@@ -92,7 +92,7 @@ class FaultTriton:
         if self.server is not None:
             with contextlib.suppress(ProcessLookupError):
                 self.signal(signal.SIGCONT)
-            self.server.stop()
+            stop_now(self.server)
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.triton import discovery
 from openai_api.triton.loadscrape import PENDING, parse_metrics
 from tests.e2e.conftest import API_KEY, LLM, GatewayServer
-from tests.helpers import derived_model
+from tests.helpers import derived_model, stop_now
 
 EMB = "all-minilm-l6-v2"
 MODELS = [LLM, EMB]
@@ -56,7 +56,7 @@ def replicas(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Embedded
         servers.append(EmbeddedTriton(models=[*MODELS, FLEET], extra_args=[f"--model-repository={extra}"]).start())
     yield servers
     for s in servers:
-        s.stop()
+        stop_now(s)
 
 
 @pytest.fixture(scope="module")

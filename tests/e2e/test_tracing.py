@@ -26,7 +26,7 @@ from openai_api.config import BUNDLED_TEMPLATES, load_config
 from openai_api.embedded.launcher import EmbeddedTriton
 from openai_api.settings import Settings
 from tests.e2e.conftest import GatewayServer
-from tests.helpers import MODELS, requires_models
+from tests.helpers import MODELS, requires_models, stop_now
 from tests.otlp import OTLPReceiver, Span
 
 pytestmark = requires_models("smollm2-135m-instruct")
@@ -48,8 +48,9 @@ def traced_triton(receiver: OTLPReceiver) -> Iterator[EmbeddedTriton]:
     args = [f"--trace-config={v}" for v in (
         "mode=opentelemetry", "rate=0", "level=TIMESTAMPS", "count=-1", f"opentelemetry,url={receiver.url}",
         "opentelemetry,bsp_schedule_delay=100", "opentelemetry,resource=service.name=triton")]
-    with EmbeddedTriton(models=[LLM, EMB], extra_args=args) as server:
-        yield server
+    server = EmbeddedTriton(models=[LLM, EMB], extra_args=args).start()
+    yield server
+    stop_now(server)
 
 
 @pytest.fixture(scope="module")
