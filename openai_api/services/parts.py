@@ -99,7 +99,7 @@ IMAGE_ROLES = frozenset({"user"})
 DETAILS = frozenset({"auto", "low", "high"})
 
 
-def _image_url(part: dict[str, Any], param: str, role: str) -> str:
+def chat_image_url(part: dict[str, Any], param: str, role: str) -> str:
     """The URL of a chat `image_url` part, its shape checked (400s name the part or its field)."""
     if role not in IMAGE_ROLES:
         raise InvalidRequestError(f"Image parts are only taken in user messages, not in a {role!r} message.",
@@ -136,7 +136,7 @@ def chat_parts(content: list[dict[str, Any]], index: int, role: str) -> tuple[Ch
         kind = part.get("type")
         where = f"messages[{index}].content[{j}]"
         if kind == "image_url":
-            parts.append(Image(_image_url(part, where, role), where))
+            parts.append(Image(chat_image_url(part, where, role), where))
         elif kind == "text" and isinstance(part.get("text"), str):
             parts.append(Text(part["text"]))
         elif unsupported is None:
