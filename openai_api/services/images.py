@@ -94,10 +94,10 @@ def refusal(param: str, reason: str, message: str) -> InvalidRequestError:
                                code="invalid_image")
 
 
-def chat_image_sources(messages: Sequence[ChatMessage]) -> list[ImageSource]:
+def chat_image_sources(messages: list[ChatMessage]) -> list[ImageSource]:
     """Every image of a chat request's messages, in prompt order (earlier turns first), each named by its
     client's path (`parts.Image.where`); a list of parts not typed yet is typed first (`parts.typed_messages`)."""
-    return [ImageSource(p.url, p.where) for m in typed_messages(list(messages)) if isinstance(m.content, ChatParts)
+    return [ImageSource(p.url, p.where) for m in typed_messages(messages) if isinstance(m.content, ChatParts)
             for p in m.content.images()]
 
 

@@ -149,7 +149,10 @@ def chat_parts(content: list[dict[str, Any]], index: int, role: str) -> tuple[Ch
 def typed_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
     """`messages` with each list of parts as `ChatParts` (`chat_parts`), the others as they are; the first
     error, an image's before an unsupported part's (see `chat_parts`), raised."""
-    if not any(isinstance(m.content, list) for m in messages):
+    for m in messages:  # a plain loop: this runs several times per chat request, nearly always finding none
+        if isinstance(m.content, list):
+            break
+    else:
         return messages
     out: list[ChatMessage] = []
     unsupported: InvalidRequestError | None = None

@@ -9,7 +9,7 @@ The environment (`environment`) mirrors `transformers.utils.chat_template_utils`
 lstrip_blocks, loop controls, `raise_exception`, `strftime_now`, an unescaped `tojson`, a dunder-proof
 `namespace`) so a template renders here exactly as `tokenizer.apply_chat_template` renders it.
 
-Every render has a budget (`RenderLimits`: seconds and characters; `budgeted` binds one to the rendering
+Every render has a budget (`RenderLimits`: seconds and characters; `BoundBudget` binds one to the rendering
 thread), because a template (or the data a client sends through it) can otherwise hang or bloat the
 process: nested `range` loops, `'a' * N`, `tojson(indent=N)`, a string doubled in a loop. The sandbox checks
 the budget where templates spend: each piece of output, each call, attribute and item access, each `range`
@@ -27,7 +27,6 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -296,13 +295,20 @@ def describe(exc: BaseException) -> str:
     return text or type(exc).__name__
 
 
-@contextmanager
-def budgeted(limits: RenderLimits | None) -> Iterator[Budget]:
-    """The budget of one render (`limits`, else the defaults), bound to this thread while it renders."""
-    budget = Budget(limits or _DEFAULT_LIMITS)
-    previous = getattr(_state, "budget", None)
-    _state.budget = budget
-    try:
-        yield budget
-    finally:
-        _state.budget = previous
+class BoundBudget:
+    """The budget of one render (`limits`, else the defaults), bound to this thread while it renders. A class
+    rather than a generator: it runs once per render, on the event loop for small ones."""
+
+    __slots__ = ("budget", "previous")
+
+    def __init__(self, limits: RenderLimits | None) -> None:
+        self.budget = Budget(limits or _DEFAULT_LIMITS)
+        self.previous: Budget | None = None
+
+    def __enter__(self) -> Budget:
+        self.previous = getattr(_state, "budget", None)
+        _state.budget = self.budget
+        return self.budget
+
+    def __exit__(self, *exc: object) -> None:
+        _state.budget = self.previous

@@ -22,12 +22,12 @@ import jinja2
 import jinja2.meta
 
 from openai_api.text.sandbox import (
+    BoundBudget,
     OverBudget,
     RaisedByTemplate,
     RenderLimits,
     TemplateBudgetError,
     TemplateError,
-    budgeted,
     describe,
     environment,
     plain,
@@ -189,7 +189,7 @@ class ChatTemplate:
             add_generation_prompt = False
 
         try:
-            with budgeted(limits) as budget:
+            with BoundBudget(limits) as budget:
                 pieces = []
                 size = 0
                 for piece in self._template.generate(
