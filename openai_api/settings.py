@@ -1,10 +1,10 @@
 """Process-wide settings: every one declared once, here, with its default, its one line of why, its CLI
 flag and its environment variable.
 
-`Settings` is the one model. Each field carries an `Option` (help text, flag, unit); from them come the
-argparse parser (`add_arguments`), the environment (`OPENAI_API_<FIELD>`, e.g. `OPENAI_API_MAX_IN_FLIGHT=64`;
-lists comma-separated), and the docs' table of flags (`markdown_table`, in docs/reference/cli.md, checked by a
-test). Precedence:
+`Settings` is the one model. Each field carries an `Option` (help text, flag, unit; `openai_api.options`
+derives the rest from it); from them come the argparse parser (`add_arguments`), the environment
+(`OPENAI_API_<FIELD>`, e.g. `OPENAI_API_MAX_IN_FLIGHT=64`; lists comma-separated), and the docs' table of flags
+(`markdown_table`, in docs/reference/cli.md, checked by a test). Precedence:
 a flag given on the command line, then the environment, then the default. The model config file
 (`model_config.json`, see `openai_api.config`) is separate: settings are how this process runs, the
 config is which models it serves.
@@ -14,39 +14,25 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from openai_api.config import BUNDLED_CONFIG
+from openai_api.options import (
+    Option,
+    add_model_arguments,
+    env_name,
+    field_options,
+    flag_of,
+    from_env_text,
+    model_markdown_table,
+)
 from openai_api.stored.factory import store_kind
 
-ENV_PREFIX = "OPENAI_API_"
 UVICORN_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
-
-
-@dataclass(frozen=True, slots=True)
-class Option:
-    """How a setting appears outside the code. `flag` defaults to `--field-name`; `unit` converts the flag's
-    and the environment's value into the field's (1000 ms -> 1 s: 0.001); `env` overrides the variable's
-    name; `negate` makes a boolean that defaults to true a `--no-...` flag; `shown_default` is what the docs
-    say when the default is computed; `parse` turns the flag's and the environment's text into the value when
-    the field's type alone cannot (a word such as `auto`), raising ValueError with the reason; `old_env` is a
-    former name of the variable, still read (in the same unit) for one release, with a warning."""
-
-    help: str
-    group: str = "server"
-    flag: str | None = None
-    metavar: str | None = None
-    unit: float = 1.0
-    env: str | None = None
-    negate: bool = False
-    shown_default: str | None = None
-    parse: Callable[[str], Any] | None = None
-    old_env: str | None = None
 
 
 def usable_cores() -> int:
@@ -67,11 +53,6 @@ def worker_count(text: str) -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"expected a number of processes or auto, not {text!r}") from None
-
-
-GROUPS = {"server": "server", "triton": "embedded Triton", "limits": "limits, overload and timeouts",
-          "keys": "keys and quotas", "streaming": "streaming", "images": "images in chat", "logging": "logging",
-          "observability": "metrics, status page and docs"}
 
 
 class Settings(BaseModel):
@@ -475,7 +456,7 @@ class Settings(BaseModel):
                 continue
             raw = env.get(env_name(name, opt))
             if raw is not None and raw != "":
-                values[name] = _from_env(name, opt, raw)
+                values[name] = from_env_text(cls, name, opt, raw)
         try:
             settings = cls(**values)
             settings._notices.extend(notices)
@@ -503,103 +484,19 @@ def read_key_file(path: Path) -> list[str]:
     return keys
 
 
-def _from_env(name: str, opt: Option, raw: str) -> Any:
-    if Settings.model_fields[name].annotation is bool:
-        return raw.strip().lower() in ("1", "true", "yes", "on")
-    if opt.parse is not None:
-        try:
-            return opt.parse(raw)
-        except ValueError as e:
-            raise ValueError(f"{env_name(name, opt)}: {e}") from None
-    if opt.unit != 1.0:
-        try:
-            return float(raw) * opt.unit
-        except ValueError:
-            raise ValueError(f"{env_name(name, opt)}: not a number: {raw!r}") from None
-    return raw  # pydantic converts and validates (int, float, Path, Literal)
-
-
 def options() -> list[tuple[str, Option]]:
     """(field name, Option) of every setting, in declaration order."""
-    out = []
-    for name, field in Settings.model_fields.items():
-        opt = next((m for m in field.metadata if isinstance(m, Option)), None)
-        if opt is not None:
-            out.append((name, opt))
-    return out
-
-
-def flag_of(name: str, opt: Option | None) -> str:
-    return (opt.flag if opt and opt.flag else "--" + name.replace("_", "-"))
-
-
-def env_name(name: str, opt: Option | None) -> str:
-    return opt.env if opt and opt.env else ENV_PREFIX + name.upper()
-
-
-def _base_type(annotation: Any) -> Any:
-    """`int` for `int | None`: the type a flag's text converts to."""
-    args = [a for a in get_args(annotation) if a is not type(None)]
-    return args[0] if args else annotation
-
-
-def _shown_default(name: str, opt: Option) -> str:
-    if opt.shown_default is not None:
-        return opt.shown_default
-    field = Settings.model_fields[name]
-    default = field.get_default(call_default_factory=True)
-    if default is None or default == []:
-        return "none"
-    if isinstance(default, bool):
-        return "on" if default else "off"
-    if opt.unit != 1.0 and isinstance(default, int | float):
-        return f"{default / opt.unit:g}"
-    return f"{default:g}" if isinstance(default, float) else str(default)
+    return field_options(Settings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Every setting as a flag (its default None: `from_args` tells "not given" from a value)."""
-    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items() if key != "server"}
-    for name, opt in options():
-        target: Any = parser if opt.group == "server" else groups[opt.group]
-        field = Settings.model_fields[name]
-        annotation = field.annotation
-        help_text = f"{opt.help} (default: {_shown_default(name, opt)}; env {env_name(name, opt)})"
-        flag = flag_of(name, opt)
-        if annotation is bool:
-            target.add_argument(flag, dest=name, action="store_const", const=not opt.negate, default=None,
-                                help=help_text)
-        elif get_origin(annotation) is list:
-            target.add_argument(flag, dest=name, action="append", default=None, metavar=opt.metavar, help=help_text)
-        elif get_origin(annotation) is Literal:
-            target.add_argument(flag, dest=name, choices=get_args(annotation), default=None, help=help_text)
-        elif opt.parse is not None:
-            target.add_argument(flag, dest=name, type=_argparse_type(opt.parse), default=None, metavar=opt.metavar,
-                                help=help_text)
-        else:
-            kind = _base_type(annotation)
-            convert = {int: int, float: float, Path: Path, str: str}.get(kind, str)
-            target.add_argument(flag, dest=name, type=convert, default=None, metavar=opt.metavar, help=help_text)
-
-
-def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
-    """`parse` for argparse, which shows an ArgumentTypeError's own words ("argument --workers: ...")."""
-    def convert(text: str) -> Any:
-        try:
-            return parse(text)
-        except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e)) from None
-    return convert
+    add_model_arguments(parser, Settings)
 
 
 def markdown_table() -> str:
     """The docs' table of flags (docs/reference/cli.md), generated from the settings (a test keeps it in step)."""
-    lines = ["| flag | environment | default | |", "|---|---|---|---|"]
-    for name, opt in options():
-        flag = flag_of(name, opt) + (f" {opt.metavar}" if opt.metavar else "")
-        text = opt.help.replace("|", "\\|")
-        lines.append(f"| `{flag}` | `{env_name(name, opt)}` | `{_shown_default(name, opt)}` | {text} |")
-    return "\n".join(lines)
+    return model_markdown_table(Settings)
 
 
 if __name__ == "__main__":  # python -m openai_api.settings: the docs' table of flags

@@ -14,8 +14,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError, core_schema
 
 # Token counts and top-k travel as INT32 in every Triton LLM protocol (and vLLM turns them into int32 tensors).
 _INT32_MAX = 2**31 - 1
@@ -61,10 +71,34 @@ class ToolCall(BaseModel):
     function: ToolCallFunction
 
 
+class TypedContent:
+    """A message's content after its dialect parsed the client's list of parts (`services.parts.ChatParts`):
+    set by the gateway in place of that list, never read from JSON (a body cannot produce one). A request's
+    Python copies (`model_validate` of a request built by a service) keep it as it is; dumped, it is the list
+    of chat parts it stands for (`wire`), as stored and as JSON."""
+
+    __slots__ = ()
+
+    def wire(self) -> list[dict[str, Any]]:
+        """The content as chat's list of parts (`{"type": "text", ...}`, `{"type": "image_url", ...}`)."""
+        raise NotImplementedError
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.is_instance_schema(
+            cls, serialization=core_schema.plain_serializer_function_ser_schema(lambda value: value.wire()))
+
+
+# What a client may send as `content`, for the OpenAPI document (a `TypedContent` never comes from JSON).
+_CONTENT_SCHEMA = {"anyOf": [{"type": "string"}, {"items": {"additionalProperties": True, "type": "object"},
+                                                  "type": "array"}, {"type": "null"}]}
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[dict[str, Any]] | None = None
+    # The client's parts (a list) are typed at the edge (`http.dialects.openai_chat`): a `TypedContent` below it.
+    content: Annotated[str | list[dict[str, Any]] | TypedContent | None, WithJsonSchema(_CONTENT_SCHEMA)] = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None

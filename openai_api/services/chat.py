@@ -26,6 +26,7 @@ from openai_api.services.generation import (
 from openai_api.services.guides import request_guide, require_support
 from openai_api.services.images import ImageService, chat_image_sources
 from openai_api.services.output import Assembled, ChoiceOutput, assemble
+from openai_api.services.parts import ChatParts, Image, typed_messages
 from openai_api.services.preprocess import IMAGE_MARK, Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
 from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
@@ -37,34 +38,29 @@ from openai_api.triton.llm import GenerationRequest
 logger = logging.getLogger(__name__)
 
 
-def template_content(msg: ChatMessage, index: int, as_parts: bool, placeholder: bool
-                     ) -> str | list[dict[str, Any]] | None:
+def template_content(msg: ChatMessage, as_parts: bool, placeholder: bool) -> str | list[dict[str, Any]] | None:
     """Content as the chat template reads it: a string (text parts joined), or with `as_parts` the list of
-    parts. An `image_url` part (shape checked by `services.images.chat_image_sources`) becomes, with
-    `placeholder` (the model config's `image_placeholder`), the text `IMAGE_MARK` that the preprocessor
-    turns into the placeholder after rendering (so it is never read as client text), else the part
-    `{"type": "image"}` that multimodal templates render as their own image tokens (as transformers and
-    vLLM pass it); a template that reads content only as a string, with no placeholder configured, cannot
-    show the model where an image goes: a 400, never a silently dropped image."""
+    parts. An image (`parts.Image`, checked at the edge) becomes, with `placeholder` (the model config's
+    `image_placeholder`), the text `IMAGE_MARK` that the preprocessor turns into the placeholder after
+    rendering (so it is never read as client text), else the part `{"type": "image"}` that multimodal
+    templates render as their own image tokens (as transformers and vLLM pass it); a template that reads
+    content only as a string, with no placeholder configured, cannot show the model where an image goes: a
+    400 naming the image, never a silently dropped image."""
     content = msg.content
     if content is None or isinstance(content, str):
         return content
+    if not isinstance(content, ChatParts):  # `template_messages` typed every list of parts first
+        raise TypeError(f"content parts not typed: {type(content).__name__}")
     items: list[dict[str, Any]] = []
-    for j, part in enumerate(content):
-        kind = part.get("type")
-        if kind == "image_url":
+    for part in content.parts:
+        if isinstance(part, Image):
             if not (placeholder or as_parts):
                 raise InvalidRequestError(
                     "This model's chat template does not render image parts, and its config names no "
-                    "image_placeholder to write in their place.", param=f"messages[{index}].content[{j}]",
-                    code="unsupported_content")
+                    "image_placeholder to write in their place.", param=part.where, code="unsupported_content")
             items.append({"type": "text", "text": IMAGE_MARK} if placeholder else {"type": "image"})
-        elif kind == "text" and isinstance(part.get("text"), str):
-            items.append({"type": "text", "text": part["text"]})
         else:
-            raise InvalidRequestError(
-                f"Content part type {kind!r} is not supported by this model; only 'text' and 'image_url' parts are.",
-                param=f"messages[{index}].content[{j}]", code="unsupported_content")
+            items.append({"type": "text", "text": part.text})
     return items if as_parts else "".join(p["text"] for p in items)
 
 
@@ -106,14 +102,15 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
     only prints or concatenates it); an assistant's null content is "" (as vLLM passes it; transformers drops
     the field, which DeepSeek-V3.1's and Qwen3's templates cannot render); `name` and `tool_call_id` pass
     through, and an assistant's reasoning (`reasoning_content`, `thinking` or `reasoning`) as both
-    `reasoning_content` and `thinking`. Image parts: see `template_content`.
+    `reasoning_content` and `thinking`. Content parts: typed (`parts.typed_messages`: the chat dialect has
+    done it at the edge, so this only types what a service or a test built), then see `template_content`.
     Without a template the messages stay as OpenAI sent them (arguments as strings)."""
     parts = template is not None and template.content_as_parts
     decode = template is not None and not template.arguments_as_text
     out = []
-    for i, m in enumerate(messages):
+    for i, m in enumerate(typed_messages(messages)):
         d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
-                             "content": template_content(m, i, parts, image_placeholder)}
+                             "content": template_content(m, parts, image_placeholder)}
         if d["content"] is None:
             if m.role != "assistant":
                 raise InvalidRequestError(f"messages[{i}].content is required for role {m.role!r}.",
@@ -241,13 +238,14 @@ class ChatService:
         effort = (req.model_extra or {}).get("reasoning_effort")
         if isinstance(effort, str) and "reasoning_effort" not in extra:
             extra = {**extra, "reasoning_effort": effort}
-        sources = chat_image_sources(req.messages)
+        typed = typed_messages(req.messages)
+        sources = chat_image_sources(typed)
         if sources and not rt.backend.supports("images"):
             raise InvalidRequestError(
                 f"The model {rt.name!r} does not take images: its Triton backend ({rt.backend.protocol}) has no "
                 "image input.", param=sources[0].param, code="unsupported_content")
         placeholder = rt.config.image_placeholder is not None
-        messages = template_messages(req.messages, rt.template, placeholder)
+        messages = template_messages(typed, rt.template, placeholder)
         messages = apply_plan_to_messages(plan, place_system_messages(messages, rt.template), rt)
         return await self.preprocess.chat(
             rt, messages, plan.prefill,
@@ -267,6 +265,9 @@ class ChatService:
         guide = plan.guide or request_guide(req)
         if guide is not None:
             require_support(rt.backend, rt.name, guide)
+        typed = typed_messages(req.messages)  # the chat dialect typed them at the edge; a service's may not be
+        if typed is not req.messages:
+            req = req.model_copy(update={"messages": typed})
         prompt = await self.prompt(rt, req, plan)
         sources = chat_image_sources(req.messages)
         self.images.refuse_count(sources)

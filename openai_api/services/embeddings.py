@@ -29,6 +29,7 @@ from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.quota.caller import first_usable
 from openai_api.schemas.dialects import TEIEmbedRequest
 from openai_api.schemas.openai import EmbeddingRequest
+from openai_api.services.context import RequestContext
 from openai_api.services.encoding import Truncation, infer_chunked, nim_truncation, special_wrap, tei_truncation
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import EncoderRuntime, ModelRegistry
@@ -228,8 +229,9 @@ class EmbeddingsService:
                 emb = _normalize(emb)
         return np.ascontiguousarray(emb, dtype="<f4"), sum(len(s) for s in seqs)
 
-    async def create(self, req: EmbeddingRequest) -> bytes:
-        """The whole response body, already serialised (vectors go from numpy to JSON without lists)."""
+    async def create(self, req: EmbeddingRequest, ctx: RequestContext) -> bytes:
+        """The whole response body, already serialised (vectors go from numpy to JSON without lists). `ctx`: the
+        request's context, as every service takes it (OpenAI's embeddings answer carries no id)."""
         req = self.resolve(req)
         rt = self.registry.embedding(req.model)
         texts, ids = _inputs(req)
@@ -249,7 +251,7 @@ class EmbeddingsService:
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         return orjson.dumps(body, option=orjson.OPT_SERIALIZE_NUMPY)
 
-    async def create_tei(self, req: TEIEmbedRequest) -> bytes:
+    async def create_tei(self, req: TEIEmbedRequest, ctx: RequestContext) -> bytes:
         """TEI's `/embed` answer: a bare JSON list of vectors, one per input."""
         rt = self.registry.embedding(self.model_name(req.model))
         texts = _texts([req.inputs] if isinstance(req.inputs, str) else list(req.inputs), "inputs")

@@ -6,8 +6,9 @@ Wire contract (what a client sends, what it gets back):
   "auto" | "low" | "high"}}` (a bare string for `image_url` is taken too); URL an `http(s)` URL or
   `data:image/<type>;base64,<data>`. `detail` is accepted and not used (the model's processor decides the
   resolution). Image parts in any earlier user turn are images of the request as well, in order.
-  `services.responses` turns `input_image` parts into these; `chat_image_sources` lists them with the
-  `param` each refusal names (`messages[i].content[j]`).
+  Their shapes are checked where the content is typed (`services.parts.chat_parts`, at the chat dialect's
+  edge); `services.responses` turns `input_image` parts into these; `chat_image_sources` lists a request's
+  images with the `param` each refusal names (the client's path: `messages[i].content[j]`).
 * `ImageService.load(sources)` -> one `ImageInput` per source, in order, or a 400 naming the first source
   (in order) that was refused, its reason in the message and `code: "invalid_image"`:
   `too_many_images` (more than `max_images` parts; nothing is fetched), `scheme`, `bad_url`,
@@ -51,14 +52,13 @@ from openai_api.images.decode import verify_image
 from openai_api.images.fetch import AddressPolicy, Fetcher, split_url
 from openai_api.observability import Metrics
 from openai_api.schemas.openai import ChatMessage
+from openai_api.services.parts import ChatParts, typed_messages
 from openai_api.settings import Settings
 from openai_api.triton.llm import ImageInput
 
 # How long a URL's verified image is reused: a conversation's turns come within seconds; a URL's
 # content may change, so it is not kept for long.
 URL_TTL_S = 60.0
-IMAGE_ROLES = frozenset({"user"})
-DETAILS = frozenset({"auto", "low", "high"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,40 +94,11 @@ def refusal(param: str, reason: str, message: str) -> InvalidRequestError:
                                code="invalid_image")
 
 
-def image_url_of(part: dict[str, Any], param: str, role: str) -> str:
-    """The URL of a chat `image_url` part, its shape checked (400s name the part or its field)."""
-    if role not in IMAGE_ROLES:
-        raise InvalidRequestError(f"Image parts are only taken in user messages, not in a {role!r} message.",
-                                  param=param, code="unsupported_content")
-    value = part.get("image_url")
-    url: Any
-    if isinstance(value, str):
-        url = value
-    elif isinstance(value, dict):
-        url = value.get("url")
-        detail = value.get("detail")
-        if detail is not None and detail not in DETAILS:
-            raise InvalidRequestError("image_url.detail must be 'auto', 'low' or 'high'.",
-                                      param=f"{param}.image_url.detail")
-    else:
-        raise InvalidRequestError("An image_url part needs an 'image_url' object with a 'url'.",
-                                  param=f"{param}.image_url")
-    if not isinstance(url, str) or not url:
-        raise InvalidRequestError("image_url.url must be a non-empty string (an http(s) or data:image URL).",
-                                  param=f"{param}.image_url.url")
-    return url
-
-
-def chat_image_sources(messages: Sequence[ChatMessage]) -> list[ImageSource]:
-    """Every image part of a chat request, in prompt order (earlier turns first), shapes checked."""
-    out: list[ImageSource] = []
-    for i, m in enumerate(messages):
-        if isinstance(m.content, list):
-            for j, part in enumerate(m.content):
-                if isinstance(part, dict) and part.get("type") == "image_url":
-                    param = f"messages[{i}].content[{j}]"
-                    out.append(ImageSource(image_url_of(part, param, m.role), param))
-    return out
+def chat_image_sources(messages: list[ChatMessage]) -> list[ImageSource]:
+    """Every image of a chat request's messages, in prompt order (earlier turns first), each named by its
+    client's path (`parts.Image.where`); a list of parts not typed yet is typed first (`parts.typed_messages`)."""
+    return [ImageSource(p.url, p.where) for m in typed_messages(messages) if isinstance(m.content, ChatParts)
+            for p in m.content.images()]
 
 
 def _data_bytes(url: str, max_bytes: int) -> bytes:

@@ -6,8 +6,11 @@ services these parts; nothing below it reads a block's `type` out of a dict agai
 conversation in parts, and `chat_messages` lowers turns to the `ChatMessage`s the chat service renders:
 constructed, not validated again (the parser checked every value), so a request is parsed once.
 
+Chat's own content: a `messages[i].content` list is read once, by `chat_parts` (OpenAI chat's dialect calls it
+at the edge), into `ChatParts` (text and images, in order); the chat service renders those, never the list.
+
 Lowering, as chat templates expect it: a user turn's text parts are its content (one string; with images,
-chat content parts in order: `image_url` parts); each `ToolResult` is a `tool` message of its own, text
+`ChatParts`: text and images in order); each `ToolResult` is a `tool` message of its own, text
 before it staying before it. An assistant turn's text is its content, its `ToolCall`s its `tool_calls`
 (arguments as JSON text), its `Reasoning` its `reasoning_content`; a system turn is its text.
 """
@@ -17,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from openai_api.schemas.openai import ChatMessage, ToolCallFunction
+from openai_api.errors import InvalidRequestError
+from openai_api.schemas.openai import ChatMessage, ToolCallFunction, TypedContent
 from openai_api.schemas.openai import ToolCall as ChatToolCall
 from openai_api.text import json_args
 
@@ -66,16 +70,112 @@ class Turn:
     parts: tuple[Part, ...]
 
 
+ChatPart = Text | Image
+
+
+class ChatParts(TypedContent):
+    """A chat message's content as typed parts, in order: what chat takes (text and images). In place of the
+    client's list of parts in `ChatMessage.content`; dumped, the list of chat parts it stands for."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: tuple[ChatPart, ...]) -> None:
+        self.parts = parts
+
+    def images(self) -> list[Image]:
+        return [p for p in self.parts if isinstance(p, Image)]
+
+    def wire(self) -> list[dict[str, Any]]:
+        return [{"type": "text", "text": p.text} if isinstance(p, Text)
+                else {"type": "image_url", "image_url": {"url": p.url}} for p in self.parts]
+
+    def __repr__(self) -> str:
+        return f"ChatParts({self.parts!r})"
+
+
+# Who may send image parts, and the `detail` values chat takes (accepted, not used: the model's processor decides
+# the resolution).
+IMAGE_ROLES = frozenset({"user"})
+DETAILS = frozenset({"auto", "low", "high"})
+
+
+def chat_image_url(part: dict[str, Any], param: str, role: str) -> str:
+    """The URL of a chat `image_url` part, its shape checked (400s name the part or its field)."""
+    if role not in IMAGE_ROLES:
+        raise InvalidRequestError(f"Image parts are only taken in user messages, not in a {role!r} message.",
+                                  param=param, code="unsupported_content")
+    value = part.get("image_url")
+    url: Any
+    if isinstance(value, str):
+        url = value
+    elif isinstance(value, dict):
+        url = value.get("url")
+        detail = value.get("detail")
+        if detail is not None and detail not in DETAILS:
+            raise InvalidRequestError("image_url.detail must be 'auto', 'low' or 'high'.",
+                                      param=f"{param}.image_url.detail")
+    else:
+        raise InvalidRequestError("An image_url part needs an 'image_url' object with a 'url'.",
+                                  param=f"{param}.image_url")
+    if not isinstance(url, str) or not url:
+        raise InvalidRequestError("image_url.url must be a non-empty string (an http(s) or data:image URL).",
+                                  param=f"{param}.image_url.url")
+    return url
+
+
+def chat_parts(content: list[dict[str, Any]], index: int, role: str) -> tuple[ChatParts, InvalidRequestError | None]:
+    """`messages[index].content`, a client's list of chat parts, as `ChatParts`: `{"type": "text", "text"}`
+    and `{"type": "image_url", "image_url": {"url", "detail"} | URL}` (images in user messages only); a 400
+    naming the part or its field for a malformed image. Any other part (`input_audio`, `file`, a text part
+    without a string) is not rendered by any model here: its 400 is returned beside the parts rather than
+    raised, so that a request's image errors, in every message, are named before it (the order the client
+    has always been told them in)."""
+    parts: list[ChatPart] = []
+    unsupported: InvalidRequestError | None = None
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        where = f"messages[{index}].content[{j}]"
+        if kind == "image_url":
+            parts.append(Image(chat_image_url(part, where, role), where))
+        elif kind == "text" and isinstance(part.get("text"), str):
+            parts.append(Text(part["text"]))
+        elif unsupported is None:
+            unsupported = InvalidRequestError(
+                f"Content part type {kind!r} is not supported by this model; only 'text' and 'image_url' parts are.",
+                param=where, code="unsupported_content")
+    return ChatParts(tuple(parts)), unsupported
+
+
+def typed_messages(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """`messages` with each list of parts as `ChatParts` (`chat_parts`), the others as they are; the first
+    error, an image's before an unsupported part's (see `chat_parts`), raised."""
+    for m in messages:  # a plain loop: this runs several times per chat request, nearly always finding none
+        if isinstance(m.content, list):
+            break
+    else:
+        return messages
+    out: list[ChatMessage] = []
+    unsupported: InvalidRequestError | None = None
+    for i, m in enumerate(messages):
+        if isinstance(m.content, list):
+            typed, bad = chat_parts(m.content, i, m.role)
+            unsupported = unsupported or bad
+            m = m.model_copy(update={"content": typed})
+        out.append(m)
+    if unsupported is not None:
+        raise unsupported
+    return out
+
+
 def _message(**fields: Any) -> ChatMessage:
     return ChatMessage.model_construct(**fields)
 
 
-def _user_content(items: list[Text | Image]) -> str | list[dict[str, Any]]:
-    """Text alone is one string; with images, chat content parts in order."""
+def _user_content(items: list[Text | Image]) -> str | ChatParts:
+    """Text alone is one string; with images, the parts in order."""
     if all(isinstance(i, Text) for i in items):
         return "".join(i.text for i in items if isinstance(i, Text))
-    return [{"type": "text", "text": i.text} if isinstance(i, Text)
-            else {"type": "image_url", "image_url": {"url": i.url}} for i in items]
+    return ChatParts(tuple(items))
 
 
 def _user(parts: tuple[Part, ...]) -> list[ChatMessage]:

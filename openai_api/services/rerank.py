@@ -27,6 +27,7 @@ from openai_api.errors import InvalidRequestError, ModelNotFoundError
 from openai_api.quota.caller import first_usable
 from openai_api.schemas.dialects import RankingRequest, RootRerankRequest
 from openai_api.schemas.openai import RerankRequest
+from openai_api.services.context import RequestContext
 from openai_api.services.encoding import Truncation, infer_chunked, nim_truncation, tei_truncation
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import EncoderRuntime, ModelRegistry
@@ -141,7 +142,8 @@ class RerankService:
         ranked = await self.score(rt, req.query, req.texts())
         return [(i, ranked.scores[i]) for i in ranked.order(top_n=req.top_n)], ranked.tokens, ranked.docs
 
-    async def create(self, req: RerankRequest, request_id: str) -> dict[str, Any]:
+    async def create(self, req: RerankRequest, ctx: RequestContext) -> dict[str, Any]:
+        """`/v1/rerank`: the seed system's `data` and Cohere v1 / Jina's `results`, named by the request's id."""
         ranked, tokens, docs = await self.rank(req)
         entries = []
         for i, score in ranked:
@@ -151,10 +153,11 @@ class RerankService:
             entries.append(entry)
         usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
         # `data` is the seed system's shape; `results` is what Cohere- and Jina-style clients read.
-        return {"id": request_id, "object": "list", "data": entries, "results": entries, "model": req.model,
+        return {"id": ctx.request_id, "object": "list", "data": entries, "results": entries, "model": req.model,
                 "usage": usage, "meta": {"billed_units": {"search_units": 1}}}
 
-    async def create_v2(self, req: RerankRequest, request_id: str) -> dict[str, Any]:
+    async def create_v2(self, req: RerankRequest, ctx: RequestContext) -> dict[str, Any]:
+        """`/v2/rerank`: Cohere v2's answer, named by the request's id."""
         ranked, tokens, docs = await self.rank(req)
         results = []
         for i, score in ranked:
@@ -162,11 +165,11 @@ class RerankService:
             if req.return_documents:
                 entry["document"] = {"text": docs[i]}
             results.append(entry)
-        return {"id": request_id, "results": results,
+        return {"id": ctx.request_id, "results": results,
                 "meta": {"api_version": {"version": "2"}, "billed_units": {"search_units": 1},
                          "tokens": {"input_tokens": tokens, "output_tokens": 0}}}
 
-    async def ranking(self, req: RankingRequest) -> dict[str, Any]:
+    async def ranking(self, req: RankingRequest, ctx: RequestContext) -> dict[str, Any]:
         """NIM's `/v1/ranking`: every passage's raw score (`logit`), best first."""
         rt = self.registry.reranker(req.model)
         ranked = await self.score(rt, req.query.text, [p.text for p in req.passages],
@@ -174,7 +177,7 @@ class RerankService:
                                   param="passages")
         return {"rankings": [{"index": i, "logit": ranked.logits[i]} for i in ranked.order(raw=True)]}
 
-    async def rerank_root(self, req: RootRerankRequest, request_id: str) -> list[dict[str, Any]] | dict[str, Any]:
+    async def rerank_root(self, req: RootRerankRequest, ctx: RequestContext) -> list[dict[str, Any]] | dict[str, Any]:
         """`/rerank`: TEI's answer for a body with `texts`, Infinity's for one with `documents`."""
         if (req.texts is None) == (req.documents is None):
             raise InvalidRequestError("Send either 'texts' (Hugging Face TEI) or 'documents' (Infinity), not "
@@ -203,7 +206,7 @@ class RerankService:
                 entry["document"] = docs[i]
             results.append(entry)
         return {"object": "rerank", "results": results, "model": rt.name,
-                "usage": {"prompt_tokens": ranked.tokens, "total_tokens": ranked.tokens}, "id": request_id,
+                "usage": {"prompt_tokens": ranked.tokens, "total_tokens": ranked.tokens}, "id": ctx.request_id,
                 "created": int(time.time())}
 
 

@@ -37,7 +37,7 @@ from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services.compaction import MAX_SUMMARY_CHARS, write_compaction
 from openai_api.services.context import RequestContext
 from openai_api.services.images import chat_image_sources
-from openai_api.services.response_input import input_messages
+from openai_api.services.response_input import ResponseInput, input_messages, read_input, stored_form
 from openai_api.services.responses import ResponsesService
 from openai_api.services.stored_responses import StoredResponse, input_item_resources
 from openai_api.services.tools import plan_tools
@@ -50,9 +50,10 @@ COMPACT_PROMPT = (
 COMPACT_MAX_TOKENS = 2048
 
 
-async def input_tokens(service: ResponsesService, req: ResponsesRequest, ctx: RequestContext) -> dict[str, Any]:
-    """`POST /v1/responses/input_tokens` (see the module docstring)."""
-    turn = await service.chat_request(req, ctx)
+async def input_tokens(service: ResponsesService, req: ResponsesRequest, ctx: RequestContext,
+                       items: ResponseInput | None = None) -> dict[str, Any]:
+    """`POST /v1/responses/input_tokens` (see the module docstring); `items`: its input as read at the edge."""
+    turn = await service.chat_request(req, ctx, items=items)
     chat = service.chat
     rt = chat.registry.llm(turn.chat.model)
     # As `ChatService.prepare` counts `usage.input_tokens`, without asking for room to answer.
@@ -162,8 +163,7 @@ async def compaction_turn(service: ResponsesService, req: ResponsesRequest, ctx:
     response = {**result, "output": [compaction], "instructions": req.instructions,
                 "previous_response_id": req.previous_response_id,
                 "store": bool(req.store) and service.store is not None}
-    conversation = input_messages(before.model_copy(update={"input": [*users, compaction],
-                                                            "previous_response_id": None}))
+    conversation = stored_form(input_messages(read_input(before.model_copy(update={"input": [*users, compaction]}))))
     if service.store is not None and req.store:
         await service.store.put(ctx.caller, req.model, StoredResponse(response, conversation,
                                                                       input_item_resources(before.input)))

@@ -55,7 +55,14 @@ from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.generation import TextEvent
 from openai_api.services.output import Delta, assemble
 from openai_api.services.response_background import BackgroundResponses
-from openai_api.services.response_input import encrypt_reasoning, input_error, input_messages, loaded_tools
+from openai_api.services.response_input import (
+    ResponseInput,
+    encrypt_reasoning,
+    input_error,
+    input_messages,
+    read_input,
+    stored_form,
+)
 from openai_api.services.response_tools import ResponseTools
 from openai_api.services.stored_responses import ResponseStore, StoredResponse, input_item_resources, page
 from openai_api.services.streaming import sse_stream
@@ -147,7 +154,8 @@ class ResponsesService:
         return page((await self._stored(response_id, caller)).input_items, after, limit, order)
 
     async def _conversation(self, req: ResponsesRequest, caller: Caller, origins: list[str] | None = None,
-                            local: Mapping[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+                            local: Mapping[str, list[dict[str, Any]]] | None = None,
+                            items: ResponseInput | None = None) -> list[dict[str, Any]]:
         prior: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             kept = local.get(req.previous_response_id) if local is not None else None
@@ -161,7 +169,7 @@ class ResponsesService:
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         if origins is not None:
             origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
-        return [*system, *prior, *input_messages(req, origins)]
+        return [*system, *prior, *input_messages(items or read_input(req), origins)]
 
     async def stored_conversation(self, response_id: str, caller: Caller) -> list[dict[str, Any]]:
         """The conversation a stored response continues (`previous_response_id`); a 400 without a store, a 404
@@ -178,17 +186,22 @@ class ResponsesService:
         return item.conversation
 
     async def chat_request(self, req: ResponsesRequest, ctx: RequestContext,
-                           local: Mapping[str, list[dict[str, Any]]] | None = None) -> ChatTurn:
+                           local: Mapping[str, list[dict[str, Any]]] | None = None,
+                           items: ResponseInput | None = None) -> ChatTurn:
         """The chat request a Responses request becomes (see the module docstring), before its prompt is made:
         shared by `create`, `/v1/responses/input_tokens` and `/v1/responses/compact`. `local`: conversations a
-        `previous_response_id` may name besides the store's (a WebSocket connection's last response)."""
+        `previous_response_id` may name besides the store's (a WebSocket connection's last response); `items`:
+        its `input` as the dialect read it at the edge (`response_input.read_input`), read here when not given
+        (a request a service made, or one from a route that does not read it first)."""
         request_id, caller = ctx.request_id, ctx.caller
         check_fields(req)
-        tools = ResponseTools(req.tools, loaded_tools(req))
+        if items is None:
+            items = read_input(req)
+        tools = ResponseTools(req.tools, list(items.loaded_tools))
         if tools.omitted:
             logger.info("responses %s: left out tools the gateway cannot run: %s", request_id, ", ".join(tools.omitted))
         origins: list[str] = []
-        messages = await self._conversation(req, caller, origins, local)
+        messages = await self._conversation(req, caller, origins, local, items)
         tool_choice = tools.choice(req.tool_choice)  # before `tools.chat`: allowed_tools narrows it
         body: dict[str, Any] = {"model": req.model, "messages": messages, "tools": tools.chat,
                                 "tool_choice": tool_choice if tools.chat else None,
@@ -213,14 +226,15 @@ class ResponsesService:
         return ChatTurn(chat_req, tools, messages, origins)
 
     async def prepare(self, req: ResponsesRequest, ctx: RequestContext,
-                      local: Mapping[str, list[dict[str, Any]]] | None = None) -> ResponseBuilder:
+                      local: Mapping[str, list[dict[str, Any]]] | None = None,
+                      items: ResponseInput | None = None) -> ResponseBuilder:
         """Everything before generation: the chat request, its prompt, and the builder of its response."""
-        turn = await self.chat_request(req, ctx, local)
+        turn = await self.chat_request(req, ctx, local, items)
         try:
             prepared = await self.chat.prepare(turn.chat, ctx)
         except InvalidRequestError as e:
             raise input_error(e, turn.origins) from None
-        resp = ResponseBuilder(req, prepared, [m for m in turn.messages if m.get("role") != "system"],
+        resp = ResponseBuilder(req, prepared, stored_form([m for m in turn.messages if m.get("role") != "system"]),
                                stored=self.store is not None and bool(req.store), tools=turn.tools)
         stats = current_stats()
         if stats is not None:  # the access log and the trace name it beside the request id
@@ -228,11 +242,12 @@ class ResponsesService:
         return resp
 
     async def create(self, req: ResponsesRequest, ctx: RequestContext,
-                     local: Mapping[str, list[dict[str, Any]]] | None = None,
+                     local: Mapping[str, list[dict[str, Any]]] | None = None, items: ResponseInput | None = None,
                      ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """A response for `ctx.caller` (who owns it when it is stored); `ctx.request_id` is Triton's request id."""
+        """A response for `ctx.caller` (who owns it when it is stored); `ctx.request_id` is Triton's request id;
+        `items`: its input as read at the edge (see `chat_request`)."""
         caller = ctx.caller
-        resp = await self.prepare(req, ctx, local)
+        resp = await self.prepare(req, ctx, local, items)
         if req.stream:
             return self.stream(resp, caller)
         result = await self.generate(resp)

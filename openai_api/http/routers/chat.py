@@ -12,6 +12,6 @@ router = APIRouter()
 
 @router.post("/v1/chat/completions", tags=["chat"])
 async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
+    await admission.chat(body)  # its depth check reads the body as sent, before `parse` types its parts
     call = parse(body)
-    await admission.chat(call)
     return await DIALECT.respond(await chat.create(call, ctx.request), ctx.flush_interval_s)

@@ -7,6 +7,7 @@ from starlette.responses import Response
 
 from openai_api.errors import InvalidRequestError
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
+from openai_api.http.dialects.openai_responses import parse
 from openai_api.http.responses import json_response, service_response
 from openai_api.http.routers import responses_ops, responses_ws
 from openai_api.schemas.openai import ResponsesRequest
@@ -32,7 +33,9 @@ async def create_response(body: ResponsesRequest, service: ResponsesSvc, admissi
     elif body.background:
         response = json_response(await service.start_background(body, ctx.request, admission.detach))
     else:
-        response = await service_response(await service.create(body, ctx.request), ctx.flush_interval_s)
+        items = parse(body)
+        response = await service_response(await service.create(body, ctx.request, items=items),
+                                          ctx.flush_interval_s)
     if omitted := omitted_tools(body.tools):
         response.headers[OMITTED_TOOLS_HEADER] = ",".join(omitted)
     return response

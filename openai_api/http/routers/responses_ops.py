@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
+from openai_api.http.dialects.openai_responses import parse
 from openai_api.http.responses import json_response
 from openai_api.schemas.responses_ops import ResponsesOpRequest
 from openai_api.services import response_ops
@@ -22,7 +23,7 @@ async def count_input_tokens(body: ResponsesOpRequest, service: ResponsesSvc, ad
     """`{"object": "response.input_tokens", "input_tokens": N}`: the `usage.input_tokens` the same body would
     report on `/v1/responses`."""
     await admission.responses(body)
-    return json_response(await response_ops.input_tokens(service, body, ctx.request))
+    return json_response(await response_ops.input_tokens(service, body, ctx.request, parse(body)))
 
 
 @router.post("/v1/responses/compact", tags=["responses"])

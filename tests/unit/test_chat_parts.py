@@ -1,0 +1,81 @@
+"""OpenAI chat's content parts, typed once at the edge (`http.dialects.openai_chat.parse`, `services.parts`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from openai_api.errors import InvalidRequestError
+from openai_api.http.dialects.openai_chat import parse
+from openai_api.schemas.openai import ChatCompletionRequest
+from openai_api.services.chat import template_messages
+from openai_api.services.images import chat_image_sources
+from openai_api.services.parts import ChatParts, Image, Text
+
+PNG = "data:image/png;base64,iVBORw0KGgo="
+
+
+def body(*messages: dict[str, Any]) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": list(messages)})
+
+
+def test_a_list_of_parts_becomes_typed_parts_named_by_the_clients_path() -> None:
+    call = parse(body({"role": "system", "content": "Be brief."}, {"role": "user", "content": [
+        {"type": "text", "text": "What is "}, {"type": "image_url", "image_url": {"url": PNG, "detail": "low"}},
+        {"type": "image_url", "image_url": "http://127.0.0.1/x.png"}]}))
+    content = call.messages[1].content
+    assert call.messages[0].content == "Be brief."
+    assert isinstance(content, ChatParts)
+    assert content.parts == (Text("What is "), Image(PNG, "messages[1].content[1]"),
+                             Image("http://127.0.0.1/x.png", "messages[1].content[2]"))
+    assert [s.param for s in chat_image_sources(call.messages)] == ["messages[1].content[1]", "messages[1].content[2]"]
+    # A copy of the request keeps the typed parts; dumped, they are chat's parts again (as stored, as JSON).
+    again = ChatCompletionRequest.model_validate({"model": "m", "messages": call.messages})
+    assert again.messages[1].content is content
+    assert call.messages[1].model_dump()["content"][1] == {"type": "image_url", "image_url": {"url": PNG}}
+
+
+def test_a_body_without_parts_is_the_call_itself() -> None:
+    req = body({"role": "user", "content": "hi"})
+    assert parse(req) is req
+
+
+@pytest.mark.parametrize("part, param, message", [
+    ({"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}, "messages[0].content[1]",
+     "Content part type 'input_audio' is not supported by this model; only 'text' and 'image_url' parts are."),
+    ({"type": "text", "text": 3}, "messages[0].content[1]",
+     "Content part type 'text' is not supported by this model; only 'text' and 'image_url' parts are."),
+    ({"type": "image_url", "image_url": {"url": PNG, "detail": "max"}}, "messages[0].content[1].image_url.detail",
+     "image_url.detail must be 'auto', 'low' or 'high'."),
+    ({"type": "image_url"}, "messages[0].content[1].image_url",
+     "An image_url part needs an 'image_url' object with a 'url'."),
+])
+def test_a_part_chat_cannot_take_is_a_400_naming_the_clients_field(part: dict[str, Any], param: str,
+                                                                   message: str) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        parse(body({"role": "user", "content": [{"type": "text", "text": "x"}, part]}))
+    assert (err.value.param, err.value.message) == (param, message)
+
+
+def test_an_image_error_anywhere_is_named_before_an_unsupported_part() -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        parse(body({"role": "user", "content": [{"type": "file", "file": {}}]},
+                   {"role": "assistant", "content": "ok"},
+                   {"role": "user", "content": [{"type": "image_url", "image_url": {"url": ""}}]}))
+    assert err.value.param == "messages[2].content[0].image_url.url"
+
+
+def test_an_image_in_an_assistant_message_is_refused() -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        parse(body({"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": PNG}}]}))
+    assert err.value.param == "messages[0].content[0]" and err.value.code == "unsupported_content"
+
+
+def test_templates_read_typed_parts_as_text_or_as_parts() -> None:
+    call = parse(body({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}))
+    assert template_messages(call.messages) == [{"role": "user", "content": "ab"}]
+    with pytest.raises(InvalidRequestError) as err:  # no template that renders images, no placeholder
+        template_messages(parse(body({"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": PNG}}]})).messages)
+    assert err.value.param == "messages[0].content[0]"
