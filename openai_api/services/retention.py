@@ -16,8 +16,10 @@ them (`strip_marks`: every rendered prompt loses them, whatever the backend) and
 in the prompt text. The prompt is tokenized as always; then, only for a backend that takes retention, the text
 before each offset is tokenized the same way and the breakpoint's token offset is the length of the longest
 common prefix of those ids and the prompt's (`token_offset`): the prompt's own token boundary at the block's
-end, or the last one before it where the block's last token merges with what follows. A block whose marker
-the template does not render intact (it escapes or rewrites content) gives no range.
+end, or the last one before it where the block's last token merges with what follows. Through the prompt cache
+(a long prompt) the text tokenized is the prompt up to the last cut at or before the offset (whole cached
+segments: nothing is tokenized twice; `services.preprocess`). A block whose marker the template does not render
+intact (it escapes or rewrites content) gives no range.
 
 Blocks whose end has no text to mark - `tool_use`, `thinking` and image blocks, and `tools` (the template
 decides where tool definitions go) - are counted and checked but place no marker: a later breakpoint's range,

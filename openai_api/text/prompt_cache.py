@@ -134,11 +134,13 @@ class TokenIds(list[int]):
     converting every id. Any operation that makes a new list (slicing, +) gives a plain list; the bytes are
     used only while their length still matches the list's."""
 
-    __slots__ = ("int32_le",)
+    __slots__ = ("int32_le", "new_segments")
 
     def __init__(self, ids: Iterable[int], int32_le: bytes) -> None:
         super().__init__(ids)
         self.int32_le = int32_le
+        # The segments this encode tokenized (not found in the cache): what a caller should not tokenize again.
+        self.new_segments: frozenset[str] = frozenset()
 
 
 def _int32(ids: list[int]) -> bytes:
@@ -235,6 +237,8 @@ class PromptTokenCache:
             out += entry[0]
             raw.append(entry[1])
         out.int32_le = b"".join(raw)
+        if missing:
+            out.new_segments = frozenset(missing)
         return out
 
     def _put(self, k: tuple[int, str], entry: tuple[list[int], bytes]) -> None:

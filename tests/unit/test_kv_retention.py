@@ -156,3 +156,47 @@ def test_the_adapter_sends_the_ranges_only_to_a_model_that_declares_them() -> No
     assert not plain.supports("kv_retention")
     got = sent(plain._request(GenerationRequest(prompt_ids=[1, 2], max_tokens=4, retention=ranges), True))
     assert not any(name.startswith("retention_") for name in got)
+
+
+async def test_a_long_prompts_breakpoints_cost_no_second_tokenizing_of_new_text(app: FastAPI,
+                                                                                  tokenizer: Tokenizer) -> None:
+    """A long prompt goes through the prompt cache. A breakpoint inside a segment that request tokenized anew
+    (Claude Code's on the newest tool result; SmolLM2's template wraps it in <tool_response>) ends at that
+    segment's start: tokenizing its head again doubled the tokenizing of every such turn. A breakpoint in a
+    segment the cache already held (a system prompt that stays) ends exactly at its block's end, and that head
+    is cached in turn: a third request tokenizes nothing."""
+    long_system = "You answer questions about the store room. " * 200
+    result = "The red box holds 12 marbles. " * 60
+    body = {"system": [{"type": "text", "text": long_system, "cache_control": marked("1h")}], "messages": [
+        {"role": "user", "content": [{"type": "text", "text": QUESTION}]},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "look", "input": {}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": result,
+                                      "cache_control": marked()}]}],
+        "tools": [{"name": "look", "input_schema": {"type": "object"}}]}
+    cache = app.state.gateway.services.preprocess.cache
+    assert cache is not None
+
+    def lcp(prefix: str, whole: list[int]) -> int:  # the prompt's token boundary at the prefix's end
+        ids = tokenizer.encode(prefix, add_special_tokens=False).ids
+        return next((i for i, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
+
+    sent = []
+    for _ in range(3):
+        fake = script(app, "Twelve.")
+        misses = cache.stats.miss_tokens
+        r = await messages(app, body)
+        assert r.status_code == 200, r.text
+        sent.append((fake.requests[0], cache.stats.miss_tokens - misses))
+    text = sent[0][0].prompt_text
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    assert all(list(req.prompt_ids) == whole for req, _ in sent)  # the prompt never changes
+    tool_start = count(tokenizer, text[:text.rindex("<|im_start|>tool")])
+    system_end = lcp(text[:text.index(long_system.rstrip()) + len(long_system.rstrip())], whole)
+    result_end = lcp(text[:text.index(result.rstrip()) + len(result.rstrip())], whole)
+    # First: both segments new - the system breakpoint has no cut before its block but 0 (no range), the tool
+    # result's ends where its message starts.
+    assert sent[0][0].retention == (RetainedRange(0, tool_start, FIVE_MINUTES),)
+    # Then both segments are cached: exact ends, the heads tokenized once, then never again.
+    exact = (RetainedRange(0, system_end, HOUR), RetainedRange(system_end, result_end, FIVE_MINUTES))
+    assert sent[1][0].retention == exact and sent[1][1] > 0
+    assert sent[2][0].retention == exact and sent[2][1] == 0
