@@ -23,6 +23,7 @@ Triton model enforces guides (tests/e2e/test_structured_outputs.py does the same
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -87,8 +88,57 @@ def _case(name: str) -> dict[str, Any]:
 PLAIN = _case("plain_answer")["expect"]["content"]
 
 
+class Traffic:
+    """What reaches the gateway on `/v1/responses` (ASGI middleware in front of the app, `wrap`): each HTTP
+    request's JSON body and answer status, and each WebSocket message the client sends, in order. Codex's own
+    `x-codex-turn-metadata` (in every body's `client_metadata`) says what each request was for."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int | None, dict[str, Any]]] = []  # (transport, HTTP status, body)
+
+    def wrap(self, app: Any) -> Any:
+        async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+            if scope["type"] not in ("http", "websocket") or not scope["path"].startswith("/v1/responses"):
+                await app(scope, receive, send)
+                return
+            chunks: list[bytes] = []
+            status: list[int] = []
+
+            async def recv() -> dict[str, Any]:
+                message: dict[str, Any] = await receive()
+                if message.get("text"):
+                    self.seen.append(("websocket", None, json.loads(message["text"])))
+                chunks.append(message.get("body") or b"")
+                return message
+
+            async def reply(message: dict[str, Any]) -> None:
+                if message["type"] == "http.response.start":
+                    status.append(message["status"])
+                await send(message)
+
+            await app(scope, recv, reply)
+            if scope["type"] == "http":
+                body = b"".join(chunks)
+                self.seen.append((scope["path"], status[0] if status else None, json.loads(body) if body else {}))
+
+        return asgi
+
+    def codex_requests(self) -> list[tuple[str, dict[str, Any]]]:
+        """Codex's requests as (request_kind, body): "turn", "compaction", "prewarm"."""
+        out = []
+        for _, _, body in self.seen:
+            meta = json.loads((body.get("client_metadata") or {}).get("x-codex-turn-metadata") or "{}")
+            out.append((meta.get("request_kind", ""), body))
+        return out
+
+
 @pytest.fixture(scope="module")
-def agent_gateway(triton: EmbeddedTriton) -> Iterator[GatewayServer]:
+def traffic() -> Traffic:
+    return Traffic()
+
+
+@pytest.fixture(scope="module")
+def agent_gateway(triton: EmbeddedTriton, traffic: Traffic) -> Iterator[GatewayServer]:
     if not (HERMES / "tokenizer.json").is_file():
         pytest.skip(f"no hermes tokenizer built in {HERMES} (openai_api/embedded/families.py)")
     model = LLMModel(name=MODEL, url=triton.grpc_url, path=HERMES, chat_template=HERMES / "chat_template.jinja",
@@ -96,8 +146,9 @@ def agent_gateway(triton: EmbeddedTriton) -> Iterator[GatewayServer]:
                      reasoning_parser=CORPUS["reasoning_parser"])
     # The context the agents' prompts need (Claude Code's requests ask for max_tokens 32000).
     server = GatewayServer(GatewayConfig(model_infos=[ModelInfo(name=MODEL, max_len=200_000)], llm=[model]),
-                           [API_KEY]).start()
-    yield server
+                           [API_KEY])
+    server.server.config.app = traffic.wrap(server.server.config.app)  # uvicorn loads it on start
+    yield server.start()
     server.stop()
 
 
@@ -352,3 +403,77 @@ def test_codex_cli_runs_its_tool_loop_over_the_websocket(agent_gateway: GatewayS
     served = [int(r.getMessage().split(" after ")[1].split()[0]) for r in caplog.records
               if r.getMessage().startswith("responses websocket closed")]
     assert served and max(served) >= 2, caplog.text[-3000:]
+
+
+# ------------------------------------------------------------------ Codex compacting a long session
+
+SUMMARY = _case("codex_compaction_summary")["expect"]["content"]
+
+
+@pytest.mark.parametrize(("provider", "compaction"), [
+    pytest.param('name = "gateway"\n', "responses", id="local-summary-over-http"),
+    pytest.param('name = "OpenAI"\nsupports_websockets = true\n', "responses_compaction_v2",
+                 id="compaction-trigger-over-the-websocket")])
+def test_codex_cli_compacts_a_long_session_and_carries_on(agent_gateway: GatewayServer, traffic: Traffic,
+                                                          tmp_path: Path, provider: str, compaction: str) -> None:
+    """`codex exec` past its auto-compact limit in the middle of a turn, as Codex 0.169 compacts against a
+    [model_providers] entry: by default locally (a plain /v1/responses asking the model for a handoff summary,
+    which Codex then puts in the history as a user message), and, for a provider named "OpenAI" (Codex's
+    test for a provider that compacts remotely; remote compaction v2 is on by default), with a final
+    `compaction_trigger` item whose one `compaction` output item Codex sends back in place of the compacted turns
+    (here over the Responses WebSocket). /v1/responses/compact is never called by this Codex.
+
+    The limit (10,000 tokens) sits between the session before its compaction (Codex's ~8,600-token first
+    prompt plus ~2,500 tokens that it estimates for the 10 kB it keeps of `seq 1 4000`) and after it (the first
+    prompt plus the summary). The replay model answers each prompt's last marker: the summary is the case
+    named by the listing's last line, and what follows the compaction is scripted by the summary alone, so Codex
+    running the command that writes after.txt proves that the prompt after the compaction carried the summary."""
+    codex = _binary("codex")
+    home = tmp_path / "codex"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{MODEL}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\n{provider}'
+        f'base_url = "{agent_gateway.url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n',
+        encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = _quiet_env(tmp_path, CODEX_HOME=str(home), GATEWAY_API_KEY=API_KEY)
+    traffic.seen.clear()
+    done = subprocess.run([codex, "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write",
+                           "-c", "model_auto_compact_token_limit=10000", "replay:hermes/codex_compaction_fill"],
+                          # A session runs in seconds; a limit that it never got back under would compact for ever.
+                          cwd=work, env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                          check=False)
+    assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
+    assert "fall" not in done.stderr.lower() and "404" not in done.stderr, done.stderr[-3000:]
+    events = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    items = [e["item"] for e in events if e.get("type") == "item.completed"]
+    commands = [i["command"] for i in items if i.get("type") == "command_execution"]
+    assert len(commands) == 2 and "seq 1 4000" in commands[0], commands
+    assert "> after.txt" in commands[1], commands  # the step that only the summary names
+    assert (work / "after.txt").read_text(encoding="utf-8") == "compacted\n"
+    assert [i["text"] for i in items if i.get("type") == "agent_message"][-1].strip() == PLAIN
+    assert "error" not in [e.get("type") for e in events], events
+    # Codex's one notice is about its own model catalog (no metadata for a model it does not know).
+    assert all("Model metadata" in i["message"] for i in items if i.get("type") == "error"), items
+    assert not [s for _, s, _ in traffic.seen if s is not None and s != 200], traffic.seen  # no 404, no refusal
+    requests = traffic.codex_requests()
+    kinds = [k for k, _ in requests if k != "prewarm"]
+    assert kinds == ["turn", "compaction", "turn", "turn"], kinds
+    (asked,) = [b for k, b in requests if k == "compaction"]
+    meta = json.loads(asked["client_metadata"]["x-codex-turn-metadata"])
+    assert meta["compaction"]["implementation"] == compaction
+    after = next(b for k, b in requests[requests.index(("compaction", asked)) + 1:] if k == "turn")
+    shown = json.dumps(after["input"])
+    # The compacted turns are gone: neither the call nor its output, nor a previous_response_id that holds them.
+    assert after.get("previous_response_id") is None and "\\n3999\\n" not in shown
+    assert not [i for i in after["input"] if i.get("type") in ("function_call", "function_call_output")]
+    if compaction == "responses":  # the summary as Codex's own user message
+        assert [i for i in asked["input"] if i.get("type") == "function_call_output"]
+        assert SUMMARY in shown
+    else:  # this gateway's compaction item, which reads back as the summary
+        assert asked["input"][-1] == {"type": "compaction_trigger"}
+        (item,) = [i for i in after["input"] if i.get("type") == "compaction"]
+        tag, _, encoded = item["encrypted_content"].partition(":")
+        assert tag == "gw-compaction-v1" and base64.b64decode(encoded).decode() == SUMMARY
+    assert ("websocket" in {t for t, _, _ in traffic.seen}) == ("websockets" in provider)

@@ -248,3 +248,31 @@ def test_a_compaction_trigger_on_the_socket_compacts_and_the_next_turn_continues
         assert until_end(ws)[-1]["type"] == "response.completed"
         prompt = fake.requests[0].prompt_text
         assert "The user set the code word quokka." in prompt and "Noted: the code word" not in prompt
+
+
+def test_codexs_compaction_on_the_socket_after_a_tool_output_then_a_request_from_the_item(app: FastAPI) -> None:
+    """As Codex 0.169 compacts over the WebSocket (seen through the gateway, tests/e2e/test_agent_requests.py):
+    the tool's output and the trigger in one `response.create` continuing the tool call's response, then a fresh
+    `response.create` (no `previous_response_id`) whose input is the user's message and the `compaction` item as
+    returned. The summary is asked with the tool's output in the prompt; the next prompt has the summary and
+    neither the call nor its output."""
+    script(app, '{"command": "seq 1 4000"}')
+    with TestClient(app).websocket_connect("/v1/responses", headers=A) as ws:
+        ask = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Print the numbers."}]}
+        create(ws, input=[ask], tools=[TOOL], tool_choice={"type": "function", "name": "shell"}, store=False)
+        done = until_end(ws)[-1]["response"]
+        [call] = done["output"]
+        fake = script(app, "Printed 1 to 4000; next, write after.txt.")
+        create(ws, input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "1 2 LISTING 4000"},
+                          {"type": "compaction_trigger"}], previous_response_id=done["id"], tools=[TOOL], store=False)
+        compacted = until_end(ws)[-1]
+        assert compacted["type"] == "response.completed", compacted
+        [item] = compacted["response"]["output"]
+        assert item["type"] == "compaction"
+        assert "1 2 LISTING 4000" in fake.requests[0].prompt_text and "seq 1 4000" in fake.requests[0].prompt_text
+        fake = script(app, '{"command": "echo compacted > after.txt"}')
+        create(ws, input=[ask, item], tools=[TOOL], store=False)
+        assert until_end(ws)[-1]["type"] == "response.completed"
+        prompt = fake.requests[0].prompt_text
+        assert "Printed 1 to 4000; next, write after.txt." in prompt and "Print the numbers." in prompt
+        assert "LISTING" not in prompt and "seq 1 4000" not in prompt
