@@ -7,7 +7,9 @@ answer (must be 0) and the gateway's memory and file descriptors (must not keep 
     python scripts/soak.py --triton 127.0.0.1:8001 127.0.0.1:8000               # a running Triton
 
 The mix: chat, streamed chat, Anthropic Messages plain and streamed, embeddings and rerank, a Responses
-compaction (`/v1/responses/compact`, as Codex compacts) and a two-turn Responses WebSocket session (the second
+compaction (`/v1/responses/compact`) and one as Codex's remote compaction asks for it (a final
+`compaction_trigger` input item on `/v1/responses`: exactly one `compaction` output item) and a two-turn Responses
+WebSocket session (the second
 turn continues the first with `previous_response_id`) (200 expected), and where the gateway serves `vision-vllm`
 (the images reference model; the gateway this script starts does) a chat with a small data-URL PNG of a size and
 colour of its own, whose answer must name both; plus the hostile kinds (`--mix ordinary` leaves them out):
@@ -53,7 +55,8 @@ LLM = "smollm2-135m-instruct"
 EMBEDDING = "all-minilm-l6-v2"
 RERANK = "minilm-rerank"
 VISION = "vision-vllm"  # the images reference model (triton_models/vision-vllm): "image 1: WxH, colour."
-KINDS = ("chat", "stream", "messages", "messages_stream", "embeddings", "rerank", "compact", "ws_session")
+KINDS = ("chat", "stream", "messages", "messages_stream", "embeddings", "rerank", "compact", "compact_trigger",
+         "ws_session")
 HOSTILE = ("fanout", "fanout_too_big", "big_chat", "big_prompt", "big_embedding", "reserved_kwargs",
            "disconnect")
 IMAGE_KINDS = ("image",)  # in the mix where the gateway serves VISION
@@ -171,6 +174,10 @@ def request_for(kind: str, i: int) -> tuple[str, dict[str, Any]]:
         return "/v1/responses/compact", {"model": LLM, "max_output_tokens": 2, "input": [
             {"role": "user", "content": text}, {"role": "assistant", "content": "noted"},
             {"role": "user", "content": "go on"}]}
+    if kind == "compact_trigger":  # Codex's remote compaction v2: a final compaction_trigger item
+        return "/v1/responses", {"model": LLM, "max_output_tokens": 2, "store": False, "input": [
+            {"role": "user", "content": text}, {"role": "assistant", "content": "noted"},
+            {"role": "user", "content": "go on"}, {"type": "compaction_trigger"}]}
     if kind == "ws_session":  # two turns on one Responses WebSocket, the second continuing the first
         return "/v1/responses", {"model": LLM, "max_output_tokens": 1, "temperature": 0, "store": False,
                                  "input": text}
@@ -229,6 +236,12 @@ def check(kind: str, status: int, payload: bytes, i: int = 0) -> str | None:
         items = body.get("output") or [{}]
         if body.get("object") != "response.compaction" or items[-1].get("type") != "compaction":
             return f"compact: not a compaction {payload[:200]!r}"
+        return None
+    if kind == "compact_trigger":
+        body = json.loads(payload)
+        items = body.get("output") or []
+        if body.get("object") != "response" or [i.get("type") for i in items] != ["compaction"]:
+            return f"compact_trigger: not one compaction item {payload[:200]!r}"
         return None
     if kind == "ws_session":
         ends = json.loads(payload)

@@ -297,6 +297,7 @@ class EmbeddedTriton:
         models_dir: Path | None = None,
         log_verbose: int = 0,
         startup_timeout: float = 300.0,
+        stall_timeout: float | None = None,
         extra_args: list[str] | None = None,
         supervise: bool = False,
         restart_delay: float = 1.0,
@@ -314,6 +315,10 @@ class EmbeddedTriton:
         self.models_dir = Path(models_dir).resolve()
         self.log_verbose = log_verbose
         self.startup_timeout = startup_timeout
+        # A start whose log stops growing for this long is given up before `startup_timeout` (None: never). A
+        # Python-backend stub starved of CPU can miss Triton's 1 s initialization window, and Triton then waits
+        # for it forever: idle, its log silent (seen in the e2e tier under load: 8 minutes lost per hang).
+        self.stall_timeout = stall_timeout
         self.extra_args = list(extra_args or [])
         self.supervise = supervise
         self.restart_delay = restart_delay
@@ -522,8 +527,16 @@ class EmbeddedTriton:
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float, log_offset: int = 0) -> None:
         announced: set[str] = set()
+        started = progressed = time.monotonic()
         while True:
+            before = log_offset
             log_offset = self._announce_from_log(log_offset, announced)
+            if log_offset != before:
+                progressed = time.monotonic()
+            elif self.stall_timeout is not None and time.monotonic() - progressed > self.stall_timeout:
+                raise TritonLaunchError(
+                    f"tritonserver not ready after {time.monotonic() - started:.0f} s: its log made no progress for "
+                    f"{self.stall_timeout:.0f} s (a model's load hung):\n{self.log_tail()}")
             self._track_shm(proc)
             if self._stopping.is_set():
                 raise TritonLaunchError("stopped while starting")

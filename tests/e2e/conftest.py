@@ -130,10 +130,11 @@ class _SessionTriton:
                 try:
                     with _one_start_at_a_time():
                         # startup_timeout: ~20 Python-backend models load in one to three minutes on a 2-core box;
-                        # the limit only bounds a start that hangs (below).
+                        # the limit only bounds a start that hangs (below), and a log silent for 150 s is such a
+                        # hang (its models log as they load; a hang cost the whole 480 s before).
                         self.server = EmbeddedTriton(models=[*TRITON_MODELS, PACED],
                                                      extra_args=[f"--model-repository={extra}"],
-                                                     startup_timeout=480).start()
+                                                     startup_timeout=480, stall_timeout=150).start()
                     return
                 except TritonLaunchError as e:
                     # Triton's Python backend waits for each stub's initialization in 1 s windows in which the

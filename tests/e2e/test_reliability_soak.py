@@ -37,7 +37,8 @@ def test_soak_small_run_has_no_errors_and_bounded_memory(triton: EmbeddedTriton)
         code = gateway.stop()
     assert report["errors"] == 0, report["soak"]["error_samples"]
     assert report["soak"]["by_kind"] == {k: 10 for k in kinds}
-    assert {"messages", "messages_stream", "image", "image_bomb", "compact", "ws_session"} <= set(kinds)
+    assert {"messages", "messages_stream", "image", "image_bomb", "compact", "compact_trigger",
+            "ws_session"} <= set(kinds)
     assert set(report["soak"]["by_status"]) <= {"200", "400", "429"}, report["soak"]["by_status"]
     assert report["soak"]["silent_connections"] == {"opened": 100, "not_closed": 0}
     assert report["rss"]["growth_mib"] < GROWTH_MIB, report["rss"]

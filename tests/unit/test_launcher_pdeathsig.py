@@ -7,6 +7,8 @@ from __future__ import annotations
 import signal
 import subprocess
 import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -41,3 +43,32 @@ def test_the_command_runs_as_itself_with_its_arguments_and_environment() -> None
     out = subprocess.run(_with_pdeathsig(["sh", "-c", 'echo "$0 $1 $GREETING"', "a b", "c"]),
                          env={"GREETING": "hello", "PATH": "/usr/bin:/bin"}, capture_output=True, check=True)
     assert out.stdout.decode() == "a b c hello\n"
+
+
+def test_a_start_whose_log_stops_growing_is_given_up_before_its_deadline(tmp_path: Path) -> None:
+    """A Triton whose Python-backend stub missed its initialization window waits for it forever, its log silent:
+    with `stall_timeout`, the start fails (and can be retried) once the log has not grown for that long, not at
+    the end of `startup_timeout`. A log that keeps growing is no stall."""
+    log = tmp_path / "tritonserver.log"
+    log.write_text("I loading 'a'\n")
+    server = launcher.EmbeddedTriton(tmp_path, startup_timeout=60, stall_timeout=0.6)
+    server._log_path = log
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        def grow() -> None:  # progress for ~1 s (longer than the stall timeout), then silence
+            for i in range(5):
+                time.sleep(0.2)
+                with log.open("a") as fh:
+                    fh.write(f"I loading 'm{i}'\n")
+
+        writer = threading.Thread(target=grow)
+        writer.start()
+        t0 = time.monotonic()
+        with pytest.raises(launcher.TritonLaunchError, match="no progress for 1 s"):
+            server._wait_ready(proc, time.monotonic() + 60)
+        took = time.monotonic() - t0
+        writer.join()
+        assert 1.4 < took < 10, took  # past the second of progress plus the stall, far before the deadline
+    finally:
+        proc.kill()
+        proc.wait()
