@@ -52,7 +52,8 @@ are Anthropic's:
   `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, the final usage,
   every count: `message_start`'s cache figure is the backend's as of the first tokens) and
   `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping` (`PING`, written by
-  the dialect's stream writer, `http.dialects.anthropic_messages`). An error after the stream began is an
+  the dialect's stream writer, `http.dialects.anthropic_messages`, which encodes the stream,
+  `MessagesStream`). An error after the stream began is an
   `error` event in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's
   does: its text goes straight to a `text_delta` whose bytes are built from a per-block prefix, with no parser
   pass.
@@ -63,30 +64,25 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error_body
+from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.chat import ChatService, PreparedChat, count_tokens
 from openai_api.services.context import RequestContext
 from openai_api.services.context_edits import Applied, Edit, apply_edits, needs_prompt_tokens
-from openai_api.services.generation import TextEvent, sequence_events
+from openai_api.services.generation import sequence_events
 from openai_api.services.images import chat_image_sources
 from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
 from openai_api.services.retention import strip_marks
-from openai_api.services.streaming import sse_stream
+from openai_api.services.streaming import StreamPlan
 from openai_api.services.tools import plan_tools
 from openai_api.text.templates import ChatTemplate
 
-# Seconds without an event after which a stream sends a `ping` (Anthropic keeps quiet streams alive so;
-# a tool call's markup is held back until it is whole, which can be many seconds of silence).
-PING_INTERVAL_S = 10.0
-PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 # `thinking.display` values that send thinking blocks without their text: `omitted`, and `updates` (only the
 # progress notes a Claude model writes between tool calls are shown, which a self-hosted model has none of).
 # Any other display (`summarized`, the default; newer ones) sends the text.
@@ -145,13 +141,9 @@ def signature(thinking: str) -> str:
     return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
 
 
-def _event(kind: bytes, payload: dict[str, Any]) -> bytes:
+def block_event(kind: bytes, payload: dict[str, Any]) -> bytes:
+    """One Anthropic stream event: `event: <kind>` and its `data:` line."""
     return b"event: " + kind + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-
-def error_event(err: GatewayError) -> bytes:
-    """An error after the stream began, as Anthropic's streams carry it."""
-    return _event(b"error", anthropic_error_body(err))
 
 
 class BlockBuilder:
@@ -226,8 +218,8 @@ class BlockBuilder:
         self._prefix = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
                         + str(len(self.blocks) - 1).encode() + b',"delta":{"type":')
         if self.stream:
-            out.append(_event(b"content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
-                                                       "content_block": block}))
+            out.append(block_event(b"content_block_start", {"type": "content_block_start",
+                                                            "index": len(self.blocks) - 1, "content_block": block}))
 
     def close(self) -> list[bytes]:
         """Close the open block (its final content; `signature_delta` and `content_block_stop` when streaming)."""
@@ -240,7 +232,7 @@ class BlockBuilder:
         if self._open == "thinking":
             block["thinking"], block["signature"] = text, signature(text)
             if self.stream:
-                out.append(_event(b"content_block_delta", {"type": "content_block_delta", "index": index,
+                out.append(block_event(b"content_block_delta", {"type": "content_block_delta", "index": index,
                                                            "delta": {"type": "signature_delta",
                                                                      "signature": block["signature"]}}))
         elif self._open == "text":
@@ -254,7 +246,7 @@ class BlockBuilder:
         self.blocks[index] = block
         self._open, self._parts = None, []
         if self.stream:
-            out.append(_event(b"content_block_stop", {"type": "content_block_stop", "index": index}))
+            out.append(block_event(b"content_block_stop", {"type": "content_block_stop", "index": index}))
         return out
 
 
@@ -324,17 +316,17 @@ class MessagesService:
             raise _named_block(e, call, chat_req) from None
         return {"input_tokens": len(prompt.ids)}
 
-    async def create(self, call: MessagesCall, ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, call: MessagesCall, ctx: RequestContext) -> dict[str, Any] | MessagesStream:
+        """A `message`, or when the call streams the prepared stream (`MessagesStream`)."""
         chat_req, applied = await self.edited(call)
         try:
             prepared = await self.chat.prepare(chat_req, ctx)
         except InvalidRequestError as e:
             raise _named_block(_format_error(e, call), call, chat_req) from None
         answer = MessageAnswer(call, prepared, ctx.request_id, applied)
-        if call.stream:
-            encoder = MessagesStreamEncoder(answer)
-            # Pings on quiet streams: the dialect's writer adds them (`PING`, `PING_INTERVAL_S`).
-            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, answer.id)
+        if call.stream:  # encoded by the dialect (`http.dialects.anthropic_messages.encode`)
+            return MessagesStream(prepared.rt, prepared.greqs, prepared.stops, prepared.prompt_tokens, answer.id,
+                                  answer)
         greq = prepared.greqs[0]
         if not prepared.stops and not prepared.rt.stop_strings:
             greq.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough (as chat)
@@ -404,46 +396,9 @@ class MessageAnswer:
         return {"context_management": self.applied.body()} if self.applied is not None else {}
 
 
-class MessagesStreamEncoder:
-    """Anthropic's stream events for one answer (see the module docstring); the envelope is `sse_stream`."""
+@dataclass(slots=True)
+class MessagesStream(StreamPlan):
+    """A streamed `/v1/messages` answer, prepared (`StreamPlan`, `stream_id` the message id): `answer` holds its
+    state (blocks, parsers, the thinking budget) for the dialect's encoder."""
 
-    def __init__(self, answer: MessageAnswer) -> None:
-        self.answer = answer
-        self.finish = "stop"
-        self.stop: str | None = None
-        # No parser and no forced call: every piece of text is content (what `ChoiceOutput.push` would say).
-        self.plain = answer.output.parser is None and answer.prepared.plan.forced is None
-
-    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
-        a = self.answer
-        out: list[bytes] = []
-        if first:
-            start: dict[str, Any] = {"id": a.id, "type": "message", "role": "assistant", "model": a.call.model,
-                                     "content": [], "stop_reason": None, "stop_sequence": None,
-                                     "usage": a.usage(ev.completion_tokens, ev.cached_tokens)}
-            out += [_event(b"message_start", {"type": "message_start", "message": start}),
-                    _event(b"ping", {"type": "ping"})]
-        last = ev.finish_reason is not None
-        if self.plain:
-            if not first and not last:  # the per-token path: one text_delta, or nothing
-                piece = a.blocks.text(ev.text)
-                return piece[0] if len(piece) == 1 else b"".join(piece)
-            out += a.blocks.text(ev.text)
-        else:
-            deltas = a.output.push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
-            out += a.blocks.push(a.cap_stream(deltas))
-        if last:
-            self.finish, self.stop = ev.finish_reason or "stop", ev.stop
-            out += a.blocks.close()
-        return b"".join(out)
-
-    def error(self, err: GatewayError) -> bytes:
-        return error_event(err)
-
-    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
-        a = self.answer
-        reason, sequence = stop_reason(self.finish, self.stop, a.call.stop_sequences, a.blocks.calls)
-        return (_event(b"message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": a.usage(completion_tokens, cached_tokens), **a.context_management()})
-                + _event(b"message_stop", {"type": "message_stop"}))
+    answer: MessageAnswer

@@ -18,11 +18,10 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.config import load_config
 from openai_api.errors import BackendError, BackendUnavailableError
-from openai_api.http.dialects.anthropic_messages import turns
+from openai_api.http.dialects.anthropic_messages import PING, turns
 from openai_api.http.sse import coalesced
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.services import parts
-from openai_api.services.messages import PING
 from openai_api.services.retention import mark_block
 from openai_api.settings import Settings
 from tests.anthropic_events import accumulate, check_stream, parse_sse, validate
