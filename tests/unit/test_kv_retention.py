@@ -178,7 +178,7 @@ async def test_a_long_prompts_breakpoints_cost_no_second_tokenizing_of_new_text(
 
     def lcp(prefix: str, whole: list[int]) -> int:  # the prompt's token boundary at the prefix's end
         ids = tokenizer.encode(prefix, add_special_tokens=False).ids
-        return next((i for i, (a, b) in enumerate(zip(ids, whole)) if a != b), min(len(ids), len(whole)))
+        return next((i for i, (a, b) in enumerate(zip(ids, whole, strict=False)) if a != b), min(len(ids), len(whole)))
 
     sent = []
     for _ in range(3):
