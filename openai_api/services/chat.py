@@ -316,8 +316,8 @@ class ChatService:
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return ChatStream(rt, greqs, stops, prompt_tokens, completion_id, p, created, req.model, req.n,
-                              req.logprobs, include_usage)
+            return ChatStream(rt, greqs, stops, prompt_tokens, completion_id, prepared=p, created=created,
+                              model=req.model, n=req.n, logprobs=req.logprobs, include_usage=include_usage)
         results = await collect_plain(rt, greqs, stops)
         choices = []
         completion_tokens = reasoning_tokens = 0

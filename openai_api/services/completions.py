@@ -151,8 +151,8 @@ class CompletionsService:
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return CompletionStream(rt, greqs, stops, prompt_tokens, completion_id, created, req.model, echoes,
-                                    greqs[0].return_logprobs, include_usage)
+            return CompletionStream(rt, greqs, stops, prompt_tokens, completion_id, created=created, model=req.model,
+                                    echoes=echoes, logprobs=greqs[0].return_logprobs, include_usage=include_usage)
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
