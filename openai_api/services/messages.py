@@ -46,7 +46,8 @@ are Anthropic's:
   cached ones: the three add up to the prompt), `cache_creation_input_tokens` 0 (the engines keep every
   prefilled block on their own, at no charge; nothing here is the paid write at a `cache_control` breakpoint
   that field counts), `output_tokens`. The plain answer and the streamed one are built by the same
-  `BlockBuilder` from the same deltas, so they are one answer.
+  `BlockBuilder` from the same deltas (a stream's, the dialect's `StreamedBlocks`, writes its events as well), so
+  they are one answer.
 * **Streaming**: Anthropic's event grammar with `event:` lines: `message_start` and a `ping`, then per
   block `content_block_start`, its `content_block_delta`s (`thinking_delta` then one `signature_delta`,
   `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, the final usage,
@@ -66,8 +67,6 @@ import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
@@ -141,39 +140,32 @@ def signature(thinking: str) -> str:
     return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
 
 
-def block_event(kind: bytes, payload: dict[str, Any]) -> bytes:
-    """One Anthropic stream event: `event: <kind>` and its `data:` line."""
-    return b"event: " + kind + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-
 class BlockBuilder:
-    """Deltas -> Anthropic content blocks, and (`stream`) the events that build them, in order.
+    """Deltas -> Anthropic content blocks, in order (the plain answer's; a stream's builder, in the dialect,
+    `http.dialects.anthropic_events.StreamedBlocks`, writes the events that build them through the `_on_*` hooks).
 
     One block is open at a time; a new kind of delta closes it and opens the next, so blocks keep the order
     they were generated in. Text that is only whitespace does not open a text block until more text follows
     (the blank between a thinking section and a tool call is no answer): plain and streamed answers drop it
     alike. Thinking past `budget` tokens (counted by the `ChoiceOutput`) is not sent."""
 
-    def __init__(self, stream: bool, omit_thinking: bool = False) -> None:
-        self.stream = stream
+    def __init__(self, omit_thinking: bool = False) -> None:
         self.omit_thinking = omit_thinking  # `thinking.display: omitted`: the blocks, without their text
         self.blocks: list[dict[str, Any]] = []
         self.calls = 0
         self._open: str | None = None
         self._parts: list[str] = []
         self._blank = ""
-        self._prefix = b""  # the open block's content_block_delta event up to its delta's type
 
     def text(self, text: str) -> list[bytes]:
-        """`push` of one content delta; in an open text block (every token after the first) one event's bytes."""
+        """`push` of one content delta (a plain answer's per-token path)."""
         if self._open == "text" and text:
             self._parts.append(text)
-            if not self.stream:
-                return []
-            return [self._prefix + b'"text_delta","text":' + orjson.dumps(text) + b"}}\n\n"]
+            return []
         return self.push([Delta("content", text)]) if text else []
 
     def push(self, deltas: list[Delta]) -> list[bytes]:
+        """Add `deltas` to the blocks; what the hooks wrote for them (nothing here)."""
         out: list[bytes] = []
         for d in deltas:
             if d.kind == "reasoning":
@@ -184,8 +176,7 @@ class BlockBuilder:
                 if self.omit_thinking:
                     continue
                 self._parts.append(d.text)
-                if self.stream:
-                    out.append(self._prefix + b'"thinking_delta","thinking":' + orjson.dumps(d.text) + b"}}\n\n")
+                self._on_delta(b'"thinking_delta","thinking":', d.text, out)
             elif d.kind == "content":
                 if self._open != "text":
                     pending = self._blank + d.text
@@ -197,17 +188,14 @@ class BlockBuilder:
                 else:
                     text = d.text
                 self._parts.append(text)
-                if self.stream:
-                    out.append(self._prefix + b'"text_delta","text":' + orjson.dumps(text) + b"}}\n\n")
+                self._on_delta(b'"text_delta","text":', text, out)
             elif d.kind == "call":
                 self.calls += 1
                 self._start("tool_use", {"type": "tool_use", "id": anthropic_call_id(d.call_id), "name": d.name,
                                          "input": {}}, out)
             elif d.text:  # a call's arguments
                 self._parts.append(d.text)
-                if self.stream:
-                    out.append(self._prefix + b'"input_json_delta","partial_json":' + orjson.dumps(d.text)
-                               + b"}}\n\n")
+                self._on_delta(b'"input_json_delta","partial_json":', d.text, out)
         return out
 
     def _start(self, kind: str, block: dict[str, Any], out: list[bytes]) -> None:
@@ -215,14 +203,10 @@ class BlockBuilder:
         self._blank = ""
         self._open, self._parts = kind, []
         self.blocks.append(block)
-        self._prefix = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-                        + str(len(self.blocks) - 1).encode() + b',"delta":{"type":')
-        if self.stream:
-            out.append(block_event(b"content_block_start", {"type": "content_block_start",
-                                                            "index": len(self.blocks) - 1, "content_block": block}))
+        self._on_start(len(self.blocks) - 1, block, out)
 
     def close(self) -> list[bytes]:
-        """Close the open block (its final content; `signature_delta` and `content_block_stop` when streaming)."""
+        """Close the open block (its final content); what the hooks wrote for it (nothing here)."""
         if self._open is None:
             return []
         out: list[bytes] = []
@@ -231,10 +215,6 @@ class BlockBuilder:
         block = dict(self.blocks[index])
         if self._open == "thinking":
             block["thinking"], block["signature"] = text, signature(text)
-            if self.stream:
-                out.append(block_event(b"content_block_delta", {"type": "content_block_delta", "index": index,
-                                                           "delta": {"type": "signature_delta",
-                                                                     "signature": block["signature"]}}))
         elif self._open == "text":
             block["text"] = text
         else:
@@ -245,9 +225,18 @@ class BlockBuilder:
             block["input"] = args if isinstance(args, dict) else {}
         self.blocks[index] = block
         self._open, self._parts = None, []
-        if self.stream:
-            out.append(block_event(b"content_block_stop", {"type": "content_block_stop", "index": index}))
+        self._on_stop(index, block, out)
         return out
+
+    # What a stream writes as its blocks are built (nothing for a plain answer).
+    def _on_start(self, index: int, block: dict[str, Any], out: list[bytes]) -> None:
+        """Block `index` opened (`block` as it starts)."""
+
+    def _on_delta(self, head: bytes, text: str, out: list[bytes]) -> None:
+        """`text` added to the open block; `head`: its delta's type and field, as JSON up to the value."""
+
+    def _on_stop(self, index: int, block: dict[str, Any], out: list[bytes]) -> None:
+        """Block `index` closed (`block` whole)."""
 
 
 def stop_reason(finish: str, stop: str | None, stops: list[str], calls: int) -> tuple[str, str | None]:
@@ -353,7 +342,7 @@ class MessageAnswer:
         self.prepared = prepared
         self.id = f"msg_{request_id}"
         self.output: ChoiceOutput = prepared.output()
-        self.blocks = BlockBuilder(call.stream, call.omit_thinking)
+        self.blocks = BlockBuilder(call.omit_thinking)  # a stream's encoder puts its own in (it writes events)
         self.budget = call.thinking_budget
         self.capped = False
 
