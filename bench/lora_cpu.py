@@ -80,6 +80,7 @@ def child(streams: int, tokens: int, kinds: tuple[str, ...]) -> dict[str, Any]:
 
     import openai_api
     from openai_api.config import BUNDLED_CONFIG, adapters_of, load_config
+    from openai_api.http.dialects.openai_chat import encode
     from openai_api.observability import Metrics
     from openai_api.schemas.openai import ChatCompletionRequest
     from openai_api.services.backends import InstrumentedLLMBackend
@@ -161,7 +162,7 @@ def child(streams: int, tokens: int, kinds: tuple[str, ...]) -> dict[str, Any]:
         out = await chat.create(req, RequestContext("rid"))
         assert not isinstance(out, dict)
         got, ttft = 0, 0.0
-        async for chunk in out:
+        async for chunk in encode(out):  # as the chat dialect writes it
             k = chunk.count(b'"delta":{"content":')
             if k and not got:
                 ttft = time.perf_counter() - t0

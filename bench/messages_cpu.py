@@ -7,9 +7,9 @@
 
 Issue #25 asks that Messages cost no more gateway CPU per token than chat: it is a dialect at the HTTP edge
 over the same chat service, so what it adds is its own request mapping (``http.dialects.anthropic_messages.parse``),
-its event encoder (``MessagesStreamEncoder``, ``BlockBuilder``), the ping relay (``with_pings``) and its
-bigger events. This measures exactly that pipeline for both dialects in one process: the request body
-validated (``ChatCompletionRequest`` / ``MessagesRequest`` + ``parse``), the service's
+its event encoder (``http.dialects.anthropic_events.MessagesStreamEncoder``, ``BlockBuilder``), the ping relay
+(``with_pings``) and its bigger events. This measures exactly that pipeline for both dialects in one process:
+the request body validated (``ChatCompletionRequest`` / ``MessagesRequest`` + ``parse``), the service's
 ``create``, and every byte of the SSE stream (or the unary answer dumped as the route does), over a
 scripted backend that yields the synthetic model's tokens one per chunk (the ids of " The quick brown
 fox jumps over the lazy dog", cycled), with the bundled ``smollm2-135m-instruct`` entry (SmolLM2
@@ -58,6 +58,16 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
 
     from openai_api.config import BUNDLED_CONFIG, load_config
     from openai_api.http.dialects.anthropic_messages import parse
+
+    try:  # the dialects encode the services' prepared streams (from issue #37's last step); before, the services did
+        from openai_api.http.dialects.anthropic_messages import encode as encode_messages
+        from openai_api.http.dialects.openai_chat import encode as encode_chat
+    except ImportError:
+        def encode_messages(out: Any) -> Any:  # type: ignore[misc]
+            return out
+
+        def encode_chat(out: Any) -> Any:  # type: ignore[misc]
+            return out
     from openai_api.observability import Metrics
     from openai_api.schemas.anthropic import MessagesRequest
     from openai_api.schemas.openai import ChatCompletionRequest
@@ -113,7 +123,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
             orjson.dumps(out)  # as the route answers it
             return int(out["usage"]["completion_tokens"])
         n = 0
-        async for chunk in out:
+        async for chunk in encode_chat(out):  # as the chat dialect writes it
             n += chunk.count(b'"delta":{"content":')
         return n
 
@@ -124,7 +134,7 @@ def child(streams: int, tokens: int, cases: tuple[str, ...], dialects: tuple[str
             orjson.dumps(out)
             return int(out["usage"]["output_tokens"])
         n = 0
-        async for chunk in out:
+        async for chunk in encode_messages(out):  # as the Messages dialect writes it
             n += chunk.count(b'"type":"text_delta"')
         return n
 

@@ -4,7 +4,8 @@
 
 The relay case (``bench.relay_ab``) measures the gateway process whole, and on a shared 2-core box
 its CPU per token moves with the neighbours (fewer tokens per wake-up: more system calls per token).
-This isolates the part a code change moves: ``ChatService.create(stream=True)`` -> ``sse_stream``
+This isolates the part a code change moves: ``ChatService.create(stream=True)`` -> the chat dialect's
+``encode`` (the service's own SSE bytes in checkouts before it) -> ``sse_stream``
 (detokenizer, stop matcher, stream encoder, output parser when tools are offered, chunk bytes) over a
 scripted backend that yields the synthetic model's 512 tokens one per chunk (the ids of " The quick
 brown fox jumps over the lazy dog", cycled), with the model entry ``smollm2-135m-instruct`` of each
@@ -60,7 +61,7 @@ def child(streams: int, tokens: int, profile: Path | None, cases: tuple[str, ...
     from openai_api.config import BUNDLED_CONFIG, load_config
     from openai_api.observability import Metrics
     from openai_api.schemas.openai import ChatCompletionRequest
-    from openai_api.services.chat import ChatService, ChatStreamEncoder
+    from openai_api.services.chat import ChatService
     from openai_api.services.preprocess import Preprocessor
     from openai_api.services.registry import ModelRegistry
     from openai_api.text.workers import CPUWorkers
@@ -99,6 +100,14 @@ def child(streams: int, tokens: int, profile: Path | None, cases: tuple[str, ...
     reg = copy.copy(registry)
     reg.llms = {rt.name: rt}
     svc = ChatService(reg, Preprocessor(CPUWorkers(1)))
+    # The chat dialect encodes the service's prepared stream (checkouts from issue #37's last step on); before it,
+    # the service answered the SSE bytes itself, with its encoder in `services.chat`.
+    try:
+        from openai_api.http.dialects.openai_chat import ChatStreamEncoder, encode
+    except ImportError:
+        from openai_api.services.chat import ChatStreamEncoder  # type: ignore[attr-defined,no-redef]
+
+        encode = None  # type: ignore[assignment]
     fast_path: dict[str, bool] = {}  # per case: whether the stream encoder took the plain fast path
     current = [""]
     orig_init = ChatStreamEncoder.__init__
@@ -121,7 +130,7 @@ def child(streams: int, tokens: int, profile: Path | None, cases: tuple[str, ...
         if isinstance(stream, dict):  # a non-streamed answer
             return int(stream["usage"]["completion_tokens"])
         n = 0
-        async for chunk in stream:
+        async for chunk in encode(stream) if encode is not None else stream:
             n += chunk.count(b'"delta":{"content":')
         return n
 

@@ -36,8 +36,8 @@ def error_response(err: GatewayError, request: Request) -> Response:
 
 
 async def service_response(result: ServiceResult, flush_interval_s: float = 0.0) -> Response:
-    """A service's answer on OpenAI's wire (`dialects.base.OpenAIDialect.respond`), for the routes that name no
-    dialect of their own (`/v1/responses`: `dialects.openai_responses`)."""
+    """An answer already on OpenAI's wire (a dict, or SSE bytes: `dialects.base.OpenAIDialect.respond`), for what
+    no dialect encodes (a compaction turn's fixed events, `services.response_ops`)."""
     return await OPENAI.respond(result, flush_interval_s)
 
 

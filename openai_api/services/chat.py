@@ -5,17 +5,15 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from openai_api.errors import GatewayError, InvalidRequestError
+from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.bounds import MAX_JSON_DEPTH, find_excess
 from openai_api.services.context import RequestContext
 from openai_api.services.generation import (
     Collected,
-    TextEvent,
     TokenLogprobs,
     build_generation_request,
     collect_choices,
@@ -29,7 +27,7 @@ from openai_api.services.output import Assembled, ChoiceOutput, assemble
 from openai_api.services.parts import ChatParts, Image, typed_messages
 from openai_api.services.preprocess import IMAGE_MARK, Preprocessor, Prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
-from openai_api.services.streaming import DONE, ChatChunkEncoder, error_event, sse_stream, usage_dict
+from openai_api.services.streaming import StreamPlan, usage_dict
 from openai_api.services.tools import ToolPlan, apply_plan_to_messages, plan_tools
 from openai_api.text import json_args
 from openai_api.text.templates import ChatTemplate
@@ -197,6 +195,20 @@ class PreparedChat:
                             self.rt.control_markers)
 
 
+@dataclass(slots=True)
+class ChatStream(StreamPlan):
+    """A streamed chat, prepared (`StreamPlan`, `stream_id` its completion id): what its chunks carry (`created`,
+    the request's `model`) and how they are cut (`n` choices, `logprobs`, `include_usage`); `prepared` gives
+    each choice's output reader (`PreparedChat.output`)."""
+
+    prepared: PreparedChat
+    created: int
+    model: str
+    n: int
+    logprobs: bool
+    include_usage: bool
+
+
 async def collect_plain(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str]) -> list[Collected]:
     """Every choice of a non-streamed answer, whole."""
     if not stops and not rt.stop_strings:
@@ -293,13 +305,10 @@ class ChatService:
         text = whole[: out.thinking_chars]
         return await self.preprocess.run(len(text), count_tokens, rt, text) if text else 0
 
-    async def create(self, req: ChatCompletionRequest,
-                     ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """A dict for a plain response, or an async iterator of SSE bytes when `stream` is set.
-
-        For streams, nothing is yielded before the first tokens arrived from Triton, so a caller that
-        awaits the first item still gets backend errors as exceptions (and a proper HTTP status).
-        """
+    async def create(self, req: ChatCompletionRequest, ctx: RequestContext) -> dict[str, Any] | ChatStream:
+        """A dict for a plain response (a `chat.completion`), or when `stream` is set the prepared stream
+        (`ChatStream`), which the chat dialect encodes as `chat.completion.chunk` events
+        (`http.dialects.openai_chat`). Errors in the request raise here, before anything is sent."""
         p = await self.prepare(req, ctx)
         request_id = ctx.request_id
         rt, greqs, stops, prompt_tokens = p.rt, p.greqs, p.stops, p.prompt_tokens
@@ -307,9 +316,8 @@ class ChatService:
         created = int(time.time())
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            encoder = ChatStreamEncoder(p, ChatChunkEncoder(completion_id, created, req.model), req.n,
-                                        req.logprobs, include_usage)
-            return sse_stream(rt, greqs, stops, encoder, prompt_tokens, completion_id)
+            return ChatStream(rt, greqs, stops, prompt_tokens, completion_id, prepared=p, created=created,
+                              model=req.model, n=req.n, logprobs=req.logprobs, include_usage=include_usage)
         results = await collect_plain(rt, greqs, stops)
         choices = []
         completion_tokens = reasoning_tokens = 0
@@ -344,67 +352,3 @@ def chat_message(answer: Assembled, finish: str, reasoning: bool) -> tuple[dict[
 def count_tokens(rt: LLMRuntime, text: str) -> int:
     """Tokens of a piece of the output (the reasoning), for usage details."""
     return len(rt.tokenizer.encode(text)) if text else 0
-
-
-class ChatStreamEncoder:
-    """`chat.completion.chunk` events (the envelope is `services.streaming.sse_stream`): the role chunks
-    open the stream, then per choice its deltas (`services.output`: reasoning_content, content with
-    log-probs when asked for, tool calls: id, type and name first, then the arguments), its finish chunk,
-    and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`. A plain chat (no tools,
-    no reasoning parser, no log-probs) takes the fast path: its text is its content."""
-
-    def __init__(self, prepared: PreparedChat, chunks: ChatChunkEncoder, n: int, logprobs: bool,
-                 include_usage: bool) -> None:
-        self.rt = prepared.rt
-        self.chunks = chunks
-        self.n = n
-        self.logprobs = logprobs
-        self.include_usage = include_usage
-        first = prepared.output()
-        plain = prepared.plan.forced is None and first.parser is None
-        self.outputs = None if plain else [first, *(prepared.output() for _ in range(n - 1))]
-
-    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
-        enc = self.chunks
-        out = [enc.role(j) for j in range(self.n)] if first else []
-        last = ev.finish_reason is not None
-        if self.outputs is None:
-            if self.logprobs and (ev.text or ev.token_ids):
-                out.append(enc.delta(index, {"content": ev.text}, self._logprobs(ev)))
-            elif ev.text:
-                out.append(enc.content(index, ev.text))
-        else:
-            deltas = self.outputs[index].push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
-            lp = self._logprobs(ev) if self.logprobs and ev.token_ids else None
-            for d in deltas:
-                if d.kind == "content":
-                    out.append(enc.delta(index, {"content": d.text}, lp) if lp else enc.content(index, d.text))
-                    lp = None
-                elif d.kind == "reasoning":
-                    out.append(enc.delta(index, {"reasoning_content": d.text}))
-                elif d.kind == "call":
-                    out.append(enc.delta(index, {"tool_calls": [{"index": d.index, "id": d.call_id, "type": "function",
-                                                                 "function": {"name": d.name, "arguments": ""}}]}))
-                else:
-                    out.append(enc.delta(index, {"tool_calls": [{"index": d.index,
-                                                                 "function": {"arguments": d.text}}]}))
-            if lp:  # log-probs of tokens whose text was held back or was not content
-                out.append(enc.delta(index, {"content": ""}, lp))
-        if last:
-            called = self.outputs is not None and self.outputs[index].calls and ev.finish_reason != "length"
-            out.append(enc.finish(index, "tool_calls" if called else ev.finish_reason or "stop"))
-        return out[0] if len(out) == 1 else b"".join(out)
-
-    def _logprobs(self, ev: TextEvent) -> dict[str, Any]:
-        return {"content": logprob_entries(self.rt, ev.token_ids, ev.logprobs), "refusal": None}
-
-    def error(self, err: GatewayError) -> bytes:
-        return error_event(err)
-
-    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
-        if not self.include_usage:
-            return DONE
-        reasoning = None
-        if self.rt.reasoning_parser is not None and self.outputs is not None:
-            reasoning = sum(o.reasoning_tokens for o in self.outputs)
-        return self.chunks.usage(prompt_tokens, completion_tokens, reasoning, cached_tokens) + DONE

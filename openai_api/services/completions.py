@@ -5,14 +5,13 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from dataclasses import dataclass
 from typing import Any
 
-from openai_api.errors import GatewayError, InvalidRequestError
+from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import CompletionRequest
 from openai_api.services.context import RequestContext
 from openai_api.services.generation import (
-    TextEvent,
     TokenLogprobs,
     build_generation_request,
     collect_choices,
@@ -23,7 +22,7 @@ from openai_api.services.generation import (
 from openai_api.services.guides import request_guide, require_support
 from openai_api.services.preprocess import Preprocessor, encode_prompt
 from openai_api.services.registry import LLMRuntime, ModelRegistry
-from openai_api.services.streaming import DONE, CompletionChunkEncoder, error_event, sse_stream, usage_dict
+from openai_api.services.streaming import StreamPlan, usage_dict
 from openai_api.triton.llm import GenerationRequest
 
 logger = logging.getLogger(__name__)
@@ -88,6 +87,19 @@ def completion_logprobs(rt: LLMRuntime, ids: list[int], lps: list[float] | None,
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
 
 
+@dataclass(slots=True)
+class CompletionStream(StreamPlan):
+    """A streamed completion, prepared (`StreamPlan`, `stream_id` its completion id; a sequence per prompt and
+    choice): what its chunks carry (`created`, the request's `model`), each sequence's echoed prompt (`echoes`,
+    "" unless `echo`), whether they carry log-probs and whether a usage chunk ends the stream."""
+
+    created: int
+    model: str
+    echoes: list[str]
+    logprobs: bool
+    include_usage: bool
+
+
 class CompletionsService:
     def __init__(self, registry: ModelRegistry, preprocess: Preprocessor) -> None:
         self.registry = registry
@@ -110,8 +122,9 @@ class CompletionsService:
                 f"({rt.backend.protocol}) that returns only the sampled token's log-probability: use logprobs=0.",
                 param="logprobs", code="unsupported_parameter")
 
-    async def create(self, req: CompletionRequest,
-                     ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, req: CompletionRequest, ctx: RequestContext) -> dict[str, Any] | CompletionStream:
+        """A `text_completion`, or when `stream` is set the prepared stream (`CompletionStream`), which the
+        completions dialect encodes as its chunks (`http.dialects.openai_completions`)."""
         request_id = ctx.request_id
         rt = self.registry.llm(req.model)
         if req.unknown_fields():
@@ -138,9 +151,8 @@ class CompletionsService:
         prompt_tokens = sum(len(ids) for _, ids in prompts)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            encoder = CompletionStreamEncoder(rt, CompletionChunkEncoder(completion_id, created, req.model), echoes,
-                                              greqs[0].return_logprobs, include_usage)
-            return sse_stream(rt, greqs, stops, encoder, prompt_tokens, completion_id)
+            return CompletionStream(rt, greqs, stops, prompt_tokens, completion_id, created=created, model=req.model,
+                                    echoes=echoes, logprobs=greqs[0].return_logprobs, include_usage=include_usage)
         if not stops and not rt.stop_strings:
             for g in greqs:
                 g.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough
@@ -154,38 +166,3 @@ class CompletionsService:
         cached = request_cached_tokens(greqs, [r.cached_tokens for r in results])
         return {"id": completion_id, "object": "text_completion", "created": created, "model": req.model,
                 "choices": choices, "usage": usage_dict(prompt_tokens, completion_tokens, cached_tokens=cached)}
-
-
-class CompletionStreamEncoder:
-    """`text_completion` stream events (the envelope is `services.streaming.sse_stream`): echoed prompts
-    open the stream, then per choice text deltas (with log-probs and their offsets when asked for) and a
-    finish chunk, and at the end a usage chunk (`stream_options.include_usage`) and `[DONE]`."""
-
-    def __init__(self, rt: LLMRuntime, chunks: CompletionChunkEncoder, echoes: list[str], logprobs: bool,
-                 include_usage: bool) -> None:
-        self.rt = rt
-        self.chunks = chunks
-        self.echoes = echoes
-        self.offsets = [len(e) for e in echoes]
-        self.logprobs = logprobs
-        self.include_usage = include_usage
-
-    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
-        enc = self.chunks
-        out = [enc.text(k, e) for k, e in enumerate(self.echoes) if e] if first else []
-        if ev.text or (self.logprobs and ev.token_ids):
-            lp = completion_logprobs(self.rt, ev.token_ids, ev.logprobs, self.offsets[index]) if self.logprobs \
-                else None
-            self.offsets[index] += len(ev.text)
-            out.append(enc.text(index, ev.text, lp))
-        if ev.finish_reason:
-            out.append(enc.finish(index, ev.finish_reason))
-        return out[0] if len(out) == 1 else b"".join(out)
-
-    def error(self, err: GatewayError) -> bytes:
-        return error_event(err)
-
-    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
-        if not self.include_usage:
-            return DONE
-        return self.chunks.usage(prompt_tokens, completion_tokens, cached_tokens) + DONE

@@ -46,13 +46,15 @@ are Anthropic's:
   cached ones: the three add up to the prompt), `cache_creation_input_tokens` 0 (the engines keep every
   prefilled block on their own, at no charge; nothing here is the paid write at a `cache_control` breakpoint
   that field counts), `output_tokens`. The plain answer and the streamed one are built by the same
-  `BlockBuilder` from the same deltas, so they are one answer.
+  `BlockBuilder` from the same deltas (a stream's, the dialect's `StreamedBlocks`, writes its events as well), so
+  they are one answer.
 * **Streaming**: Anthropic's event grammar with `event:` lines: `message_start` and a `ping`, then per
   block `content_block_start`, its `content_block_delta`s (`thinking_delta` then one `signature_delta`,
   `text_delta`, `input_json_delta`), `content_block_stop`; then `message_delta` (stop reason, the final usage,
   every count: `message_start`'s cache figure is the backend's as of the first tokens) and
   `message_stop`. A stream with nothing to send for `PING_INTERVAL_S` gets a `ping` (`PING`, written by
-  the dialect's stream writer, `http.dialects.anthropic_messages`). An error after the stream began is an
+  the dialect's stream writer, `http.dialects.anthropic_messages`, which encodes the stream,
+  `MessagesStream`). An error after the stream began is an
   `error` event in Anthropic's shape. Per token a plain answer (no tools, no reasoning parser) costs what chat's
   does: its text goes straight to a `text_delta` whose bytes are built from a per-block prefix, with no parser
   pass.
@@ -63,30 +65,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
-from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error_body
+from openai_api.errors import InvalidRequestError
 from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
 from openai_api.services.chat import ChatService, PreparedChat, count_tokens
 from openai_api.services.context import RequestContext
 from openai_api.services.context_edits import Applied, Edit, apply_edits, needs_prompt_tokens
-from openai_api.services.generation import TextEvent, sequence_events
+from openai_api.services.generation import sequence_events
 from openai_api.services.images import chat_image_sources
 from openai_api.services.output import ChoiceOutput, Delta
 from openai_api.services.registry import LLMRuntime
 from openai_api.services.retention import strip_marks
-from openai_api.services.streaming import sse_stream
+from openai_api.services.streaming import StreamPlan
 from openai_api.services.tools import plan_tools
 from openai_api.text.templates import ChatTemplate
 
-# Seconds without an event after which a stream sends a `ping` (Anthropic keeps quiet streams alive so;
-# a tool call's markup is held back until it is whole, which can be many seconds of silence).
-PING_INTERVAL_S = 10.0
-PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 # `thinking.display` values that send thinking blocks without their text: `omitted`, and `updates` (only the
 # progress notes a Claude model writes between tool calls are shown, which a self-hosted model has none of).
 # Any other display (`summarized`, the default; newer ones) sends the text.
@@ -145,43 +140,32 @@ def signature(thinking: str) -> str:
     return base64.b64encode(hashlib.sha256(thinking.encode()).digest()).decode()
 
 
-def _event(kind: bytes, payload: dict[str, Any]) -> bytes:
-    return b"event: " + kind + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-
-def error_event(err: GatewayError) -> bytes:
-    """An error after the stream began, as Anthropic's streams carry it."""
-    return _event(b"error", anthropic_error_body(err))
-
-
 class BlockBuilder:
-    """Deltas -> Anthropic content blocks, and (`stream`) the events that build them, in order.
+    """Deltas -> Anthropic content blocks, in order (the plain answer's; a stream's builder, in the dialect,
+    `http.dialects.anthropic_events.StreamedBlocks`, writes the events that build them through the `_on_*` hooks).
 
     One block is open at a time; a new kind of delta closes it and opens the next, so blocks keep the order
     they were generated in. Text that is only whitespace does not open a text block until more text follows
     (the blank between a thinking section and a tool call is no answer): plain and streamed answers drop it
     alike. Thinking past `budget` tokens (counted by the `ChoiceOutput`) is not sent."""
 
-    def __init__(self, stream: bool, omit_thinking: bool = False) -> None:
-        self.stream = stream
+    def __init__(self, omit_thinking: bool = False) -> None:
         self.omit_thinking = omit_thinking  # `thinking.display: omitted`: the blocks, without their text
         self.blocks: list[dict[str, Any]] = []
         self.calls = 0
         self._open: str | None = None
         self._parts: list[str] = []
         self._blank = ""
-        self._prefix = b""  # the open block's content_block_delta event up to its delta's type
 
     def text(self, text: str) -> list[bytes]:
-        """`push` of one content delta; in an open text block (every token after the first) one event's bytes."""
+        """`push` of one content delta (a plain answer's per-token path)."""
         if self._open == "text" and text:
             self._parts.append(text)
-            if not self.stream:
-                return []
-            return [self._prefix + b'"text_delta","text":' + orjson.dumps(text) + b"}}\n\n"]
+            return []
         return self.push([Delta("content", text)]) if text else []
 
     def push(self, deltas: list[Delta]) -> list[bytes]:
+        """Add `deltas` to the blocks; what the hooks wrote for them (nothing here)."""
         out: list[bytes] = []
         for d in deltas:
             if d.kind == "reasoning":
@@ -192,8 +176,7 @@ class BlockBuilder:
                 if self.omit_thinking:
                     continue
                 self._parts.append(d.text)
-                if self.stream:
-                    out.append(self._prefix + b'"thinking_delta","thinking":' + orjson.dumps(d.text) + b"}}\n\n")
+                self._on_delta(b'"thinking_delta","thinking":', d.text, out)
             elif d.kind == "content":
                 if self._open != "text":
                     pending = self._blank + d.text
@@ -205,17 +188,14 @@ class BlockBuilder:
                 else:
                     text = d.text
                 self._parts.append(text)
-                if self.stream:
-                    out.append(self._prefix + b'"text_delta","text":' + orjson.dumps(text) + b"}}\n\n")
+                self._on_delta(b'"text_delta","text":', text, out)
             elif d.kind == "call":
                 self.calls += 1
                 self._start("tool_use", {"type": "tool_use", "id": anthropic_call_id(d.call_id), "name": d.name,
                                          "input": {}}, out)
             elif d.text:  # a call's arguments
                 self._parts.append(d.text)
-                if self.stream:
-                    out.append(self._prefix + b'"input_json_delta","partial_json":' + orjson.dumps(d.text)
-                               + b"}}\n\n")
+                self._on_delta(b'"input_json_delta","partial_json":', d.text, out)
         return out
 
     def _start(self, kind: str, block: dict[str, Any], out: list[bytes]) -> None:
@@ -223,14 +203,10 @@ class BlockBuilder:
         self._blank = ""
         self._open, self._parts = kind, []
         self.blocks.append(block)
-        self._prefix = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-                        + str(len(self.blocks) - 1).encode() + b',"delta":{"type":')
-        if self.stream:
-            out.append(_event(b"content_block_start", {"type": "content_block_start", "index": len(self.blocks) - 1,
-                                                       "content_block": block}))
+        self._on_start(len(self.blocks) - 1, block, out)
 
     def close(self) -> list[bytes]:
-        """Close the open block (its final content; `signature_delta` and `content_block_stop` when streaming)."""
+        """Close the open block (its final content); what the hooks wrote for it (nothing here)."""
         if self._open is None:
             return []
         out: list[bytes] = []
@@ -239,10 +215,6 @@ class BlockBuilder:
         block = dict(self.blocks[index])
         if self._open == "thinking":
             block["thinking"], block["signature"] = text, signature(text)
-            if self.stream:
-                out.append(_event(b"content_block_delta", {"type": "content_block_delta", "index": index,
-                                                           "delta": {"type": "signature_delta",
-                                                                     "signature": block["signature"]}}))
         elif self._open == "text":
             block["text"] = text
         else:
@@ -253,9 +225,18 @@ class BlockBuilder:
             block["input"] = args if isinstance(args, dict) else {}
         self.blocks[index] = block
         self._open, self._parts = None, []
-        if self.stream:
-            out.append(_event(b"content_block_stop", {"type": "content_block_stop", "index": index}))
+        self._on_stop(index, block, out)
         return out
+
+    # What a stream writes as its blocks are built (nothing for a plain answer).
+    def _on_start(self, index: int, block: dict[str, Any], out: list[bytes]) -> None:
+        """Block `index` opened (`block` as it starts)."""
+
+    def _on_delta(self, head: bytes, text: str, out: list[bytes]) -> None:
+        """`text` added to the open block; `head`: its delta's type and field, as JSON up to the value."""
+
+    def _on_stop(self, index: int, block: dict[str, Any], out: list[bytes]) -> None:
+        """Block `index` closed (`block` whole)."""
 
 
 def stop_reason(finish: str, stop: str | None, stops: list[str], calls: int) -> tuple[str, str | None]:
@@ -324,17 +305,17 @@ class MessagesService:
             raise _named_block(e, call, chat_req) from None
         return {"input_tokens": len(prompt.ids)}
 
-    async def create(self, call: MessagesCall, ctx: RequestContext) -> dict[str, Any] | AsyncGenerator[bytes, None]:
+    async def create(self, call: MessagesCall, ctx: RequestContext) -> dict[str, Any] | MessagesStream:
+        """A `message`, or when the call streams the prepared stream (`MessagesStream`)."""
         chat_req, applied = await self.edited(call)
         try:
             prepared = await self.chat.prepare(chat_req, ctx)
         except InvalidRequestError as e:
             raise _named_block(_format_error(e, call), call, chat_req) from None
         answer = MessageAnswer(call, prepared, ctx.request_id, applied)
-        if call.stream:
-            encoder = MessagesStreamEncoder(answer)
-            # Pings on quiet streams: the dialect's writer adds them (`PING`, `PING_INTERVAL_S`).
-            return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, answer.id)
+        if call.stream:  # encoded by the dialect (`http.dialects.anthropic_messages.encode`)
+            return MessagesStream(prepared.rt, prepared.greqs, prepared.stops, prepared.prompt_tokens, answer.id,
+                                  answer)
         greq = prepared.greqs[0]
         if not prepared.stops and not prepared.rt.stop_strings:
             greq.stream_tokens = False  # nothing to cut at mid-way: one response from Triton is enough (as chat)
@@ -361,7 +342,7 @@ class MessageAnswer:
         self.prepared = prepared
         self.id = f"msg_{request_id}"
         self.output: ChoiceOutput = prepared.output()
-        self.blocks = BlockBuilder(call.stream, call.omit_thinking)
+        self.blocks = BlockBuilder(call.omit_thinking)  # a stream's encoder puts its own in (it writes events)
         self.budget = call.thinking_budget
         self.capped = False
 
@@ -404,46 +385,9 @@ class MessageAnswer:
         return {"context_management": self.applied.body()} if self.applied is not None else {}
 
 
-class MessagesStreamEncoder:
-    """Anthropic's stream events for one answer (see the module docstring); the envelope is `sse_stream`."""
+@dataclass(slots=True)
+class MessagesStream(StreamPlan):
+    """A streamed `/v1/messages` answer, prepared (`StreamPlan`, `stream_id` the message id): `answer` holds its
+    state (blocks, parsers, the thinking budget) for the dialect's encoder."""
 
-    def __init__(self, answer: MessageAnswer) -> None:
-        self.answer = answer
-        self.finish = "stop"
-        self.stop: str | None = None
-        # No parser and no forced call: every piece of text is content (what `ChoiceOutput.push` would say).
-        self.plain = answer.output.parser is None and answer.prepared.plan.forced is None
-
-    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
-        a = self.answer
-        out: list[bytes] = []
-        if first:
-            start: dict[str, Any] = {"id": a.id, "type": "message", "role": "assistant", "model": a.call.model,
-                                     "content": [], "stop_reason": None, "stop_sequence": None,
-                                     "usage": a.usage(ev.completion_tokens, ev.cached_tokens)}
-            out += [_event(b"message_start", {"type": "message_start", "message": start}),
-                    _event(b"ping", {"type": "ping"})]
-        last = ev.finish_reason is not None
-        if self.plain:
-            if not first and not last:  # the per-token path: one text_delta, or nothing
-                piece = a.blocks.text(ev.text)
-                return piece[0] if len(piece) == 1 else b"".join(piece)
-            out += a.blocks.text(ev.text)
-        else:
-            deltas = a.output.push(ev.text, last, ev.completion_tokens, cut=ev.finish_reason == "length")
-            out += a.blocks.push(a.cap_stream(deltas))
-        if last:
-            self.finish, self.stop = ev.finish_reason or "stop", ev.stop
-            out += a.blocks.close()
-        return b"".join(out)
-
-    def error(self, err: GatewayError) -> bytes:
-        return error_event(err)
-
-    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
-        a = self.answer
-        reason, sequence = stop_reason(self.finish, self.stop, a.call.stop_sequences, a.blocks.calls)
-        return (_event(b"message_delta", {"type": "message_delta",
-                                          "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                                          "usage": a.usage(completion_tokens, cached_tokens), **a.context_management()})
-                + _event(b"message_stop", {"type": "message_stop"}))
+    answer: MessageAnswer

@@ -21,7 +21,8 @@ then per item `response.output_item.added`, its deltas (`response.reasoning_text
 a custom tool's `response.custom_tool_call_input.delta`, once, when its call is whole) and their `.done`
 events, `response.output_item.done`, and finally `response.completed` (or
 `response.incomplete`) with the whole response; each event is `event: <type>` + `data: <json>` with a
-`sequence_number`. There is no `[DONE]`.
+`sequence_number`. There is no `[DONE]`. The service prepares the stream (`ResponseStream`); the Responses dialect
+at the HTTP edge encodes it (`http.dialects.openai_responses`), for `/v1/responses` and its WebSocket mode alike.
 
 `store` defaults to false. Past responses are kept only when the gateway runs with a response store
 (`--responses-store N`; `services.stored_responses`) and the request asks `store: true`; then
@@ -38,21 +39,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from pydantic import ValidationError
 
-from openai_api.errors import GatewayError, InvalidRequestError, NotFoundError
+from openai_api.errors import InvalidRequestError, NotFoundError
 from openai_api.observability import current_stats
 from openai_api.quota.caller import Caller
 from openai_api.schemas.openai import ChatCompletionRequest, ResponsesRequest
 from openai_api.services.chat import ChatService, PreparedChat, collect_plain
 from openai_api.services.context import RequestContext
 from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
-from openai_api.services.generation import TextEvent
 from openai_api.services.output import Delta, assemble
 from openai_api.services.response_background import BackgroundResponses
 from openai_api.services.response_input import (
@@ -65,7 +64,7 @@ from openai_api.services.response_input import (
 )
 from openai_api.services.response_tools import ResponseTools
 from openai_api.services.stored_responses import ResponseStore, StoredResponse, input_item_resources, page
-from openai_api.services.streaming import sse_stream
+from openai_api.services.streaming import StreamPlan
 from openai_api.stored.base import new_id
 
 logger = logging.getLogger(__name__)
@@ -243,9 +242,10 @@ class ResponsesService:
 
     async def create(self, req: ResponsesRequest, ctx: RequestContext,
                      local: Mapping[str, list[dict[str, Any]]] | None = None, items: ResponseInput | None = None,
-                     ) -> dict[str, Any] | AsyncGenerator[bytes, None]:
-        """A response for `ctx.caller` (who owns it when it is stored); `ctx.request_id` is Triton's request id;
-        `items`: its input as read at the edge (see `chat_request`)."""
+                     ) -> dict[str, Any] | ResponseStream:
+        """A response for `ctx.caller` (who owns it when it is stored), or with `stream` its prepared stream
+        (`stream`); `ctx.request_id` is Triton's request id; `items`: its input as read at the edge (see
+        `chat_request`)."""
         caller = ctx.caller
         resp = await self.prepare(req, ctx, local, items)
         if req.stream:
@@ -255,20 +255,18 @@ class ResponsesService:
         return result
 
     def stream(self, resp: ResponseBuilder, caller: Caller,
-               ended: Callable[[ResponseBuilder], None] | None = None) -> AsyncGenerator[bytes, None]:
-        """A prepared response's typed events (SSE bytes); `ended` is told of it once it is whole, before its final
-        event goes out (as the store is: a follow-up may name this response at once)."""
+               ended: Callable[[ResponseBuilder], None] | None = None) -> ResponseStream:
+        """A prepared response as a stream for the Responses dialect to encode (`ResponseStream`); `ended` is told
+        of it once it is whole, before its final event goes out (as the store is: a follow-up may name this
+        response at once)."""
         prepared = resp.prepared
-        encoder = ResponsesStreamEncoder(resp)
 
-        async def keep() -> None:
-            if encoder.result is not None:
-                if ended is not None:
-                    ended(resp)
-                await self._keep(resp, encoder.result, caller)
+        async def keep(result: dict[str, Any]) -> None:
+            if ended is not None:
+                ended(resp)
+            await self._keep(resp, result, caller)
 
-        return sse_stream(prepared.rt, prepared.greqs, prepared.stops, encoder, prepared.prompt_tokens, resp.id,
-                          before_end=keep)
+        return ResponseStream(prepared.rt, prepared.greqs, prepared.stops, prepared.prompt_tokens, resp.id, resp, keep)
 
     async def generate(self, resp: ResponseBuilder) -> dict[str, Any]:
         """A prepared response, generated whole (plain requests, and background ones)."""
@@ -282,6 +280,16 @@ class ResponsesService:
         if self.store is not None and resp.req.store:
             await self.store.put(caller, resp.req.model, StoredResponse(result, resp.conversation_after(),
                                                                         input_item_resources(resp.req.input)))
+
+
+@dataclass(slots=True)
+class ResponseStream(StreamPlan):
+    """A streamed response, prepared (`StreamPlan`, `stream_id` the response id): `resp` builds its output items
+    as the deltas come, and `keep` is awaited with the whole response before its final event goes out (it is
+    stored, and a WebSocket remembers it for its next turn)."""
+
+    resp: ResponseBuilder
+    keep: Callable[[dict[str, Any]], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +312,7 @@ def echo_tool(tool: dict[str, Any]) -> dict[str, Any]:
 
 class ResponseBuilder:
     """One response's output items, built from a choice's deltas (plain: all at once; streamed: as they
-    come, with the events `ResponsesStreamEncoder` sends for each)."""
+    come, with the events the Responses dialect's encoder sends for each: `http.dialects.openai_responses`)."""
 
     def __init__(self, req: ResponsesRequest, prepared: PreparedChat, conversation: list[dict[str, Any]],
                  stored: bool, tools: ResponseTools | None = None) -> None:
@@ -389,112 +397,3 @@ class ResponseBuilder:
         if answer.calls:
             turn["tool_calls"] = [c.to_openai() for c in answer.calls]
         return [*self.conversation, turn]
-
-
-class ResponsesStreamEncoder:
-    """The Responses API's typed SSE events for one streamed response (see the module docstring)."""
-
-    def __init__(self, resp: ResponseBuilder) -> None:
-        self.resp = resp
-        self.result: dict[str, Any] | None = None  # the whole response, once `end` built it
-        self.seq = 0
-        self.open: str | None = None  # "reasoning", "message", or the call's kind: the item being streamed
-        self.index = -1  # its output_index
-        self.item_id = ""
-        self.texts: list[str] = []  # the open item's text so far (for its .done events)
-        self.finish_reason = "stop"
-        self.produced = 0
-
-    def _event(self, kind: str, **data: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": self.seq, **data}  # OpenAI's count from 0
-        self.seq += 1
-        return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
-
-    def _open(self, kind: str, item: dict[str, Any]) -> list[bytes]:
-        out = self._close()
-        self.open, self.index, self.item_id, self.texts = kind, self.index + 1, item["id"], []
-        out.append(self._event("response.output_item.added", output_index=self.index, item=item))
-        if kind == "message":
-            out.append(self._event("response.content_part.added", item_id=self.item_id, output_index=self.index,
-                                   content_index=0, part={"type": "output_text", "text": "", "annotations": [],
-                                                          "logprobs": []}))
-        return out
-
-    def _close(self) -> list[bytes]:
-        if self.open is None:
-            return []
-        text, idx, iid = "".join(self.texts), self.index, self.item_id
-        out = []
-        items = self.resp.output_items()
-        item = next((i for i in items if i["id"] == iid), None)
-        if self.open == "reasoning":
-            out.append(self._event("response.reasoning_text.done", item_id=iid, output_index=idx, content_index=0,
-                                   text=text))
-        elif self.open == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            out.append(self._event("response.output_text.done", item_id=iid, output_index=idx, content_index=0,
-                                   text=text, logprobs=[]))
-            out.append(self._event("response.content_part.done", item_id=iid, output_index=idx, content_index=0,
-                                   part=part))
-            item = {"type": "message", "id": iid, "status": "completed", "role": "assistant", "content": [part]}
-        elif self.open == "function":
-            out.append(self._event("response.function_call_arguments.done", item_id=iid, output_index=idx,
-                                   name=item["name"] if item is not None else "", arguments=text))
-        elif self.open == "custom" and item is not None:  # its input is whole only once its JSON is
-            out.append(self._event("response.custom_tool_call_input.delta", item_id=iid, output_index=idx,
-                                   delta=item["input"]))
-            out.append(self._event("response.custom_tool_call_input.done", item_id=iid, output_index=idx,
-                                   input=item["input"]))
-        if item is not None:
-            done = {**item, "status": "completed"} if "status" in item else item
-            out.append(self._event("response.output_item.done", output_index=idx, item=done))
-        self.open = None
-        return out
-
-    def event(self, index: int, ev: TextEvent, first: bool) -> bytes:
-        out: list[bytes] = []
-        if first:
-            created = self.resp.response("in_progress", [], None)
-            out += [self._event("response.created", response=created),
-                    self._event("response.in_progress", response=created)]
-        deltas = self.resp.output.push(ev.text, ev.finish_reason is not None, ev.completion_tokens,
-                                       cut=ev.finish_reason == "length")
-        self.resp.add(deltas)
-        rid = self.resp.id.removeprefix("resp_")
-        for d in deltas:
-            if d.kind == "reasoning":
-                if self.open != "reasoning":
-                    out += self._open("reasoning", {"type": "reasoning", "id": f"rs_{rid}", "summary": [],
-                                                    "content": [], "status": "in_progress"})
-                self.texts.append(d.text)
-                out.append(self._event("response.reasoning_text.delta", item_id=self.item_id, output_index=self.index,
-                                       content_index=0, delta=d.text))
-            elif d.kind == "content":
-                if self.open != "message":
-                    out += self._open("message", {"type": "message", "id": f"msg_{rid}", "status": "in_progress",
-                                                  "role": "assistant", "content": []})
-                self.texts.append(d.text)
-                out.append(self._event("response.output_text.delta", item_id=self.item_id, output_index=self.index,
-                                       content_index=0, delta=d.text, logprobs=[]))
-            elif d.kind == "call":
-                # A function's arguments stream as they come; a custom tool's input and a tool search's
-                # arguments are sent whole when the call closes (they are read out of the call's JSON).
-                out += self._open(self.resp.tools.kind(d.name),
-                                  self.resp.tools.item(d.call_id, d.name, "", "in_progress"))
-            else:
-                self.texts.append(d.text)
-                if self.open == "function":
-                    out.append(self._event("response.function_call_arguments.delta", item_id=self.item_id,
-                                           output_index=self.index, delta=d.text))
-        if ev.finish_reason is not None:
-            self.finish_reason, self.produced = ev.finish_reason, ev.completion_tokens
-            out += self._close()
-        return b"".join(out)
-
-    def error(self, err: GatewayError) -> bytes:
-        return self._event("error", code=err.code, message=err.message, param=err.param)
-
-    def end(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> bytes:
-        result = self.result = self.resp.finish(self.finish_reason, completion_tokens, cached_tokens)
-        kind = "response.incomplete" if result["status"] == "incomplete" else "response.completed"
-        return self._event(kind, response=result)

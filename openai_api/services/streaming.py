@@ -1,12 +1,13 @@
-"""The one streaming envelope (chat, completions, and any API that streams generated text), and the
-pre-built SSE bytes of the per-token hot path.
+"""The one streaming envelope (chat, completions, and any API that streams generated text).
 
-`sse_stream` drives a request's sequences and hands each `TextEvent` to the API's `StreamEncoder`, which
-turns it into that API's events; the envelope owns what every streaming API shares: the order of
-events, the usage count, an error after the first byte becoming a final error event (before it, the
-error is raised, so the HTTP layer can still answer with a status code), and closing the Triton
-streams when the client leaves or a stop string matched. Per token, with one choice, it is one async
-generator layer between the backend and the SSE writer.
+A service answers a streamed request with a `StreamPlan`: the request's prepared sequences and what its API's
+events need, nothing encoded yet. The dialect at the HTTP edge (`http.dialects`) picks its `StreamEncoder`
+and calls `StreamPlan.sse`, which is `sse_stream`: it drives the sequences and hands each `TextEvent` to the
+encoder, which turns it into that API's events; the envelope owns what every streaming API shares: the order
+of events, the usage count, an error after the first byte becoming a final error event (before it, the
+error is raised, so the HTTP layer can still answer with a status code), and closing the Triton streams when
+the client leaves or a stop string matched. Per token, with one choice, it is one async generator layer
+between the backend and the SSE writer (`StreamPlan.sse` returns the envelope's generator, it adds none).
 
 The encoders build bytes directly: one `orjson.dumps` of the new text per chunk and byte concatenation
 for the rest, never a model object per chunk.
@@ -17,11 +18,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-import orjson
-
-from openai_api.errors import GatewayError, error_response_bytes
+from openai_api.errors import GatewayError
 from openai_api.services.generation import (
     SequenceText,
     TextEvent,
@@ -33,8 +33,6 @@ from openai_api.services.registry import LLMRuntime
 from openai_api.triton.llm import GenerationRequest
 
 logger = logging.getLogger(__name__)
-
-DONE = b"data: [DONE]\n\n"
 
 
 class StreamEncoder(Protocol):
@@ -53,6 +51,24 @@ class StreamEncoder(Protocol):
         """What closes a complete stream (usage, [DONE], ...). `cached_tokens`: the prompt tokens the backend
         read from its KV cache (`generation.request_cached_tokens`; None: it cannot say)."""
         ...
+
+
+@dataclass(slots=True)
+class StreamPlan:
+    """A streamed generation, prepared and not started: the request's sequences (`greqs`, one per choice), the
+    stop strings, the prompt's token count and the stream's id (for logs). A service's plan for its API adds
+    what that API's encoder needs; nothing runs until the iterator `sse` returns is iterated."""
+
+    rt: LLMRuntime
+    greqs: list[GenerationRequest]
+    stops: list[str]
+    prompt_tokens: int
+    stream_id: str
+
+    def sse(self, encoder: StreamEncoder,
+            before_end: Callable[[], Awaitable[None]] | None = None) -> AsyncGenerator[bytes, None]:
+        """The plan's events as `encoder` spells them (`sse_stream`; its generator, no layer of its own)."""
+        return sse_stream(self.rt, self.greqs, self.stops, encoder, self.prompt_tokens, self.stream_id, before_end)
 
 
 async def sse_stream(rt: LLMRuntime, greqs: list[GenerationRequest], stops: list[str], encoder: StreamEncoder,
@@ -148,48 +164,6 @@ async def merge_choices(streams: list[AsyncGenerator[TextEvent, None]]
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def error_event(err: GatewayError) -> bytes:
-    """An error after the stream started, as OpenAI's chat/completions streams carry it."""
-    return b"data: " + error_response_bytes(err) + b"\n\n"
-
-
-def sse(payload: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-class ChatChunkEncoder:
-    """`chat.completion.chunk` events for one response id; every method returns one SSE event."""
-
-    __slots__ = ("_head", "_tail")
-
-    def __init__(self, completion_id: str, created: int, model: str) -> None:
-        self._head = (b'data: {"id":' + orjson.dumps(completion_id) + b',"object":"chat.completion.chunk","created":'
-                      + str(created).encode() + b',"model":' + orjson.dumps(model) + b',"choices":[')
-        self._tail = b"}]}\n\n"
-
-    def role(self, index: int) -> bytes:
-        return (self._head + b'{"index":%d,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                b'"finish_reason":null' % index + self._tail)
-
-    def content(self, index: int, text: str) -> bytes:
-        return (self._head + b'{"index":%d,"delta":{"content":' % index + orjson.dumps(text)
-                + b'},"logprobs":null,"finish_reason":null' + self._tail)
-
-    def delta(self, index: int, delta: dict[str, Any], logprobs: dict[str, Any] | None = None) -> bytes:
-        """Any other delta (tool calls, content with log-probs): rare enough for a full dumps."""
-        return (self._head + b'{"index":%d,"delta":' % index + orjson.dumps(delta) + b',"logprobs":'
-                + orjson.dumps(logprobs) + b',"finish_reason":null' + self._tail)
-
-    def finish(self, index: int, reason: str) -> bytes:
-        return self._head + b'{"index":%d,"delta":{},"logprobs":null,"finish_reason":"%s"' % (
-            index, reason.encode()) + self._tail
-
-    def usage(self, prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None,
-              cached_tokens: int | None = None) -> bytes:
-        usage = usage_dict(prompt_tokens, completion_tokens, reasoning_tokens, cached_tokens)
-        return self._head + b'],"usage":' + orjson.dumps(usage) + b"}\n\n"
-
-
 def usage_dict(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None,
                cached_tokens: int | None = None) -> dict[str, Any]:
     """OpenAI's usage object (chat and completions); `completion_tokens_details.reasoning_tokens` for a model
@@ -203,25 +177,3 @@ def usage_dict(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int
     if cached_tokens is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return usage
-
-
-class CompletionChunkEncoder:
-    """`text_completion` stream events (the legacy completions API streams the same object type)."""
-
-    __slots__ = ("_head",)
-
-    def __init__(self, completion_id: str, created: int, model: str) -> None:
-        self._head = (b'data: {"id":' + orjson.dumps(completion_id) + b',"object":"text_completion","created":'
-                      + str(created).encode() + b',"model":' + orjson.dumps(model) + b',"choices":[')
-
-    def text(self, index: int, text: str, logprobs: dict[str, Any] | None = None) -> bytes:
-        return (self._head + b'{"index":%d,"text":' % index + orjson.dumps(text) + b',"logprobs":'
-                + orjson.dumps(logprobs) + b',"finish_reason":null}]}\n\n')
-
-    def finish(self, index: int, reason: str) -> bytes:
-        return self._head + b'{"index":%d,"text":"","logprobs":null,"finish_reason":"%s"}]}\n\n' % (
-            index, reason.encode())
-
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> bytes:
-        return (self._head + b'],"usage":'
-                + orjson.dumps(usage_dict(prompt_tokens, completion_tokens, cached_tokens=cached_tokens)) + b"}\n\n")

@@ -18,9 +18,10 @@ from openai_api.errors import (
     GatewayError,
     InvalidRequestError,
 )
+from openai_api.http.dialects.openai_chat import encode
 from openai_api.observability import Metrics
 from openai_api.schemas.openai import ChatCompletionRequest
-from openai_api.services.chat import ChatService
+from openai_api.services.chat import ChatService, ChatStream
 from openai_api.services.context import RequestContext
 from openai_api.services.preprocess import Preprocessor
 from openai_api.services.registry import LLMRuntime, ModelRegistry, build_llm
@@ -111,9 +112,10 @@ def tokens(tok: TextTokenizer, text: str) -> list[list[int]]:
 
 
 async def sse_events(result: Any) -> list[str]:
-    """Every SSE `data:` payload of a stream, in order, as raw strings."""
-    assert not isinstance(result, dict), "expected a stream"
-    raw = b"".join([chunk async for chunk in result]).decode("utf-8")
+    """Every SSE `data:` payload of a stream, in order, as raw strings: the service's prepared stream as the chat
+    dialect encodes it at the edge."""
+    assert isinstance(result, ChatStream), "expected a stream"
+    raw = b"".join([chunk async for chunk in encode(result)]).decode("utf-8")
     assert raw.endswith("\n\n")
     events = [e for e in raw.split("\n\n") if e]
     assert all(e.startswith("data: ") for e in events), events
@@ -466,9 +468,9 @@ async def test_backend_error_before_any_token_is_raised_for_non_stream(make_serv
 async def test_backend_error_before_the_first_token_propagates_from_the_stream(make_service: RuntimeFactory) -> None:
     svc, _, _ = make_service([[1, 2]], fail_at=0, error=BackendUnavailableError("Triton is down."))
     stream = await svc.create(chat(stream=True, max_tokens=5), RequestContext("r"))
-    assert not isinstance(stream, dict)
+    assert isinstance(stream, ChatStream)
     with pytest.raises(BackendUnavailableError) as info:
-        await anext(stream)  # type: ignore[arg-type]
+        await anext(encode(stream))
     assert info.value.status == 503
 
 

@@ -18,11 +18,10 @@ from fastapi import FastAPI
 from openai_api.app import create_app
 from openai_api.config import load_config
 from openai_api.errors import BackendError, BackendUnavailableError
-from openai_api.http.dialects.anthropic_messages import turns
+from openai_api.http.dialects.anthropic_messages import PING, turns
 from openai_api.http.sse import coalesced
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.services import parts
-from openai_api.services.messages import PING
 from openai_api.services.retention import mark_block
 from openai_api.settings import Settings
 from tests.anthropic_events import accumulate, check_stream, parse_sse, validate
@@ -380,13 +379,13 @@ async def test_a_quiet_stream_gets_pings_and_closing_it_closes_the_source(flush_
 
 
 def test_the_plain_text_path_writes_the_same_events_as_the_delta_path() -> None:
-    """`BlockBuilder.text` (a plain answer's per-token path) is `push` of one content delta, byte for byte: blank
+    """`StreamedBlocks.text` (a plain answer's per-token path) is `push` of one content delta, byte for byte: blank
     pieces before the first text, the block's start, every text_delta, and the whole block at the end."""
-    from openai_api.services.messages import BlockBuilder
+    from openai_api.http.dialects.anthropic_events import StreamedBlocks
     from openai_api.services.output import Delta
 
     pieces = [" ", "\n", " Hello", ",", "", " \"wörld\"", "\n", "!"]
-    fast, slow = BlockBuilder(stream=True), BlockBuilder(stream=True)
+    fast, slow = StreamedBlocks(), StreamedBlocks()
     got = [b"".join(fast.text(p)) for p in pieces] + [b"".join(fast.close())]
     want = [b"".join(slow.push([Delta("content", p)] if p else [])) for p in pieces] + [b"".join(slow.close())]
     assert got == want and fast.blocks == slow.blocks == [{"type": "text", "text": 'Hello, "wörld"\n!'}]

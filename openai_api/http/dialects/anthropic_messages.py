@@ -25,6 +25,10 @@ are guided), `disable_parallel_tool_use` is `parallel_tool_calls: false`. `stop_
 `max_tokens` as in chat. Reasoning controls (`services.effort`), structured output (`output_config.format`),
 the thinking budget and context edits: see `services.messages`. Every 400 names the client's own field.
 
+**Out** (`DIALECT.answer`): a `message`, or for a stream the service's prepared `MessagesStream`, which `encode`
+turns into Anthropic's events (`anthropic_events.MessagesStreamEncoder`, over `services.streaming.sse_stream`),
+with a `ping` on quiet streams (`PING` every `PING_INTERVAL_S`, written by the SSE writer's own timer).
+
 **Errors** (https://docs.anthropic.com/en/api/errors): Anthropic's status and error type for the gateway's
 status (`errors.ANTHROPIC_ERRORS`: a 503 - Triton unavailable, the gateway draining - is a 529
 overloaded_error, which Anthropic's SDKs retry; a Triton failure is a 500 api_error) and `{"type": "error",
@@ -37,19 +41,22 @@ item; its errors are this module's already (`table.ROUTES` matches the prefix).
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import orjson
 from pydantic import ValidationError
+from starlette.responses import Response
 
 from openai_api.errors import GatewayError, InvalidRequestError, anthropic_error
+from openai_api.http.dialects.anthropic_events import MessagesStreamEncoder
 from openai_api.http.dialects.base import Wire
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
 from openai_api.schemas.openai import ChatCompletionRequest
 from openai_api.services.context_edits import parse_edits
 from openai_api.services.effort import EFFORT_LEVELS, reasoning_kwargs
 from openai_api.services.guides import schema_guide
-from openai_api.services.messages import HIDDEN_THINKING, PING, PING_INTERVAL_S, MessagesCall, MessagesService
+from openai_api.services.messages import HIDDEN_THINKING, MessagesCall, MessagesService, MessagesStream
 from openai_api.services.parts import (
     Image,
     Part,
@@ -64,6 +71,10 @@ from openai_api.services.parts import (
 from openai_api.services.retention import cache_ttl, check_breakpoints, mark_block
 
 PREFIX = "/v1/messages"
+# Seconds without an event after which a stream sends a `ping` (Anthropic keeps quiet streams alive so;
+# a tool call's markup is held back until it is whole, which can be many seconds of silence).
+PING_INTERVAL_S = 10.0
+PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
 # Block types Anthropic defines that this gateway cannot take (a 400 that says so, not "unknown").
 _UNSUPPORTED_BLOCKS = ("image", "document", "search_result", "server_tool_use", "web_search_tool_result",
@@ -440,6 +451,15 @@ class AnthropicMessages(Wire):
 
     def stream_error(self, err: GatewayError) -> bytes:
         return b"event: error\ndata: " + orjson.dumps(anthropic_error(err.status, err.message)[1]) + b"\n\n"
+
+    async def answer(self, result: dict[str, Any] | MessagesStream, flush_interval_s: float = 0.0) -> Response:
+        """The Messages service's answer on the wire: a `message`, or its stream's events (`encode`)."""
+        return await self.respond(result if isinstance(result, dict) else encode(result), flush_interval_s)
+
+
+def encode(stream: MessagesStream) -> AsyncGenerator[bytes, None]:
+    """A prepared Messages stream's SSE bytes (`MessagesStreamEncoder`; pings on quiet streams are the writer's)."""
+    return stream.sse(MessagesStreamEncoder(stream.answer))
 
 
 DIALECT = AnthropicMessages()

@@ -6,6 +6,9 @@ has three parts:
 * **parse**: its module's `parse(body, ...)` turns the validated body into the services' typed call (for
   OpenAI's chat and completions the body *is* that call; Anthropic's Messages is checked block by block into
   typed parts), naming the client's own fields in every 400;
+* **encode**: a streamed answer comes from its service as a plan (`services.streaming.StreamPlan`: the prepared
+  generation and what the API's events need); the dialect's stream encoder turns the pipeline's text events
+  into its own events, driven by the one envelope (`StreamPlan.sse`), so each API's wire shapes live here;
 * **respond** (`Dialect.respond`): a service's answer on the wire - a dict as JSON, a stream of the service's
   events as SSE, primed with its first event so that errors raised before anything was sent still get a
   proper status, with the dialect's keepalive on quiet streams (Anthropic's `ping`);
@@ -15,7 +18,8 @@ has three parts:
   cutting a stream short - asks `table.dialect_for(path)` for the bytes, so an error is written once, in the
   client's own shape, and never rewritten on its way out.
 
-A new API is one module with a `Dialect` and its `parse`, plus a row in `table.ROUTES` and its route.
+A new API is one module with a `Dialect`, its `parse` and its stream encoder, plus a row in `table.ROUTES` and
+its route.
 """
 
 from __future__ import annotations
@@ -26,9 +30,10 @@ from typing import Any, Protocol
 import orjson
 from starlette.responses import Response, StreamingResponse
 
-from openai_api.errors import GatewayError, error_body
+from openai_api.errors import GatewayError, error_body, error_response_bytes
 from openai_api.http.sse import coalesced
 
+DONE = b"data: [DONE]\n\n"  # the end of OpenAI's chat and completions streams
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 # What a service answers: a whole answer, or the bytes of its SSE events.
 ServiceResult = dict[str, Any] | AsyncGenerator[bytes, None]
@@ -69,6 +74,11 @@ class Wire:
             first = b""
         return StreamingResponse(coalesced(first, result, flush_interval_s, self.keepalive, self.keepalive_s),
                                  media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def error_event(err: GatewayError) -> bytes:
+    """An error after the stream started, as OpenAI's chat/completions streams carry it."""
+    return b"data: " + error_response_bytes(err) + b"\n\n"
 
 
 class OpenAIDialect(Wire):

@@ -14,4 +14,4 @@ router = APIRouter()
 async def chat_completions(body: ChatCompletionRequest, chat: ChatSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     await admission.chat(body)  # its depth check reads the body as sent, before `parse` types its parts
     call = parse(body)
-    return await DIALECT.respond(await chat.create(call, ctx.request), ctx.flush_interval_s)
+    return await DIALECT.answer(await chat.create(call, ctx.request), ctx.flush_interval_s)

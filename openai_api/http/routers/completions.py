@@ -14,4 +14,4 @@ router = APIRouter()
 async def completions(body: CompletionRequest, service: CompletionsSvc, admission: AdmissionDep, ctx: Ctx) -> Response:
     call = parse(body)
     await admission.completions(call)
-    return await DIALECT.respond(await service.create(call, ctx.request), ctx.flush_interval_s)
+    return await DIALECT.answer(await service.create(call, ctx.request), ctx.flush_interval_s)

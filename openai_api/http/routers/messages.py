@@ -19,7 +19,7 @@ async def create_message(body: MessagesRequest, service: MessagesSvc, admission:
     admission.allowed(service.model(body.model))  # before anything looks at the model (its image support)
     call = parse(body, service)
     await admission.chat(call.chat)
-    return await DIALECT.respond(await service.create(call, ctx.request), ctx.flush_interval_s)
+    return await DIALECT.answer(await service.create(call, ctx.request), ctx.flush_interval_s)
 
 
 @router.post("/v1/messages/count_tokens", tags=["anthropic"])

@@ -7,7 +7,7 @@ from starlette.responses import Response
 
 from openai_api.errors import InvalidRequestError
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
-from openai_api.http.dialects.openai_responses import parse
+from openai_api.http.dialects.openai_responses import DIALECT, parse
 from openai_api.http.responses import json_response, service_response
 from openai_api.http.routers import responses_ops, responses_ws
 from openai_api.schemas.openai import ResponsesRequest
@@ -34,8 +34,7 @@ async def create_response(body: ResponsesRequest, service: ResponsesSvc, admissi
         response = json_response(await service.start_background(body, ctx.request, admission.detach))
     else:
         items = parse(body)
-        response = await service_response(await service.create(body, ctx.request, items=items),
-                                          ctx.flush_interval_s)
+        response = await DIALECT.answer(await service.create(body, ctx.request, items=items), ctx.flush_interval_s)
     if omitted := omitted_tools(body.tools):
         response.headers[OMITTED_TOOLS_HEADER] = ",".join(omitted)
     return response

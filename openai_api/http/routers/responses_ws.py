@@ -67,6 +67,7 @@ from openai_api.errors import (
 )
 from openai_api.http.admission import Admission
 from openai_api.http.deps import AppState
+from openai_api.http.dialects.openai_responses import encode
 from openai_api.http.inflight import Ticket
 from openai_api.http.keys import presented_key
 from openai_api.http.middleware import access_fields, access_logger
@@ -321,7 +322,7 @@ class ResponsesSocket:
         self.local = {resp.id: conversation if conversation is not None else resp.conversation_after()}
 
     async def _stream(self, service: ResponsesService, resp: ResponseBuilder) -> None:
-        events = service.stream(resp, self.caller, self._remember)
+        events = encode(service.stream(resp, self.caller, self._remember))  # the Responses dialect's events
         try:
             async for chunk in events:
                 for block in chunk.split(b"\n\n"):
