@@ -19,7 +19,6 @@ from openai_api.errors import (
     InvalidRequestError,
     NotFoundError,
 )
-from openai_api.http.dialects.base import OPENAI, ServiceResult
 from openai_api.http.dialects.table import dialect_for
 from openai_api.services.bounds import MAX_JSON_DEPTH, deep_body_error
 
@@ -33,12 +32,6 @@ def error_response(err: GatewayError, request: Request) -> Response:
     """`err` written once, by the dialect of the request's path (`http.dialects`)."""
     status, body = dialect_for(request.url.path).error(err, request.scope.get("state", {}).get("request_id"))
     return Response(body, status_code=status, media_type="application/json", headers=err.headers or None)
-
-
-async def service_response(result: ServiceResult, flush_interval_s: float = 0.0) -> Response:
-    """An answer already on OpenAI's wire (a dict, or SSE bytes: `dialects.base.OpenAIDialect.respond`), for what
-    no dialect encodes (a compaction turn's fixed events, `services.response_ops`)."""
-    return await OPENAI.respond(result, flush_interval_s)
 
 
 # Pydantic puts union-branch and validator tags into error locations ("str", "list[int]",

@@ -26,11 +26,9 @@ item, stored (or kept by the WebSocket connection) as the compacted conversation
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import orjson
 
 from openai_api.errors import ContextLengthExceededError, InvalidRequestError
 from openai_api.schemas.openai import ResponsesRequest
@@ -145,10 +143,6 @@ class CompactionTurn:
             {"type": "response.output_item.done", "output_index": 0, "item": item},
             {"type": "response.completed", "response": self.response}]
         return [{**e, "sequence_number": n} for n, e in enumerate(events)]
-
-    async def sse(self) -> AsyncGenerator[bytes, None]:
-        for e in self.events():
-            yield b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
 
 
 async def compaction_turn(service: ResponsesService, req: ResponsesRequest, ctx: RequestContext,

@@ -54,6 +54,13 @@ def encode(stream: ResponseStream) -> AsyncGenerator[bytes, None]:
     return stream.sse(encoder, before_end=kept)
 
 
+async def encode_events(events: list[dict[str, Any]]) -> AsyncGenerator[bytes, None]:
+    """Typed events already whole (a compaction turn's, `services.response_ops.CompactionTurn.events`) as the
+    stream's SSE bytes: `event: <type>` + `data: <json>` each, no `[DONE]`."""
+    for e in events:
+        yield b"event: " + e["type"].encode() + b"\ndata: " + orjson.dumps(e) + b"\n\n"
+
+
 class ResponsesStreamEncoder:
     """The Responses API's typed SSE events for one streamed response (see the module docstring)."""
 

@@ -7,8 +7,8 @@ from starlette.responses import Response
 
 from openai_api.errors import InvalidRequestError
 from openai_api.http.deps import AdmissionDep, CallerDep, Ctx, ResponsesSvc
-from openai_api.http.dialects.openai_responses import DIALECT, parse
-from openai_api.http.responses import json_response, service_response
+from openai_api.http.dialects.openai_responses import DIALECT, encode_events, parse
+from openai_api.http.responses import json_response
 from openai_api.http.routers import responses_ops, responses_ws
 from openai_api.schemas.openai import ResponsesRequest
 from openai_api.services import response_ops
@@ -29,7 +29,8 @@ async def create_response(body: ResponsesRequest, service: ResponsesSvc, admissi
         if body.background:
             raise InvalidRequestError("A compaction_trigger is not taken with background: true.", param="background")
         turn = await response_ops.compaction_turn(service, body, ctx.request)
-        response = await service_response(turn.sse() if body.stream else turn.response, ctx.flush_interval_s)
+        response = await DIALECT.respond(encode_events(turn.events()) if body.stream else turn.response,
+                                         ctx.flush_interval_s)
     elif body.background:
         response = json_response(await service.start_background(body, ctx.request, admission.detach))
     else:
