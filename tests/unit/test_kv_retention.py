@@ -77,8 +77,8 @@ async def test_the_prompt_is_the_same_with_and_without_breakpoints(app: FastAPI)
         {"role": "user", "content": [{"type": "text", "text": "Well?  \n"}]}]}
     await messages(app, plain)
     marked_body = json.loads(json.dumps(plain))
-    marked_body["system"] = [{"type": "text", "text": SYSTEM, "cache_control": marked()}]
-    marked_body["messages"][2]["content"][0]["cache_control"] = marked("1h")  # ends in whitespace
+    marked_body["system"] = [{"type": "text", "text": SYSTEM, "cache_control": marked("1h")}]
+    marked_body["messages"][2]["content"][0]["cache_control"] = marked()  # ends in whitespace
     marked_body["messages"][1]["content"] = [{"type": "text", "text": "Let me look.", "cache_control": marked()}]
     await messages(app, marked_body)
     unmarked, with_marks = fake.requests
@@ -86,7 +86,7 @@ async def test_the_prompt_is_the_same_with_and_without_breakpoints(app: FastAPI)
     assert unmarked.retention == () and len(with_marks.retention) == 3
     ends = [r.end for r in with_marks.retention]
     assert ends == sorted(ends) and ends[-1] < len(with_marks.prompt_ids)
-    assert [r.duration_ms for r in with_marks.retention] == [FIVE_MINUTES, FIVE_MINUTES, HOUR]
+    assert [r.duration_ms for r in with_marks.retention] == [HOUR, FIVE_MINUTES, FIVE_MINUTES]
 
 
 class NoRetention(FakeBackend):
@@ -112,6 +112,24 @@ async def test_a_bad_cache_control_is_a_400_naming_it(app: FastAPI, control: Any
                              "messages": [{"role": "user", "content": QUESTION}]})
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
     assert param in r.json()["error"]["message"]
+
+
+async def test_a_longer_ttl_after_a_shorter_one_is_a_400(app: FastAPI) -> None:
+    """Anthropic requires a 1-hour breakpoint before every 5-minute one, in its order: tools, system, messages."""
+    script(app, "x")
+    r = await messages(app, {"system": [{"type": "text", "text": SYSTEM, "cache_control": marked()}],
+                             "messages": [{"role": "user", "content": [
+                                 {"type": "text", "text": QUESTION, "cache_control": marked("1h")}]}]})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    assert "messages[0].content[0].cache_control.ttl" in r.json()["error"]["message"]
+    assert "system[0].cache_control comes first" in r.json()["error"]["message"]
+    script(app, "x")
+    tool = {"name": "t", "input_schema": {"type": "object"}, "cache_control": marked("1h")}
+    r = await messages(app, {"tools": [tool],
+                             "system": [{"type": "text", "text": SYSTEM, "cache_control": marked("1h")}],
+                             "messages": [{"role": "user", "content": [
+                                 {"type": "text", "text": QUESTION, "cache_control": marked()}]}]})
+    assert r.status_code == 200, r.text
 
 
 async def test_more_than_four_breakpoints_is_a_400(app: FastAPI) -> None:

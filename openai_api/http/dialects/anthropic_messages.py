@@ -204,13 +204,23 @@ def turns(req: CountTokensRequest, strip_billing: bool = True) -> list[Turn]:
 
 def _breakpoints(req: CountTokensRequest) -> int:
     """How many blocks carry `cache_control` (each checked): tools, system blocks, message blocks and the text
-    blocks inside a tool_result. Only the places Anthropic defines are read, each at most once."""
+    blocks inside a tool_result. Only the places Anthropic defines are read, each at most once, in Anthropic's
+    order (tools, system, messages): a '1h' breakpoint after a '5m' one is a 400, as Anthropic requires the
+    longer TTL first."""
     count = 0
+    short: str | None = None  # the first '5m' breakpoint's field
 
     def one(block: Any, where: str) -> None:
-        nonlocal count
-        if cache_ttl(block, where) is not None:
-            count += 1
+        nonlocal count, short
+        ttl = cache_ttl(block, where)
+        if ttl is None:
+            return
+        count += 1
+        if ttl == "5m" and short is None:
+            short = where
+        elif ttl == "1h" and short is not None:
+            raise _bad(f"{where}.cache_control.ttl: a breakpoint with ttl '1h' must come before every one with "
+                       f"ttl '5m' ({short}.cache_control comes first).", f"{where}.cache_control.ttl")
 
     for k, tool in enumerate(getattr(req, "tools", None) or ()):
         one(tool, f"tools[{k}]")
