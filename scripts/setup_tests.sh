@@ -3,7 +3,7 @@
 # scripts/setup.sh) so that pytest itself installs nothing:
 #   * a Redis server (Debian's redis-server, or valkey-server): tests/e2e/test_keys_quotas.py;
 #   * the npm clients locked in tests/e2e/node (`npm ci`; Node.js and npm from apt when missing):
-#     tests/e2e/test_messages_clients.py;
+#     tests/e2e/test_messages_clients.py, test_agent_requests.py, test_responses_agents.py;
 #   * Prometheus (Debian's prometheus): tests/e2e/test_platform_metrics.py scrapes the gateway with it;
 #   * Chromium (Debian's chromium, headless): tests/e2e/test_status_page.py opens /status and /docs in it.
 # Idempotent (a second run checks and returns). What cannot be installed here (not root and no sudo, no
@@ -71,7 +71,7 @@ install_node_clients() {
   if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
     return 0
   fi
-  echo "setup-tests: npm ci in $NODE_DIR (the Anthropic TypeScript SDK, Claude Code and Codex CLI, as locked)"
+  echo "setup-tests: npm ci in $NODE_DIR (the Anthropic TypeScript SDK, the OpenAI Node SDK, Claude Code and Codex CLI, as locked)"
   if (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error >/dev/null); then
     echo "$want" > "$stamp"
   else

@@ -192,3 +192,50 @@ def _ws_requests(gateway: GatewayServer) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("openai_api_requests_total{") and 'route="websocket:/v1/responses"' in line
                and 'status="200"' in line)
+
+
+NODE_DIR = Path(__file__).with_name("node")
+
+
+def _node_sdk() -> None:
+    """The `openai` Node SDK as tests/e2e/node's lock has it (the test command installs it: scripts/setup_tests.sh,
+    `npm ci`); without it this test skips, saying so."""
+    import shutil
+
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed: the test command installs it (bash scripts/setup_tests.sh)")
+    lock = json.loads((NODE_DIR / "package-lock.json").read_text(encoding="utf-8"))
+    pkg = NODE_DIR / "node_modules" / "openai" / "package.json"
+    if not pkg.is_file() or json.loads(pkg.read_text(encoding="utf-8"))["version"] != \
+            lock["packages"]["node_modules/openai"]["version"]:
+        pytest.skip("tests/e2e/node's npm packages are not installed as locked (bash scripts/setup_tests.sh)")
+
+
+def test_the_openai_node_sdk_drives_every_responses_surface(gateway: GatewayServer) -> None:
+    """The official Node SDK (`openai`, tests/e2e/node/responses_sdk.mjs) through the real gateway: a stored response,
+    `responses.inputTokens.count` equal to its usage, a stream, a follow-up by `previous_response_id`, a background
+    response polled to its end and one cancelled, `responses.compact` and a request continuing from its output,
+    and a delete after which the response is a 404 - each as the SDK itself parsed it."""
+    import os
+    import subprocess
+
+    _node_sdk()
+    env = {**os.environ, "OPENAI_BASE_URL": f"{gateway.url}/v1", "OPENAI_API_KEY": API_KEY}
+    done = subprocess.run(["node", "responses_sdk.mjs", json.dumps({"model": LLM})], cwd=NODE_DIR, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout)
+    plain = out["plain"]
+    assert plain["object"] == "response" and plain["status"] in ("completed", "incomplete") and plain["text"]
+    assert out["input_tokens"] == plain["usage"]["input_tokens"] > 0
+    assert out["stream"]["events"][:2] == ["response.created", "response.in_progress"]
+    assert out["stream"]["events"][-1] in ("response.completed", "response.incomplete")
+    assert "response.output_text.delta" in out["stream"]["events"] and out["stream"]["text"]
+    assert out["next"]["previous_response_id"] == plain["id"]
+    assert out["next"]["usage"]["input_tokens"] > plain["usage"]["input_tokens"]  # the stored turn came with it
+    assert out["background"]["first"] in ("queued", "in_progress") and out["background"]["background"] is True
+    assert out["background"]["status"] in ("completed", "incomplete")
+    assert out["cancel"] == "cancelled"  # a 2,000-token answer on the CPU: still running when cancelled
+    assert out["compact"]["object"] == "response.compaction" and out["compact"]["types"][-1] == "compaction"
+    assert out["after_compact"] in ("completed", "incomplete")
+    assert out["deleted"] is True
