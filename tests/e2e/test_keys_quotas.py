@@ -421,6 +421,9 @@ def test_keys_file_hot_reload_adds_limits_and_removes_a_key_on_every_process(set
         # Its models narrowed: the chat model is no longer there for it.
         replace_keys(path, [*KEYS, {**late, "models": [EMBED]}])
         every_process_answers(urls, "sk-late", lambda r: r.status_code == 404)
+        # Four requests may all reach one of a gateway's two workers: the other's once-a-second poll must have read
+        # that file too before it is broken (once, under load, a worker still on the file before answered 429).
+        time.sleep(2.5)
         # A bad file is refused and the previous keys stay.
         replace_keys(path, "{not json")
         time.sleep(1.5)
