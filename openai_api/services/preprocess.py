@@ -241,19 +241,23 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
     # (`retention.token_offset`). Through the prompt cache that costs only the head of the segment the
     # breakpoint falls in (none where it falls on a cut), and the head is cached in turn, so a breakpoint that
     # stays (a system prompt's) is tokenized once per session.
-    retention = retained_ranges(marks, ids, functools.partial(_breakpoint_prefix, encoder, text, ids)) \
-        if marks else ()
+    if marks:
+        cuts = encoder.rt.prompt_boundaries.cuts(text) if encoder.cache is not None else None
+        retention = retained_ranges(marks, ids, functools.partial(_breakpoint_prefix, encoder, text, ids, cuts))
+    else:
+        retention = ()
     return Prompt(text, ids, (t0, encoded), retention)
 
 
-def _breakpoint_prefix(encoder: PromptEncoder, text: str, ids: list[int], k: int) -> list[int]:
+def _breakpoint_prefix(encoder: PromptEncoder, text: str, ids: list[int], cuts: list[int] | None, k: int
+                       ) -> list[int]:
     """The ids of `text`'s first `k` characters for a breakpoint's offset (`retention.retained_ranges`). Through
     the prompt cache, a breakpoint inside a segment this very encode tokenized (Claude Code's on the newest tool
     result, in a template that wraps it in more text, as SmolLM2's <tool_response>) ends at that segment's
     start instead: tokenizing its head again doubled the tokenizing of every such turn. Exact either way: the
-    prompt's own token boundary."""
-    if encoder.cache is not None:
-        cuts = encoder.rt.prompt_boundaries.cuts(text)
+    prompt's own token boundary. `cuts`: where the prompt cache cut `text` (None without the cache), found once
+    for all of a prompt's breakpoints."""
+    if cuts is not None:
         i = bisect.bisect_right(cuts, k) - 1
         end = cuts[i + 1] if i + 1 < len(cuts) else len(text)
         if cuts[i] < k and text[cuts[i]:end] in getattr(ids, "new_segments", ()):
