@@ -285,21 +285,28 @@ def _quiet_env(home: Path, **extra: str) -> dict[str, str]:
     return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home), "NO_PROXY": "127.0.0.1", **extra}
 
 
+def _codex_workspace(tmp_path: Path, gateway: GatewayServer, provider: str = 'name = "gateway"\n',
+                     ) -> tuple[Path, dict[str, str]]:
+    """A CODEX_HOME whose config.toml has one [model_providers] entry for the gateway (Responses wire API, the served
+    model's own name; `provider`: the entry's name and any other lines), an empty working folder, and the
+    environment `codex exec` runs in: the folder and the environment."""
+    home = tmp_path / "codex"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'model = "{MODEL}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\n{provider}'
+        f'base_url = "{gateway.url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n', encoding="utf-8")
+    work = tmp_path / "work"
+    work.mkdir()
+    return work, _quiet_env(tmp_path, CODEX_HOME=str(home), GATEWAY_API_KEY=API_KEY)
+
+
 def test_codex_cli_runs_a_tool_turn_in_its_default_configuration(agent_gateway: GatewayServer,
                                                                     tmp_path: Path) -> None:
     """`codex exec` with one [model_providers] entry for the gateway (Responses wire API, the served model's
     own name, sub-agents and web search left on): the model calls exec_command, Codex runs it, sends the
     output back, and the next turn's answer ends the session."""
     codex = _binary("codex")
-    home = tmp_path / "codex"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'model = "{MODEL}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gateway"\n'
-        f'base_url = "{agent_gateway.url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n',
-        encoding="utf-8")
-    work = tmp_path / "work"
-    work.mkdir()
-    env = _quiet_env(tmp_path, CODEX_HOME=str(home), GATEWAY_API_KEY=API_KEY)
+    work, env = _codex_workspace(tmp_path, agent_gateway)
     done = subprocess.run([codex, "exec", "--json", "--skip-git-repo-check", "replay:hermes/codex_exec_command"],
                           cwd=work, env=env, capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
                           check=False)
@@ -379,15 +386,7 @@ def test_codex_cli_runs_its_tool_loop_over_the_websocket(agent_gateway: GatewayS
     continues the first with `previous_response_id`, no store), Codex really runs the command, and it never
     falls back to HTTP."""
     codex = _binary("codex")
-    home = tmp_path / "codex"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'model = "{MODEL}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\nname = "gateway"\n'
-        f'base_url = "{agent_gateway.url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n'
-        'supports_websockets = true\n', encoding="utf-8")
-    work = tmp_path / "work"
-    work.mkdir()
-    env = _quiet_env(tmp_path, CODEX_HOME=str(home), GATEWAY_API_KEY=API_KEY)
+    work, env = _codex_workspace(tmp_path, agent_gateway, 'name = "gateway"\nsupports_websockets = true\n')
     with caplog.at_level("INFO", logger="openai_api.http.routers.responses_ws"):
         done = subprocess.run([codex, "exec", "--json", "--skip-git-repo-check", "replay:hermes/codex_exec_command"],
                               cwd=work, env=env, capture_output=True, text=True, timeout=180,
@@ -429,15 +428,7 @@ def test_codex_cli_compacts_a_long_session_and_carries_on(agent_gateway: Gateway
     named by the listing's last line, and what follows the compaction is scripted by the summary alone, so Codex
     running the command that writes after.txt proves that the prompt after the compaction carried the summary."""
     codex = _binary("codex")
-    home = tmp_path / "codex"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        f'model = "{MODEL}"\nmodel_provider = "gateway"\n\n[model_providers.gateway]\n{provider}'
-        f'base_url = "{agent_gateway.url}/v1"\nwire_api = "responses"\nenv_key = "GATEWAY_API_KEY"\n',
-        encoding="utf-8")
-    work = tmp_path / "work"
-    work.mkdir()
-    env = _quiet_env(tmp_path, CODEX_HOME=str(home), GATEWAY_API_KEY=API_KEY)
+    work, env = _codex_workspace(tmp_path, agent_gateway, provider)
     traffic.seen.clear()
     done = subprocess.run([codex, "exec", "--json", "--skip-git-repo-check", "--sandbox", "workspace-write",
                            "-c", "model_auto_compact_token_limit=10000", "replay:hermes/codex_compaction_fill"],
