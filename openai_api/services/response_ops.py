@@ -90,11 +90,7 @@ async def _summarize(service: ResponsesService, req: ResponsesRequest, ctx: Requ
     result = await service.generate(resp)
     summary = "".join(part.get("text", "") for item in result["output"] if item.get("type") == "message"
                       for part in item.get("content") or ())
-    prior: list[dict[str, Any]] = []
-    if req.previous_response_id is not None:
-        kept = local.get(req.previous_response_id) if local is not None else None
-        prior = kept if kept is not None else await service.stored_conversation(req.previous_response_id,
-                                                                                 ctx.caller)
+    prior = await service.prior_conversation(req, ctx.caller, local)
     compaction = {"type": "compaction", "id": new_id("cmp_"),
                   "encrypted_content": write_compaction(summary[:MAX_SUMMARY_CHARS])}
     return result, _user_items(prior, req), compaction

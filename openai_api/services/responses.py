@@ -152,19 +152,24 @@ class ResponsesService:
         """`GET /v1/responses/{id}/input_items`: a page of the stored response's input items, else a 404."""
         return page((await self._stored(response_id, caller)).input_items, after, limit, order)
 
+    async def prior_conversation(self, req: ResponsesRequest, caller: Caller,
+                                 local: Mapping[str, list[dict[str, Any]]] | None = None) -> list[dict[str, Any]]:
+        """The conversation `req.previous_response_id` names ([] without one): a WebSocket connection's own last
+        response (`local`), else the store's (a 404 for an id the caller has no response of)."""
+        if req.previous_response_id is None:
+            return []
+        kept = local.get(req.previous_response_id) if local is not None else None
+        if kept is not None:  # a WebSocket connection's own last response (`http.routers.responses_ws`)
+            return kept
+        if local is not None and self.store is None:  # the answer on which Codex resends it all
+            raise NotFoundError(f"Previous response with id {req.previous_response_id!r} not found.",
+                                param="previous_response_id", code="previous_response_not_found")
+        return await self.stored_conversation(req.previous_response_id, caller)
+
     async def _conversation(self, req: ResponsesRequest, caller: Caller, origins: list[str] | None = None,
                             local: Mapping[str, list[dict[str, Any]]] | None = None,
                             items: ResponseInput | None = None) -> list[dict[str, Any]]:
-        prior: list[dict[str, Any]] = []
-        if req.previous_response_id is not None:
-            kept = local.get(req.previous_response_id) if local is not None else None
-            if kept is not None:  # a WebSocket connection's own last response (`http.routers.responses_ws`)
-                prior = kept
-            elif local is not None and self.store is None:  # the answer on which Codex resends it all
-                raise NotFoundError(f"Previous response with id {req.previous_response_id!r} not found.",
-                                    param="previous_response_id", code="previous_response_not_found")
-            else:
-                prior = await self.stored_conversation(req.previous_response_id, caller)
+        prior = await self.prior_conversation(req, caller, local)
         system = [{"role": "system", "content": req.instructions}] if req.instructions else []
         if origins is not None:
             origins += ["instructions"] * len(system) + ["previous_response_id"] * len(prior)
