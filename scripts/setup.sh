@@ -2,8 +2,12 @@
 # Idempotent set-up used by both README commands: a virtual environment in .venv with the gateway,
 # the embedded Triton (nvidia-pytriton) and the reference models' dependencies, then the prepared
 # model folders in models/ (both git-ignored). A second run takes seconds.
+#
+# `bash scripts/setup.sh deps` stops after the two venvs (scripts/test.sh then prepares the models while mypy and
+# scripts/setup_tests.sh run beside it: they need the venv, not the weights).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+STAGE="${1:-all}"
 
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
@@ -78,4 +82,5 @@ if [ "$(cat "$IMAGE_VENV/.setup-stamp" 2>/dev/null)" != "$want" ] || [ ! -x "$IM
   echo "$want" > "$IMAGE_VENV/.setup-stamp"
 fi
 
+[ "$STAGE" = "deps" ] && exit 0
 "$PY" -m openai_api.embedded.prepare >/dev/null
