@@ -69,6 +69,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from openai_api.embedded.load_watch import IDLE_SILENCE, IdleWatch, kill_stubs
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -303,8 +305,15 @@ class EmbeddedTriton:
         restart_delay: float = 1.0,
         max_restart_delay: float = 30.0,
         stable_after: float = 60.0,
+        auto_complete: bool | None = None,
     ) -> None:
         self.model_repository = Path(model_repository or DEFAULT_MODEL_REPOSITORY).resolve()
+        # Triton's config auto-completion runs every Python model's model.py in a stub process of its own before
+        # the instance's stub (~2 s of CPU each: their imports), to ask for a config it already has. This
+        # repository's models carry complete configs (tests/unit/test_launcher_command.py), so it is off for
+        # them (None); a repository of the user's keeps it, as Triton does.
+        self.auto_complete = (self.model_repository != DEFAULT_MODEL_REPOSITORY.resolve()
+                              if auto_complete is None else auto_complete)
         self.models = list(models) if models is not None else None
         self.grpc_port = grpc_port or _free_port((http_port, metrics_port))
         self.http_port = http_port or _free_port((self.grpc_port, metrics_port))
@@ -317,7 +326,9 @@ class EmbeddedTriton:
         self.startup_timeout = startup_timeout
         # A start whose log stops growing for this long is given up before `startup_timeout` (None: never). A
         # Python-backend stub starved of CPU can miss Triton's 1 s initialization window, and Triton then waits
-        # for it forever: idle, its log silent (seen in the e2e tier under load: 8 minutes lost per hang).
+        # for it forever: idle, its log silent (seen in the e2e tier under load: 8 minutes lost per hang). With
+        # it set, a start whose log has been silent for IDLE_SILENCE s and whose processes are idle
+        # (`load_watch.IdleWatch`) has its hung loads ended and loaded again, once; idle again, it is given up.
         self.stall_timeout = stall_timeout
         self.extra_args = list(extra_args or [])
         self.supervise = supervise
@@ -338,6 +349,7 @@ class EmbeddedTriton:
         self._stopping = threading.Event()
         # Guards spawning and swapping _proc, so stop() sees every child the supervisor starts.
         self._proc_lock = threading.Lock()
+        self._reviving: set[str] = set()  # models whose hung load `_revive` ended, loading again
         self._stop_lock = threading.Lock()
 
     # ------------------------------------------------------------------ properties
@@ -434,6 +446,8 @@ class EmbeddedTriton:
             "--exit-timeout-secs=5",
             f"--log-verbose={self.log_verbose}",
         ]
+        if not self.auto_complete:
+            cmd.append("--disable-auto-complete-config")
         if self.models is None:
             cmd.append("--load-model=*")
         else:
@@ -528,15 +542,34 @@ class EmbeddedTriton:
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float, log_offset: int = 0) -> None:
         announced: set[str] = set()
         started = progressed = time.monotonic()
+        watch = IdleWatch(proc.pid)
+        revived = False
+        self._reviving = set()
         while True:
             before = log_offset
             log_offset = self._announce_from_log(log_offset, announced)
+            now = time.monotonic()
             if log_offset != before:
-                progressed = time.monotonic()
-            elif self.stall_timeout is not None and time.monotonic() - progressed > self.stall_timeout:
+                progressed = now
+                watch.progressed()
+            elif self.stall_timeout is not None and now - progressed > self.stall_timeout:
                 raise TritonLaunchError(
-                    f"tritonserver not ready after {time.monotonic() - started:.0f} s: its log made no progress for "
+                    f"tritonserver not ready after {now - started:.0f} s: its log made no progress for "
                     f"{self.stall_timeout:.0f} s (a model's load hung):\n{self.log_tail()}")
+            elif self.stall_timeout is not None and now - progressed > min(IDLE_SILENCE, self.stall_timeout):
+                idle = watch.idle(now)
+                if idle is not None and not revived and self._revive(proc, announced, idle):
+                    # Once per start: the hung loads' stubs are killed (Triton's load thread waiting for them
+                    # returns, their models UNAVAILABLE) and those models loaded again, seconds instead of a
+                    # restart of every model.
+                    revived = True
+                    progressed = time.monotonic()
+                    watch.progressed()
+                elif idle is not None:
+                    raise TritonLaunchError(
+                        f"tritonserver not ready after {now - started:.0f} s: its log silent for "
+                        f"{now - progressed:.0f} s and its processes idle ({idle}): a model's load hung:\n"
+                        f"{self.log_tail()}")
             self._track_shm(proc)
             if self._stopping.is_set():
                 raise TritonLaunchError("stopped while starting")
@@ -590,6 +623,8 @@ class EmbeddedTriton:
                 if name not in announced:
                     announced.add(name)
                     logger.info("model %s ready", name)
+            elif state == "UNAVAILABLE" and name in self._reviving:
+                all_ready = False  # its hung load was ended by `_revive`; loading again
             elif state == "UNAVAILABLE":
                 reason = (entry or {}).get("reason", "") or "unknown reason"
                 raise TritonLaunchError(f"model {name} failed to load: {reason}")
@@ -598,6 +633,45 @@ class EmbeddedTriton:
             else:
                 all_ready = False
         return all_ready
+
+    def _revive(self, proc: subprocess.Popen[bytes], announced: set[str], idle: str) -> bool:
+        """End the hung loads of a start - the requested models its log has not shown loaded: their stubs are
+        killed - and have Triton load those models again once it serves (at start-up its HTTP server opens only
+        after the start-up loads end). False when there is nothing to revive (every model loaded, or no list of
+        requested models to compare with)."""
+        waiting = set(self.models or ()) - announced
+        if not waiting:
+            return False
+        killed = kill_stubs(proc.pid, waiting)
+        logger.warning("tritonserver start hung (log silent, processes idle: %s) loading %s; killed stubs %s and "
+                       "loading those models again", idle, sorted(waiting), killed)
+        self._reviving = set(waiting)
+        for name in sorted(waiting):
+            threading.Thread(target=self._load_again, args=(name,), name=f"triton-reload-{name}",
+                             daemon=True).start()
+        return True
+
+    def _load_again(self, name: str) -> None:
+        """Once Triton serves and ``name`` is no longer LOADING (its killed load ended), load it again."""
+        deadline = time.monotonic() + self.startup_timeout
+        try:
+            while time.monotonic() < deadline and not self._stopping.is_set():
+                try:
+                    status, body = self._http("POST", "/v2/repository/index", b"{}")
+                except (urllib.error.URLError, OSError):
+                    status, body = 0, b""
+                index: list[dict[str, Any]] = json.loads(body or b"[]") if status == 200 else []
+                if any(e.get("name") == name and e.get("state") != "LOADING" for e in index):
+                    break
+                time.sleep(0.2)
+            req = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{name}/load", data=b"{}",
+                                         method="POST")
+            with urllib.request.urlopen(req, timeout=self.startup_timeout):
+                pass
+        except (urllib.error.URLError, OSError) as exc:
+            logger.warning("loading %s again failed: %s", name, exc)
+        finally:
+            self._reviving.discard(name)
 
     def log_tail(self, lines: int = 60) -> str:
         """Last ``lines`` lines of Triton's output."""
