@@ -9,12 +9,14 @@ a model's slots. A line refused for load (429, 503) is retried after its `Retry-
 other answer (a spent token budget's 429, `x-should-retry: false`, included) is recorded (`stored.batches`: once per
 line) before the runner moves on.
 
-Jobs: the runner claims up to `MAX_JOBS` unfinished jobs at a time, oldest first (a lease, renewed every second:
-the renewal also reads a cancel made through another gateway; a job runs on one gateway at a time), runs their
-unanswered lines `concurrency` at a time in all (a FIFO semaphore: jobs take turns), then finalizes each: the output
-and error files (OpenAI), the canceled or expired results of lines never run (Anthropic), the final status. When
-the process stops, lines in flight are cancelled unrecorded and the leases are given back: the next runner on the
-store resumes at the first unanswered line.
+Jobs: the runner runs up to `running_jobs` unfinished jobs at a time (`--batch-running-jobs`), each under a lease
+(renewed every second: the renewal also reads a cancel made through another gateway; a job runs on one gateway at
+a time), claimed fairly between keys (`http.batch_slots`: the keys with the fewest jobs here first, and a key
+running several gives one back when another key's job waits). Their unanswered lines run `concurrency` at a time in
+all (`FairSlots`: round-robin between keys, then between a key's jobs), then each job is finalized: the output and
+error files (OpenAI), the canceled or expired results of lines never run, the final status. When the process
+stops, lines in flight are cancelled unrecorded and the leases are given back: the next runner on the store
+resumes at the first unanswered line.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import os
 import secrets
 import socket
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message
 
 from openai_api.errors import BackendUnavailableError as StoreUnavailableError
+from openai_api.http.batch_slots import FairSlots, claim_order, victim
 from openai_api.http.deps import PRIORITY_CLASS_KEY
 from openai_api.http.keys import CALLER_KEY
 from openai_api.http.middleware import INTERNAL_CALLER
@@ -42,7 +46,8 @@ from openai_api.quota.service import QuotaService
 from openai_api.services.batches import BatchRecord, BatchService, parse_lines, result_line
 
 logger = logging.getLogger("openai_api.batches")
-MAX_JOBS = 8
+MAX_JOBS = 8  # without --batch-running-jobs
+CANDIDATES = 64  # unclaimed jobs looked at per poll (the fair order is chosen among them)
 POLL_S = 1.0
 RENEW_S = 1.0
 MAX_BACKOFF_S = 30.0
@@ -54,25 +59,28 @@ class JobState:
     cancelled: bool = False
     lost: bool = False  # the lease went to another gateway: stop without finishing
     expired: bool = False
+    yielded: bool = False  # given back so that another key's job gets the place: stop without finishing
 
     @property
     def stop(self) -> bool:
-        return self.cancelled or self.lost or self.expired
+        return self.cancelled or self.lost or self.expired or self.yielded
 
 
 class BatchRunner:
     """See the module docstring. `app` is the whole ASGI app (its middleware included)."""
 
-    def __init__(self, app: ASGIApp, service: BatchService, quota: QuotaService, concurrency: int) -> None:
+    def __init__(self, app: ASGIApp, service: BatchService, quota: QuotaService, concurrency: int,
+                 running_jobs: int = MAX_JOBS) -> None:
         self.app = app
         self.service = service
         self.store = service.store
         self.quota = quota
         self.concurrency = concurrency
-        self.max_jobs = MAX_JOBS
+        self.max_jobs = running_jobs
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.sem = asyncio.Semaphore(max(concurrency, 1))
+        self.slots = FairSlots(concurrency)
         self.jobs: dict[str, asyncio.Task[None]] = {}
+        self.owners: dict[str, str] = {}  # running job -> its owner, oldest first
         self.wake = asyncio.Event()
         self.states: dict[str, JobState] = {}
         service.wake = self.wake
@@ -94,16 +102,38 @@ class BatchRunner:
     async def _loop(self) -> None:
         while True:
             try:
-                if len(self.jobs) < self.max_jobs and self.service.started():
-                    for job_id in await self.store.claim(self.node, self.max_jobs - len(self.jobs)):
-                        task = asyncio.create_task(self._job(job_id), name=f"batch-{job_id[:16]}")
-                        self.jobs[job_id] = task
-                        task.add_done_callback(self._ended)
+                if self.service.started():
+                    await self._claim()
             except StoreUnavailableError:
                 pass  # logged by the store; the next poll tries again
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), POLL_S)
+
+    async def _claim(self) -> None:
+        """Take unclaimed jobs into free job slots in the fair order, or give one back for a waiting key."""
+        waiting = [c for c in await self.store.candidates(CANDIDATES) if c[0] not in self.jobs]
+        if not waiting:
+            return
+        free = self.max_jobs - len(self.jobs)
+        if free <= 0:
+            if any(self._yielding(j) for j in self.jobs):
+                return  # one place is being given back already
+            job_id = victim(self.owners, waiting)
+            if job_id is not None and job_id in self.states:
+                logger.info("batch %s: given back for another key's job", job_id)
+                self.states[job_id].yielded = True
+            return
+        owner_of = dict(waiting)
+        for job_id in await self.store.claim(self.node, claim_order(waiting, Counter(self.owners.values())), free):
+            self.owners[job_id] = owner_of[job_id]
+            task = asyncio.create_task(self._job(job_id), name=f"batch-{job_id[:16]}")
+            self.jobs[job_id] = task
+            task.add_done_callback(self._ended)
+
+    def _yielding(self, job_id: str) -> bool:
+        state = self.states.get(job_id)
+        return state is not None and state.yielded
 
     def _cancelled(self, job_id: str) -> None:
         """A cancel through this process: no new line of the job starts (through another gateway: the renewal
@@ -116,6 +146,8 @@ class BatchRunner:
         for job_id, t in list(self.jobs.items()):
             if t is task:
                 del self.jobs[job_id]
+                self.owners.pop(job_id, None)
+                self.wake.set()  # a place is free: claim at once
 
     async def _job(self, job_id: str) -> None:
         state = self.states[job_id] = JobState()
@@ -139,16 +171,16 @@ class BatchRunner:
                 state.expired = state.expired or time.time() >= rec.data["expires_at"]
                 if state.stop:
                     break
-                await self.sem.acquire()
+                await self.slots.acquire(rec.owner)
                 if state.stop:
-                    self.sem.release()
+                    self.slots.release()
                     break
                 t = asyncio.create_task(self._line(rec, idx, custom_id, url, body, caller, state))
                 running.add(t)
                 t.add_done_callback(running.discard)
             if running:
                 await asyncio.gather(*running)
-            if not state.lost:
+            if not state.lost and not state.yielded:
                 await self._finish(rec, lines, state)
         except StoreUnavailableError:
             pass  # the lease runs out; this or another gateway takes the job again
@@ -212,7 +244,7 @@ class BatchRunner:
             outcome, line = result_line(rec.kind, custom_id, status, answer, headers.get("x-request-id", ""))
             await self.store.record(rec.id, idx, outcome, line)
         finally:
-            self.sem.release()
+            self.slots.release()
 
     async def _call(self, url: str, body: dict[str, Any], caller: Caller | None) -> tuple[int, dict[str, str],
                                                                                            bytes]:

@@ -187,14 +187,25 @@ class BatchStore(SQLiteOnThread):
         db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
         return True
 
-    def _claim(self, db: sqlite3.Connection, node: str, now: float, most: int) -> list[str]:
+    def _candidates(self, now: float, most: int) -> list[tuple[str, str]]:
         marks = ",".join("?" * len(ACTIVE))
-        rows = db.execute(f"SELECT id FROM batches WHERE status IN ({marks}) AND (lease_owner IS NULL OR "
-                          "lease_until < ?) ORDER BY created_at, rowid LIMIT ?", (*ACTIVE, now, most)).fetchall()
-        ids = [r[0] for r in rows]
-        db.executemany("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?",
-                       [(node, now + LEASE_S, i) for i in ids])
-        return ids
+        rows = self._conn().execute(
+            f"SELECT id, owner FROM batches WHERE status IN ({marks}) AND (lease_owner IS NULL OR lease_until < ?) "
+            "ORDER BY created_at, rowid LIMIT ?", (*ACTIVE, now, most)).fetchall()
+        return [(str(i), str(o)) for i, o in rows]
+
+    def _claim(self, db: sqlite3.Connection, node: str, ids: list[str], now: float, most: int) -> list[str]:
+        marks = ",".join("?" * len(ACTIVE))
+        got: list[str] = []
+        for job_id in ids:
+            if len(got) >= most:
+                break
+            cur = db.execute(f"UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND status IN "
+                             f"({marks}) AND (lease_owner IS NULL OR lease_until < ?)",
+                             (node, now + LEASE_S, job_id, *ACTIVE, now))
+            if cur.rowcount == 1:
+                got.append(job_id)
+        return got
 
     def _renew(self, batch_id: str, node: str) -> str | None:
         """Extend `node`'s lease; the job's status, or None when the lease is no longer `node`'s."""
@@ -278,9 +289,16 @@ class BatchStore(SQLiteOnThread):
         gone: bool = await self._read_op(False, self._tx, self._delete_batch, owner, batch_id)
         return gone
 
-    async def claim(self, node: str, most: int) -> list[str]:
-        ids: list[str] = await self._run(self._tx, self._claim, node, time.time(), most)
-        return ids
+    async def candidates(self, most: int) -> list[tuple[str, str]]:
+        """(id, owner) of up to `most` unfinished jobs no gateway holds a lease on, oldest first."""
+        found: list[tuple[str, str]] = await self._read_op([], self._candidates, time.time(), most)
+        return found
+
+    async def claim(self, node: str, ids: list[str], most: int) -> list[str]:
+        """Take the lease of up to `most` of `ids`, in that order, for `node`: those it got (a job another gateway
+        claimed since, or that ended, is skipped)."""
+        got: list[str] = await self._run(self._tx, self._claim, node, ids, time.time(), most)
+        return got
 
     async def renew(self, batch_id: str, node: str) -> str | None:
         status: str | None = await self._run(self._renew, batch_id, node)

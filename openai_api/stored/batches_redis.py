@@ -67,15 +67,32 @@ redis.call('SET', root .. 'job:' .. id, out)
 return out
 """
 
-# ARGV: root, node, lease_ms, most
+# ARGV: root, node, lease_ms, most, ids (a JSON list, in the order to try them)
 _CLAIM = r"""
 local root, node, most = ARGV[1], ARGV[2], tonumber(ARGV[4])
 local got = {}
-for _, id in ipairs(redis.call('ZRANGE', root .. 'active', 0, -1)) do
+for _, id in ipairs(cjson.decode(ARGV[5])) do
   if #got >= most then break end
-  if redis.call('SET', root .. 'lease:' .. id, node, 'NX', 'PX', ARGV[3]) then table.insert(got, id) end
+  if redis.call('ZSCORE', root .. 'active', id) and
+     redis.call('SET', root .. 'lease:' .. id, node, 'NX', 'PX', ARGV[3]) then table.insert(got, id) end
 end
 return got
+"""
+
+# ARGV: root, most
+_CANDIDATES = r"""
+local root, out = ARGV[1], {}
+for _, id in ipairs(redis.call('ZRANGE', root .. 'active', 0, -1)) do
+  if #out >= tonumber(ARGV[2]) * 2 then break end
+  if redis.call('EXISTS', root .. 'lease:' .. id) == 0 then
+    local raw = redis.call('GET', root .. 'job:' .. id)
+    if raw then
+      table.insert(out, id)
+      table.insert(out, cjson.decode(raw).owner)
+    end
+  end
+end
+return out
 """
 
 # ARGV: root, id, node, lease_ms
@@ -233,9 +250,15 @@ class RedisBatchStore(BatchStore):
             raise self._down(e) from None
         return True
 
-    async def claim(self, node: str, most: int) -> list[str]:
-        ids = await self._call(_CLAIM, node, int(LEASE_S * 1000), most)
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+    async def candidates(self, most: int) -> list[tuple[str, str]]:
+        flat = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._call(_CANDIDATES, most)]
+        return list(zip(flat[::2], flat[1::2], strict=True))
+
+    async def claim(self, node: str, ids: list[str], most: int) -> list[str]:
+        if not ids:
+            return []
+        got = await self._call(_CLAIM, node, int(LEASE_S * 1000), most, json.dumps(ids))
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in got]
 
     async def renew(self, batch_id: str, node: str) -> str | None:
         status = await self._call(_RENEW, batch_id, node, int(LEASE_S * 1000))

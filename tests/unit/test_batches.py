@@ -42,11 +42,14 @@ class SlowBackend(FakeBackend):
         self.gate.set()
         self.free = 1 << 30
         self.started = 0
+        self.delay = 0.0
 
     async def generate(self, request: Any) -> Any:  # type: ignore[override]
         self.started += 1
         if self.started > self.free:
             await self.gate.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
         async for chunk in super().generate(request):
             yield chunk
 
@@ -413,3 +416,71 @@ async def test_anthropic_cancel_and_expiry_answer_every_line(app: FastAPI, clien
     assert done["request_counts"]["expired"] == 1
     results = [json.loads(x) for x in (await client.get(done["results_url"], headers=A)).content.splitlines()]
     assert results == [{"custom_id": "x", "result": {"type": "expired"}}]
+
+
+async def test_fair_slots_alternate_between_keys_and_jobs() -> None:
+    """FairSlots alone: with one slot, waiters of two owners are served A, B, A, B...; one owner's jobs in turn."""
+    from openai_api.http.batch_slots import FairSlots
+
+    slots = FairSlots(1)
+    await slots.acquire("a")  # held: everything below waits
+    order: list[str] = []
+
+    async def take(owner: str, name: str) -> None:
+        await slots.acquire(owner)
+        order.append(name)
+
+    tasks = [asyncio.create_task(take(o, n)) for o, n in
+             [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("b", "b2"), ("c", "c1")]]
+    await asyncio.sleep(0)
+    cancelled = tasks[1]
+    cancelled.cancel()  # a waiter that leaves gives up its turn, and no slot is lost
+    await asyncio.sleep(0)
+    for _ in range(5):
+        slots.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*(t for t in tasks if t is not cancelled))
+    assert order == ["a1", "b1", "c1", "a3", "b2"]
+    assert slots.used == 1
+
+
+def test_claim_order_and_victim_spread_jobs_over_keys() -> None:
+    from openai_api.http.batch_slots import claim_order, victim
+
+    waiting = [("j1", "a"), ("j2", "a"), ("j3", "a"), ("j4", "b"), ("j5", "c")]
+    assert claim_order(waiting, {}) == ["j1", "j4", "j5", "j2", "j3"]
+    assert claim_order(waiting, {"a": 1, "b": 2}) == ["j5", "j1", "j2", "j4", "j3"]
+    assert victim({"r1": "a", "r2": "a", "r3": "b"}, [("j5", "c")]) == "r2"  # a's newest
+    assert victim({"r1": "a", "r2": "b"}, [("j5", "c")]) is None  # no key runs two
+    assert victim({"r1": "a", "r2": "a"}, [("j5", "a")]) is None  # the waiting key runs one already
+
+
+async def test_a_huge_job_does_not_starve_another_keys_small_job(app: FastAPI, client: httpx.AsyncClient,
+                                                                  backend: SlowBackend) -> None:
+    """Two job places and one line slot: key A's two 30-line jobs run; key B's 3-line job made later gets one of
+    A's places (A's newest gives it back, unfinished) and every other line slot, so it ends long before A's jobs;
+    A's jobs still answer each line once."""
+    backend.delay = 0.01
+    jobs_a = []
+    for _ in range(2):
+        file = (await upload(client, jsonl(30))).json()
+        jobs_a.append((await client.post("/v1/batches", headers=A, json={
+            "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json())
+    run = runner(app, concurrency=1)
+    run.max_jobs = 2
+    await run.start()
+    try:
+        for job in jobs_a:
+            await wait_status(client, f"/v1/batches/{job['id']}", lambda b: b["request_counts"]["completed"] >= 1)
+        file = (await upload(client, jsonl(3), B)).json()
+        small = (await client.post("/v1/batches", headers=B, json={
+            "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+        await wait_status(client, f"/v1/batches/{small['id']}", lambda b: b["status"] == "completed", B)
+        answered = [len(await app.state.gateway.batches.store.done(j["id"])) for j in jobs_a]
+        assert sum(answered) < 30, answered  # B did not wait for one of A's jobs to end
+        for job in jobs_a:
+            done = await wait_status(client, f"/v1/batches/{job['id']}", lambda b: b["status"] == "completed")
+            assert done["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
+    finally:
+        await run.close()
+    assert backend.completed == 63  # each line once
