@@ -43,7 +43,7 @@ from openai_api.http.middleware import INTERNAL_CALLER
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME
 from openai_api.quota.service import QuotaService
-from openai_api.services.batches import BatchRecord, BatchService, parse_lines, result_line
+from openai_api.services.batches import BatchRecord, BatchService, Line, result_line
 
 logger = logging.getLogger("openai_api.batches")
 MAX_JOBS = 8  # without --batch-running-jobs
@@ -157,12 +157,12 @@ class BatchRunner:
             rec = await self.store.get_batch(None, job_id)
             if rec is None:
                 return
-            if rec.status == "validating":
-                rec = await self.store.update(job_id, "in_progress", {"in_progress_at": int(time.time())},
-                                              only_if=("validating",)) or rec
             state.cancelled = rec.status == "cancelling"
-            content = await self.store.read(rec.data["input_file_id"])
-            lines = await asyncio.to_thread(parse_lines, content)
+            checked = await self.service.validate(rec)
+            if checked is None:
+                logger.info("batch %s failed its input file's checks", job_id)
+                return
+            lines = checked
             done = await self.store.done(job_id)
             caller = self._caller(rec)
             for idx, custom_id, url, body in lines:
@@ -288,7 +288,7 @@ class BatchRunner:
         await self.app(scope, receive, send)
         return status, headers, b"".join(parts)
 
-    async def _finish(self, rec: BatchRecord, lines: list[tuple[int, str, str, dict[str, Any]]],
+    async def _finish(self, rec: BatchRecord, lines: list[Line],
                       state: JobState) -> None:
         current = await self.store.get_batch(None, rec.id)
         state.cancelled = state.cancelled or (current is not None and current.status == "cancelling")

@@ -5,13 +5,15 @@ Wire contract (OpenAI's `openapi.yaml`: `OpenAIFile`, `Batch`, `BatchRequestInpu
 Anthropic's Message Batches):
 
 * an input file (purpose `batch`) is JSONL, one request per line: `{"custom_id": str, "method": "POST", "url": the
-  batch's endpoint, "body": {...}}`; `custom_id`s are unique within the file. A file that is not such JSONL, or
-  larger than `--batch-max-file-bytes`, or with more than `--batch-max-lines` lines, is a 400 naming the line;
+  batch's endpoint, "body": {...}}`; `custom_id`s are unique within the file. An upload larger than
+  `--batch-max-file-bytes` is a 400; its lines are checked once a batch is made on it (`services.batch_input`): a
+  bad line, or more than `--batch-max-lines` lines, makes the batch `failed` with `errors` naming the lines;
 * a job answers each line once: the output file (`output_file_id`) holds the 2xx answers, the error file
   (`error_file_id`) the others, each `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
   "error"}`, in input order; Anthropic's results are `{"custom_id", "result": {"type": "succeeded", "message"} |
   {"type": "errored", "error"} | {"type": "canceled"} | {"type": "expired"}}`;
-* statuses: `validating` -> `in_progress` -> `finalizing` -> `completed`, or `cancelling` -> `cancelled`, or
+* statuses: `validating` -> `in_progress` -> `finalizing` -> `completed`, or `validating` -> `failed`, or
+  `cancelling` -> `cancelled`, or
   `expired` past `expires_at` (24 h); Anthropic's `processing_status` is `in_progress`, `canceling` or `ended`.
 
 Everything is owned by the key that made it: another key's id is the same 404 as an id never issued.
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from openai_api.errors import InvalidRequestError, NotFoundError
+from openai_api.services.batch_input import Line, check_input
 from openai_api.settings import Settings
 from openai_api.stored.base import new_id
 from openai_api.stored.batches import (
@@ -42,7 +45,7 @@ from openai_api.stored.batches import (
     iter_lines,
 )
 
-__all__ = ["BatchRecord", "BatchService", "parse_lines", "result_line"]
+__all__ = ["BatchRecord", "BatchService", "Line", "result_line"]
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 MESSAGES = "/v1/messages"
@@ -84,7 +87,7 @@ class BatchService:
         """Whether the store exists yet (the runner polls nothing before)."""
         return self.store.exists()
 
-    async def finish(self, rec: BatchRecord, lines: list[tuple[int, str, str, dict[str, Any]]], *, cancelled: bool,
+    async def finish(self, rec: BatchRecord, lines: list[Line], *, cancelled: bool,
                      expired: bool) -> str:
         """End a job whose lines are all answered (or that was cancelled or expired): the results of lines never
         run (Anthropic), the output and error files (OpenAI), the final status, which it returns."""
@@ -112,6 +115,20 @@ class BatchService:
         await self.store.update(rec.id, final, fields)
         return final
 
+    async def validate(self, rec: BatchRecord) -> list[Line] | None:
+        """The lines of a job's input file, the job moved from `validating` to `in_progress`; None when the file
+        fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines."""
+        content = await self.store.read(rec.data["input_file_id"])
+        lines, errors = await asyncio.to_thread(check_input, content, rec.data["endpoint"], self.max_lines)
+        now = int(time.time())
+        if errors:
+            await self.store.update(rec.id, "failed", {"errors": {"object": "list", "data": errors}, "failed_at": now,
+                                                       "ended_at": now}, only_if=("validating", "in_progress"))
+            return None
+        if rec.status == "validating":
+            await self.store.update(rec.id, "in_progress", {"in_progress_at": now}, only_if=("validating",))
+        return lines
+
     def _poke(self) -> None:
         if self.wake is not None:
             self.wake.set()
@@ -129,37 +146,11 @@ class BatchService:
         if len(content) > self.max_file_bytes:
             raise InvalidRequestError(f"The file has {len(content)} bytes; this server takes at most "
                                       f"{self.max_file_bytes}.", param="file", code="file_too_large")
-        lines = await asyncio.to_thread(self._check_jsonl, content)
+        lines = await asyncio.to_thread(_count_lines, content)
         rec = FileRecord(new_id("file-"), owner, purpose, filename[:255] or "upload.jsonl", len(content), lines,
                          int(time.time()))
         await self.store.put_file(rec, content)
         return self.file_object(rec)
-
-    def _check_jsonl(self, content: bytes) -> int:
-        """Lines of a batch input file; a 400 naming the first bad line (CPU work: off the event loop)."""
-        count = 0
-        seen: set[str] = set()
-        for idx, raw in iter_lines(content):
-            if idx >= self.max_lines:
-                raise InvalidRequestError(f"The file has more than {self.max_lines} requests, this server's limit.",
-                                          param="file", code="too_many_lines")
-            line = _line(raw, idx)
-            method, url, custom_id = line.get("method"), line.get("url"), line.get("custom_id")
-            if not isinstance(custom_id, str) or not custom_id:
-                raise _bad_line(idx, "has no custom_id string")
-            if custom_id in seen:
-                raise _bad_line(idx, f"repeats the custom_id {custom_id[:64]!r}")
-            seen.add(custom_id)
-            if method != "POST":
-                raise _bad_line(idx, "has a method other than POST")
-            if url not in ENDPOINTS:
-                raise _bad_line(idx, f"has a url that is none of {', '.join(ENDPOINTS)}")
-            if not isinstance(line.get("body"), dict):
-                raise _bad_line(idx, "has no body object")
-            count += 1
-        if not count:
-            raise InvalidRequestError("The file holds no requests.", param="file", code="empty_file")
-        return count
 
     async def file(self, owner: str, file_id: str) -> FileRecord:
         rec = await self.store.get_file(owner, file_id)
@@ -193,10 +184,6 @@ class BatchService:
             raise NotFoundError(f"No such File object: {input_file_id}", param="input_file_id")
         if rec.purpose != "batch":
             raise InvalidRequestError("The input file's purpose must be 'batch'.", param="input_file_id")
-        content = await self.store.read(rec.id)
-        wrong = await asyncio.to_thread(_other_url, content, endpoint)
-        if wrong is not None:
-            raise _bad_line(wrong, f"has a url other than the batch's endpoint {endpoint}", "input_file_id")
         job = await self._create_job("openai", new_id("batch_"), owner, rec.id, endpoint, rec.lines,
                                      dict(metadata or {}), caller)
         return await self.batch_object(job)
@@ -356,38 +343,12 @@ def unanswered_line(kind: str, custom_id: str, outcome: int) -> str:
                                  + ("was cancelled." if outcome == CANCELED else "expired.")}})
 
 
-def parse_lines(content: bytes) -> list[tuple[int, str, str, dict[str, Any]]]:
-    """(index, custom_id, url, body) of each line of a checked input file (CPU work: off the event loop)."""
-    out = []
-    for idx, raw in iter_lines(content):
-        line = json.loads(raw)
-        out.append((idx, str(line["custom_id"]), str(line["url"]), line["body"]))
-    return out
-
-
 def active(status: str) -> bool:
     return status in ACTIVE
 
 
-def _line(raw: bytes, idx: int) -> dict[str, Any]:
-    try:
-        line = json.loads(raw)
-    except ValueError:
-        raise _bad_line(idx, "is not JSON") from None
-    if not isinstance(line, dict):
-        raise _bad_line(idx, "is not a JSON object")
-    return line
-
-
-def _bad_line(idx: int, what: str, param: str = "file") -> InvalidRequestError:
-    return InvalidRequestError(f"Line {idx + 1} of the input file {what}.", param=param, code="invalid_batch_line")
-
-
-def _other_url(content: bytes, endpoint: str) -> int | None:
-    for idx, raw in iter_lines(content):
-        if json.loads(raw).get("url") != endpoint:
-            return idx
-    return None
+def _count_lines(content: bytes) -> int:
+    return sum(1 for _ in iter_lines(content))
 
 
 def _check_metadata(metadata: Mapping[str, Any] | None) -> None:

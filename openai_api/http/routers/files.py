@@ -17,8 +17,8 @@ router = APIRouter()
 @router.post("/v1/files", tags=["batches"])
 async def upload_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], service: BatchesSvc,
                       caller: CallerDep) -> Response:
-    """Upload a JSONL batch input file (multipart `file` and `purpose: batch`): an OpenAI `file` object. A file
-    that is not batch JSONL, too large or with too many lines is a 400 naming the problem (and the line)."""
+    """Upload a JSONL batch input file (multipart `file` and `purpose: batch`): an OpenAI `file` object; a 400 past
+    `--batch-max-file-bytes`. Its lines are checked when a batch is made on it (a bad one fails that batch)."""
     content = await file.read()
     return json_response(await service.upload(caller.owner, file.filename or "", purpose, content))
 
