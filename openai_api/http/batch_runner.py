@@ -17,6 +17,10 @@ all (`FairSlots`: round-robin between keys, then between a key's jobs), then eac
 error files (OpenAI), the canceled or expired results of lines never run, the final status. When the process
 stops, lines in flight are cancelled unrecorded and the leases are given back: the next runner on the store
 resumes at the first unanswered line.
+
+Expiry: a job past its `expires_at` starts no more lines and ends `expired` (its unrun lines `batch_expired` in the
+error file, or Anthropic's `expired` results); each tick the loop also deletes up to `SWEEP_MOST` expired files
+(every process, `--batch-concurrency 0` included). "Now" is `BatchService.clock`.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ import logging
 import os
 import secrets
 import socket
-import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +50,7 @@ from openai_api.services.batches import BatchRecord, BatchService, Line, result_
 
 logger = logging.getLogger("openai_api.batches")
 MAX_JOBS = 8  # without --batch-running-jobs
+SWEEP_MOST = 100  # expired files deleted per tick at most (bounded work; the rest next tick)
 CANDIDATES = 64  # unclaimed jobs looked at per poll (the fair order is chosen among them)
 POLL_S = 1.0
 RENEW_S = 1.0
@@ -88,8 +92,8 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.concurrency > 0:
-            self._task = asyncio.create_task(self._loop(), name="batch-runner")
+        """The loop: it sweeps expired files, and claims jobs unless `concurrency` is 0."""
+        self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
     async def close(self) -> None:
         tasks = [t for t in (self._task, *self.jobs.values()) if t is not None]
@@ -103,7 +107,9 @@ class BatchRunner:
         while True:
             try:
                 if self.service.started():
-                    await self._claim()
+                    await self.service.sweep(SWEEP_MOST)
+                    if self.concurrency > 0:
+                        await self._claim()
             except StoreUnavailableError:
                 pass  # logged by the store; the next poll tries again
             self.wake.clear()
@@ -168,11 +174,10 @@ class BatchRunner:
             for idx, custom_id, url, body in lines:
                 if idx in done:
                     continue
-                state.expired = state.expired or time.time() >= rec.data["expires_at"]
-                if state.stop:
+                if self._stopped(rec, state):
                     break
                 await self.slots.acquire(rec.owner)
-                if state.stop:
+                if self._stopped(rec, state):  # the wait for a slot may have been long
                     self.slots.release()
                     break
                 t = asyncio.create_task(self._line(rec, idx, custom_id, url, body, caller, state))
@@ -194,6 +199,10 @@ class BatchRunner:
             self.states.pop(job_id, None)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.store.release(job_id, self.node))
+
+    def _stopped(self, rec: BatchRecord, state: JobState) -> bool:
+        state.expired = state.expired or self.service.clock() >= rec.data["expires_at"]
+        return state.stop
 
     async def _renew(self, job_id: str, state: JobState) -> None:
         while True:
@@ -227,7 +236,7 @@ class BatchRunner:
             while True:
                 status, headers, payload = await self._call(url, body, caller)
                 final = status not in (429, 503) or headers.get("x-should-retry") == "false"  # a spent budget
-                if final or state.stop or time.time() >= rec.data["expires_at"]:
+                if final or state.stop or self.service.clock() >= rec.data["expires_at"]:
                     break
                 try:
                     wait = float(headers.get("retry-after", "0"))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from openai_api.errors import InvalidRequestError, NotFoundError
-from openai_api.services.batch_input import Line, check_input
+from openai_api.services.batch_input import Line, batch_error, check_input
 from openai_api.settings import Settings
 from openai_api.stored.base import new_id
 from openai_api.stored.batches import (
@@ -55,6 +55,10 @@ OUTPUT_PURPOSE = "batch_output"
 # The input of an Anthropic job: kept as a file like OpenAI's, never shown by /v1/files.
 INTERNAL_PURPOSE = "messages_batch_input"
 MAX_METADATA = 16
+# Files' expiry (`expires_after` on upload, a batch's `output_expires_after`): OpenAI's bounds, and its default for
+# batch files (30 days); an expired file is a 404 at once and deleted by the runner's sweep.
+MIN_TTL_S, MAX_TTL_S = 3600, 30 * 86400
+FILE_TTL_S = MAX_TTL_S
 ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -69,6 +73,7 @@ class BatchService:
         self.max_jobs = max_jobs
         self.wake: asyncio.Event | None = None  # set when a job is made or cancelled (the runner's poll)
         self.on_cancel: list[Callable[[str], None]] = []  # told of each cancel made through this process
+        self.clock: Callable[[], float] = time.time  # what "now" is for expiry (a test's own clock)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BatchService:
@@ -91,11 +96,12 @@ class BatchService:
                      expired: bool) -> str:
         """End a job whose lines are all answered (or that was cancelled or expired): the results of lines never
         run (Anthropic), the output and error files (OpenAI), the final status, which it returns."""
-        now = int(time.time())
+        now = int(self.clock())
         final, field = ("cancelled", "cancelled_at") if cancelled else ("expired", "expired_at") if expired \
             else ("completed", "completed_at")
         fields: dict[str, Any] = {field: now, "ended_at": now}
-        if final != "completed" and rec.kind == "anthropic":
+        if (rec.kind == "anthropic" and final != "completed") or (rec.kind == "openai" and final == "expired"):
+            # OpenAI: an expired job's unrun lines go to its error file (`batch_expired`); a cancelled one's do not
             done = await self.store.done(rec.id)
             outcome = CANCELED if cancelled else EXPIRED
             for idx, custom_id, _, _ in lines:
@@ -103,13 +109,14 @@ class BatchService:
                     await self.store.record(rec.id, idx, outcome, unanswered_line(rec.kind, custom_id, outcome))
         if rec.kind == "openai":
             await self.store.update(rec.id, "finalizing" if final == "completed" else None, {"finalizing_at": now})
-            for which, key in ((SUCCEEDED, "output_file_id"), (ERRORED, "error_file_id")):
+            ttl = int(rec.data.get("output_ttl_s", FILE_TTL_S))
+            for which, key in (((SUCCEEDED,), "output_file_id"), ((ERRORED, EXPIRED), "error_file_id")):
                 answers = await self.store.results(rec.id, which)
                 if answers:
                     content = "".join(a + "\n" for a in answers).encode()
                     file = FileRecord(new_id("file-"), rec.owner, OUTPUT_PURPOSE,
-                                      f"{rec.id}_{'output' if which == SUCCEEDED else 'error'}.jsonl", len(content),
-                                      len(answers), now)
+                                      f"{rec.id}_{'output' if key == 'output_file_id' else 'error'}.jsonl",
+                                      len(content), len(answers), now, now + ttl)
                     await self.store.put_file(file, content)
                     fields[key] = file.id
         await self.store.update(rec.id, final, fields)
@@ -118,9 +125,15 @@ class BatchService:
     async def validate(self, rec: BatchRecord) -> list[Line] | None:
         """The lines of a job's input file, the job moved from `validating` to `in_progress`; None when the file
         fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines."""
-        content = await self.store.read(rec.data["input_file_id"])
-        lines, errors = await asyncio.to_thread(check_input, content, rec.data["endpoint"], self.max_lines)
-        now = int(time.time())
+        now = int(self.clock())
+        source = await self.store.get_file(rec.owner, rec.data["input_file_id"])
+        lines: list[Line] = []
+        if source is None or not self._live(source):
+            errors = [batch_error("file_not_found", "The input file was deleted or expired before the batch ran.",
+                                  "input_file_id")]
+        else:
+            content = await self.store.read(source.id)
+            lines, errors = await asyncio.to_thread(check_input, content, rec.data["endpoint"], self.max_lines)
         if errors:
             await self.store.update(rec.id, "failed", {"errors": {"object": "list", "data": errors}, "failed_at": now,
                                                        "ended_at": now}, only_if=("validating", "in_progress"))
@@ -129,6 +142,16 @@ class BatchService:
             await self.store.update(rec.id, "in_progress", {"in_progress_at": now}, only_if=("validating",))
         return lines
 
+    async def sweep(self, most: int) -> int:
+        """Delete up to `most` expired files (the longest expired first): how many (the runner's loop, each tick)."""
+        gone = 0
+        for file_id, owner in await self.store.expired_files(int(self.clock()), most):
+            gone += await self.store.delete_file(owner, file_id)
+        return gone
+
+    def _live(self, rec: FileRecord) -> bool:
+        return rec.expires_at is None or rec.expires_at > self.clock()
+
     def _poke(self) -> None:
         if self.wake is not None:
             self.wake.set()
@@ -136,10 +159,15 @@ class BatchService:
     # --- files ------------------------------------------------------------------------------------------------
     @staticmethod
     def file_object(rec: FileRecord) -> dict[str, Any]:
-        return {"id": rec.id, "object": "file", "bytes": rec.bytes, "created_at": rec.created_at,
-                "filename": rec.filename, "purpose": rec.purpose, "status": "processed"}
+        obj = {"id": rec.id, "object": "file", "bytes": rec.bytes, "created_at": rec.created_at,
+               "expires_at": rec.expires_at, "filename": rec.filename, "purpose": rec.purpose, "status": "processed"}
+        return {k: v for k, v in obj.items() if v is not None}
 
-    async def upload(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+    async def upload(self, owner: str, filename: str, purpose: str, content: bytes,
+                     expires_after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A `file` object; `expires_after` ({anchor: "created_at", seconds}: 3600 to 2592000) sets its
+        `expires_at` (default 30 days, as OpenAI's batch files)."""
+        ttl = ttl_s(expires_after, "expires_after")
         if purpose not in FILE_PURPOSES:
             raise InvalidRequestError(f"purpose {purpose!r} is not supported here; this server takes 'batch' files.",
                                       param="purpose", code="invalid_purpose")
@@ -147,19 +175,21 @@ class BatchService:
             raise InvalidRequestError(f"The file has {len(content)} bytes; this server takes at most "
                                       f"{self.max_file_bytes}.", param="file", code="file_too_large")
         lines = await asyncio.to_thread(_count_lines, content)
-        rec = FileRecord(new_id("file-"), owner, purpose, filename[:255] or "upload.jsonl", len(content), lines,
-                         int(time.time()))
+        now = int(self.clock())
+        rec = FileRecord(new_id("file-"), owner, purpose, filename[:255] or "upload.jsonl", len(content), lines, now,
+                         now + ttl)
         await self.store.put_file(rec, content)
         return self.file_object(rec)
 
     async def file(self, owner: str, file_id: str) -> FileRecord:
         rec = await self.store.get_file(owner, file_id)
-        if rec is None or rec.purpose == INTERNAL_PURPOSE:
+        if rec is None or rec.purpose == INTERNAL_PURPOSE or not self._live(rec):
             raise NotFoundError(f"No such File object: {file_id}", param="id")
         return rec
 
     async def list_files(self, owner: str, purpose: str | None, limit: int, after: str | None) -> dict[str, Any]:
-        recs = [r for r in await self.store.list_files(owner, purpose, 10_000) if r.purpose != INTERNAL_PURPOSE]
+        recs = [r for r in await self.store.list_files(owner, purpose, 10_000)
+                if r.purpose != INTERNAL_PURPOSE and self._live(r)]
         return _page([self.file_object(r) for r in recs], limit, after)
 
     async def content(self, owner: str, file_id: str) -> bytes:
@@ -172,27 +202,31 @@ class BatchService:
 
     # --- jobs -------------------------------------------------------------------------------------------------
     async def create(self, owner: str, input_file_id: str, endpoint: str, window: str,
-                     metadata: Mapping[str, str] | None, caller: Mapping[str, str]) -> dict[str, Any]:
+                     metadata: Mapping[str, str] | None, caller: Mapping[str, str],
+                     output_expires_after: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if endpoint not in ENDPOINTS:
             raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint",
                                       code="invalid_endpoint")
         if window != "24h":
             raise InvalidRequestError("completion_window must be '24h'.", param="completion_window")
         _check_metadata(metadata)
+        ttl = ttl_s(output_expires_after, "output_expires_after")
         rec = await self.store.get_file(owner, input_file_id)
-        if rec is None or rec.purpose == INTERNAL_PURPOSE:
+        if rec is None or rec.purpose == INTERNAL_PURPOSE or not self._live(rec):
             raise NotFoundError(f"No such File object: {input_file_id}", param="input_file_id")
         if rec.purpose != "batch":
             raise InvalidRequestError("The input file's purpose must be 'batch'.", param="input_file_id")
         job = await self._create_job("openai", new_id("batch_"), owner, rec.id, endpoint, rec.lines,
-                                     dict(metadata or {}), caller)
+                                     dict(metadata or {}), caller, {"output_ttl_s": ttl})
         return await self.batch_object(job)
 
     async def _create_job(self, kind: str, job_id: str, owner: str, file_id: str, endpoint: str, total: int,
-                          metadata: dict[str, str], caller: Mapping[str, str]) -> BatchRecord:
-        now = int(time.time())
+                          metadata: dict[str, str], caller: Mapping[str, str],
+                          extra: Mapping[str, Any] | None = None) -> BatchRecord:
+        now = int(self.clock())
         data: dict[str, Any] = {"endpoint": endpoint, "input_file_id": file_id, "total": total,
-                                "metadata": metadata, "expires_at": now + WINDOW_S, "caller": dict(caller)}
+                                "metadata": metadata, "expires_at": now + WINDOW_S, "caller": dict(caller),
+                                **(extra or {})}
         job = BatchRecord(job_id, owner, kind, "validating", now, data)
         if not await self.store.create_batch(job, self.max_jobs):
             raise InvalidRequestError(f"This key has {self.max_jobs} unfinished batches, this server's limit; "
@@ -220,7 +254,7 @@ class BatchService:
                 "expired_at": d.get("expired_at"), "cancelling_at": d.get("cancelling_at"),
                 "cancelled_at": d.get("cancelled_at"),
                 "request_counts": {"total": d["total"], "completed": counts.get(SUCCEEDED, 0),
-                                   "failed": counts.get(ERRORED, 0)},
+                                   "failed": counts.get(ERRORED, 0) + counts.get(EXPIRED, 0)},
                 "metadata": d.get("metadata") or None}
         return {k: v for k, v in obj.items() if v is not None or k == "metadata"}
 
@@ -233,7 +267,7 @@ class BatchService:
 
     async def cancel(self, owner: str, job_id: str, kind: str) -> BatchRecord:
         rec = await self.job(owner, job_id, kind)
-        now = int(time.time())
+        now = int(self.clock())
         field = "cancelling_at" if kind == "openai" else "cancel_initiated_at"
         done = await self.store.update(rec.id, "cancelling", {field: now}, only_if=("validating", "in_progress"))
         for listener in self.on_cancel:
@@ -246,7 +280,7 @@ class BatchService:
         content = await asyncio.to_thread(self._messages_jsonl, requests)
         job_id = new_id("msgbatch_")
         rec = FileRecord(new_id("file-"), owner, INTERNAL_PURPOSE, f"{job_id}.jsonl", len(content),
-                         len(requests), int(time.time()))
+                         len(requests), int(self.clock()))
         await self.store.put_file(rec, content)
         job = await self._create_job("anthropic", job_id, owner, rec.id, MESSAGES, rec.lines, {}, caller)
         return await self.message_batch_object(job)
@@ -345,6 +379,18 @@ def unanswered_line(kind: str, custom_id: str, outcome: int) -> str:
 
 def active(status: str) -> bool:
     return status in ACTIVE
+
+
+def ttl_s(value: Mapping[str, Any] | None, param: str) -> int:
+    """The seconds of an `expires_after`-like object ({anchor: "created_at", seconds}); the default without one."""
+    if value is None:
+        return FILE_TTL_S
+    seconds = value.get("seconds")
+    if value.get("anchor") != "created_at" or set(value) - {"anchor", "seconds"} or isinstance(seconds, bool) or \
+            not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S:
+        raise InvalidRequestError(f"{param} must be {{\"anchor\": \"created_at\", \"seconds\": N}} with N from "
+                                  f"{MIN_TTL_S} to {MAX_TTL_S}.", param=param)
+    return seconds
 
 
 def _count_lines(content: bytes) -> int:

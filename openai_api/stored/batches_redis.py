@@ -6,10 +6,11 @@ across hosts, which Redis does in one round trip each (SQLite's locks over a net
 trusted); the files are large, written once and read whole, so they stay out of Redis's memory on a shared volume.
 
 Keys, under `oag:b:`: `job:ID` (the job as JSON), `jobs:OWNER:KIND` and `files:OWNER` (sorted sets by creation),
-`file:ID` (a file's metadata as JSON), `active` (a sorted set of unfinished jobs) and `active:OWNER` (a set: the
-per-key bound), `lease:ID` (the gateway running it; `SET NX PX`), `res:ID` (line -> answer, `HSETNX`: the first
-answer stays), `out:ID` (line -> outcome) and `cnt:ID` (outcome -> lines). Each write that must be atomic is one
-Lua script. A single Redis or a primary, not Redis Cluster (the scripts name keys they compute).
+`file:ID` (a file's metadata as JSON), `fexp` (files by `expires_at`), `active` (a sorted set of unfinished jobs)
+and `active:OWNER` (a set: the per-key bound), `lease:ID` (the gateway running it; `SET NX PX`), `res:ID` (line
+-> answer, `HSETNX`: the first answer stays), `out:ID` (line -> outcome) and `cnt:ID` (outcome -> lines). Each
+write that must be atomic is one Lua script. A single Redis or a primary, not Redis Cluster (the scripts name keys
+they compute).
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ class RedisBatchStore(BatchStore):
             async with self.redis.pipeline(transaction=True) as p:
                 p.set(ROOT + "file:" + rec.id, json.dumps(_file(rec)))
                 p.zadd(ROOT + "files:" + rec.owner, {rec.id: time.time()})
+                if rec.expires_at is not None:
+                    p.zadd(ROOT + "fexp", {rec.id: rec.expires_at})
                 await p.execute()
         except (RedisError, OSError) as e:
             raise self._down(e) from None
@@ -190,10 +193,23 @@ class RedisBatchStore(BatchStore):
         try:
             await self.redis.delete(ROOT + "file:" + file_id)
             await self.redis.zrem(ROOT + "files:" + owner, file_id)
+            await self.redis.zrem(ROOT + "fexp", file_id)
         except (RedisError, OSError) as e:
             raise self._down(e) from None
         await asyncio.to_thread(self.path(file_id).unlink, True)
         return True
+
+    async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
+        try:
+            ids: Any = await self.redis.zrangebyscore(ROOT + "fexp", "-inf", now, start=0, num=most)
+            raws = await self.redis.mget([ROOT + "file:" + i.decode() for i in ids]) if ids else []
+            gone = [i for i, r in zip(ids, raws, strict=True) if r is None]
+            if gone:
+                await self.redis.zrem(ROOT + "fexp", *gone)  # deleted meanwhile
+        except (RedisError, OSError) as e:
+            raise self._down(e) from None
+        recs = [json.loads(r) for r in raws if r is not None]
+        return [(str(d["id"]), str(d["owner"])) for d in recs]
 
     async def read(self, file_id: str) -> bytes:
         try:
@@ -283,13 +299,13 @@ class RedisBatchStore(BatchStore):
             raise self._down(e) from None
         return {int(k): int(v) for k, v in got.items()}
 
-    async def results(self, batch_id: str, outcome: int | None = None) -> list[str]:
+    async def results(self, batch_id: str, outcomes: tuple[int, ...] | None = None) -> list[str]:
         try:
             lines: Any = await self.redis.hgetall(ROOT + "res:" + batch_id)
-            outcomes = await self.redis.hgetall(ROOT + "out:" + batch_id) if outcome is not None else {}
+            got = await self.redis.hgetall(ROOT + "out:" + batch_id) if outcomes is not None else {}
         except (RedisError, OSError) as e:
             raise self._down(e) from None
-        keep = sorted(int(k) for k in lines if outcome is None or int(outcomes.get(k, -1)) == outcome)
+        keep = sorted(int(k) for k in lines if outcomes is None or int(got.get(k, -1)) in outcomes)
         return [lines[str(i).encode()].decode() for i in keep]
 
     def exists(self) -> bool:
@@ -302,4 +318,4 @@ class RedisBatchStore(BatchStore):
 
 def _file(rec: FileRecord) -> dict[str, Any]:
     return {"id": rec.id, "owner": rec.owner, "purpose": rec.purpose, "filename": rec.filename, "bytes": rec.bytes,
-            "lines": rec.lines, "created_at": rec.created_at}
+            "lines": rec.lines, "created_at": rec.created_at, "expires_at": rec.expires_at}

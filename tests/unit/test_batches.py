@@ -210,7 +210,9 @@ async def test_bad_batches_are_400s(client: httpx.AsyncClient) -> None:
     file = (await upload(client, jsonl(1))).json()
     base = {"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     for change, param in [({"endpoint": "/v1/images"}, "endpoint"), ({"completion_window": "1h"},
-                          "completion_window"), ({"metadata": {str(i): "x" for i in range(17)}}, "metadata")]:
+                          "completion_window"), ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),
+                          ({"output_expires_after": {"anchor": "created_at", "seconds": 59}}, "output_expires_after"),
+                          ({"output_expires_after": {"anchor": "now", "seconds": 3600}}, "output_expires_after")]:
         r = await client.post("/v1/batches", headers=A, json={**base, **change})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (change, r.text)
     r = await client.post("/v1/files", headers=A, data={"purpose": "fine-tune"},
@@ -363,6 +365,15 @@ async def test_two_gateways_share_one_redis_store(tmp_path: Path, redis_url: str
         assert not await store.delete_batch("key:someone-else", batch["id"])
         assert await store.delete_batch(owner, batch["id"])
         assert await store.get_batch(None, batch["id"]) is None and await store.done(batch["id"]) == set()
+        # Expiry on the shared store: the other gateway's sweep deletes a file made through this one.
+        made = (await clients[0].post("/v1/files", headers=A, files={"file": ("x.jsonl", jsonl(1), "text/plain")},
+                                      data={"purpose": "batch", "expires_after[anchor]": "created_at",
+                                            "expires_after[seconds]": "3600"})).json()
+        other_service = apps[1].state.gateway.batches
+        other_service.clock = lambda: made["expires_at"] + 1.0
+        assert await other_service.sweep(100) >= 1
+        assert (await clients[0].get(f"/v1/files/{made['id']}", headers=A)).status_code == 404
+        assert await store.get_file(owner, made["id"]) is None and not store.path(made["id"]).exists()
     finally:
         for r_ in runners:
             await r_.close()
@@ -512,3 +523,79 @@ async def test_a_huge_job_does_not_starve_another_keys_small_job(app: FastAPI, c
     finally:
         await run.close()
     assert backend.completed == 63  # each line once
+
+
+async def test_files_expire_then_404_and_are_swept(app: FastAPI, client: httpx.AsyncClient,
+                                                   openai_schema: Callable[[str, Any], None]) -> None:
+    """`expires_after` (the SDK's multipart form) sets `expires_at`; OpenAI's bounds are 400s; past it the file is a
+    404 at once, and the sweep deletes it from the store and the disk, a bounded number per call. A fake clock."""
+    service = app.state.gateway.batches
+    now = [1_700_000_000.0]
+    service.clock = lambda: now[0]
+    form = {"purpose": "batch", "expires_after[anchor]": "created_at", "expires_after[seconds]": "3600"}
+    r = await client.post("/v1/files", headers=A, data=form, files={"file": ("in.jsonl", jsonl(1), "text/plain")})
+    assert r.status_code == 200, r.text
+    short = r.json()
+    openai_schema("OpenAIFile", short)
+    assert short["created_at"] == 1_700_000_000 and short["expires_at"] == 1_700_003_600
+    default = (await upload(client, jsonl(1))).json()
+    assert default["expires_at"] == 1_700_000_000 + 30 * 86400  # OpenAI's default for batch files
+    for bad in ({"expires_after[seconds]": "60"}, {"expires_after[seconds]": "2592001"},
+                {"expires_after[anchor]": "last_active_at"}, {"expires_after[seconds]": "soon"}):
+        r = await client.post("/v1/files", headers=A, data={**form, **bad},
+                              files={"file": ("in.jsonl", jsonl(1), "text/plain")})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "expires_after", (bad, r.text)
+    assert (await client.get(f"/v1/files/{short['id']}", headers=A)).status_code == 200
+    now[0] += 3600
+    for path in (f"/v1/files/{short['id']}", f"/v1/files/{short['id']}/content"):
+        assert (await client.get(path, headers=A)).status_code == 404, path
+    assert [f["id"] for f in (await client.get("/v1/files", headers=A)).json()["data"]] == [default["id"]]
+    r = await client.post("/v1/batches", headers=A, json={"input_file_id": short["id"], "endpoint":
+                          "/v1/chat/completions", "completion_window": "24h"})
+    assert r.status_code == 404
+    store = service.store
+    assert store.path(short["id"]).exists()  # not swept yet
+    more = [(await upload(client, jsonl(1))).json()["id"] for _ in range(2)]
+    now[0] += 30 * 86400
+    assert await service.sweep(3) == 3 and await service.sweep(3) == 1 and await service.sweep(3) == 0
+    for file_id in (short["id"], default["id"], *more):
+        assert not store.path(file_id).exists() and await store.get_file(
+            f"key:api-key:{api_key_digest(b'key-a')}", file_id) is None
+
+
+async def test_a_batch_past_its_window_expires(app: FastAPI, client: httpx.AsyncClient, backend: SlowBackend,
+                                               openai_schema: Callable[[str, Any], None]) -> None:
+    """Past `expires_at` no new line starts: the job ends `expired` (`expired_at`), its answered lines in the output
+    file, each unrun line `batch_expired` in the error file; `output_expires_after` dates both files."""
+    service = app.state.gateway.batches
+    now = [1_700_000_000.0]
+    service.clock = lambda: now[0]
+    file = (await upload(client, jsonl(6))).json()
+    r = await client.post("/v1/batches", headers=A, json={
+        "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h",
+        "output_expires_after": {"anchor": "created_at", "seconds": 7200}})
+    batch = r.json()
+    assert batch["expires_at"] == 1_700_000_000 + 86400
+    backend.gate.clear()
+    backend.free = 2
+    run = runner(app, concurrency=1)
+    await run.start()
+    try:
+        await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["request_counts"]["completed"] >= 2)
+        now[0] += 86400  # the window passes with the third line in flight
+        backend.gate.set()
+        done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "expired")
+    finally:
+        await run.close()
+    openai_schema("Batch", done)
+    assert done["expired_at"] == 1_700_000_000 + 86400 and "completed_at" not in done
+    assert done["request_counts"] == {"total": 6, "completed": 3, "failed": 3}
+    out = (await client.get(f"/v1/files/{done['output_file_id']}/content", headers=A)).content
+    assert [json.loads(x)["custom_id"] for x in out.splitlines()] == ["r0", "r1", "r2"]
+    errors = [json.loads(x) for x in (await client.get(f"/v1/files/{done['error_file_id']}/content",
+                                                       headers=A)).content.splitlines()]
+    assert [x["custom_id"] for x in errors] == ["r3", "r4", "r5"]
+    assert all(x["response"] is None and x["error"]["code"] == "batch_expired" for x in errors)
+    for file_id in (done["output_file_id"], done["error_file_id"]):
+        meta = (await client.get(f"/v1/files/{file_id}", headers=A)).json()
+        assert meta["purpose"] == "batch_output" and meta["expires_at"] == meta["created_at"] + 7200
