@@ -599,3 +599,29 @@ async def test_a_batch_past_its_window_expires(app: FastAPI, client: httpx.Async
     for file_id in (done["output_file_id"], done["error_file_id"]):
         meta = (await client.get(f"/v1/files/{file_id}", headers=A)).json()
         assert meta["purpose"] == "batch_output" and meta["expires_at"] == meta["created_at"] + 7200
+
+
+async def test_the_class_reaches_the_backend_batch_lines_as_batch(app: FastAPI, client: httpx.AsyncClient,
+                                                                  backend: SlowBackend) -> None:
+    """What the Triton adapters send as `priority` (`RequestStats.priority_class`, set at admission): a batch line's
+    class is `batch` whatever its body asks; an HTTP request's is what it asks (service_tier), else standard."""
+    from openai_api.observability import current_stats
+
+    seen: list[str | None] = []
+    plain = backend.generate
+
+    def generate(request: Any) -> Any:
+        stats = current_stats()
+        seen.append(stats.priority_class if stats is not None else None)
+        return plain(request)
+
+    backend.generate = generate  # type: ignore[method-assign]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra in ({}, {"service_tier": "priority"}, {"service_tier": "flex"}):
+        assert (await client.post("/v1/chat/completions", headers=A, json={**body, **extra})).status_code == 200
+    assert seen == ["standard", "interactive", "batch"]
+    file = (await upload(client, jsonl(2, service_tier="priority"))).json()
+    batch = (await client.post("/v1/batches", headers=A, json={
+        "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+    await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
+    assert seen[3:] == ["batch", "batch"]
