@@ -136,7 +136,7 @@ class BatchService:
             lines, errors = await asyncio.to_thread(check_input, content, rec.data["endpoint"], self.max_lines)
         if errors:
             await self.store.update(rec.id, "failed", {"errors": {"object": "list", "data": errors}, "failed_at": now,
-                                                       "ended_at": now}, only_if=("validating", "in_progress"))
+                                                       "ended_at": now}, only_if=ACTIVE)
             return None
         if rec.status == "validating":
             await self.store.update(rec.id, "in_progress", {"in_progress_at": now}, only_if=("validating",))

@@ -625,3 +625,15 @@ async def test_the_class_reaches_the_backend_batch_lines_as_batch(app: FastAPI, 
         "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
     await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
     assert seen[3:] == ["batch", "batch"]
+
+
+async def test_a_bad_file_cancelled_before_it_was_checked_still_ends(app: FastAPI, client: httpx.AsyncClient) -> None:
+    """Cancelled while `validating`, its file bad: the check still ends it (`failed`), never a job left
+    `cancelling` that every runner takes up again."""
+    file = (await upload(client, b"not json\n")).json()
+    batch = (await client.post("/v1/batches", headers=A, json={"input_file_id": file["id"], "endpoint":
+                               "/v1/chat/completions", "completion_window": "24h"})).json()
+    assert (await client.post(f"/v1/batches/{batch['id']}/cancel", headers=A)).json()["status"] == "cancelling"
+    done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] not in (
+        "validating", "cancelling"))
+    assert done["status"] == "failed" and done["errors"]["data"][0]["code"] == "invalid_json_line"
