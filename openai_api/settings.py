@@ -251,8 +251,9 @@ class Settings(BaseModel):
         "largest file /v1/files takes (a 400 past it); an upload is also bounded by --max-body-bytes",
         group="server", metavar="N")] = Field(default=16 * 1024 * 1024, gt=0)
     batch_max_lines: Annotated[int, Option(
-        "requests per batch input file (OpenAI's limit; Anthropic's message batches take up to 100,000); a 400 "
-        "past it", group="server", metavar="N")] = Field(default=50_000, gt=0)
+        "requests per batch input file (OpenAI's limit; Anthropic's message batches take up to 100,000): a "
+        "message batch past it is a 400, a batch over a longer file ends failed (too_many_tasks)", group="server",
+        metavar="N")] = Field(default=50_000, gt=0)
     batch_max_jobs_per_key: Annotated[int, Option(
         "batch jobs one key may have unfinished at once; a 400 past it", group="server", metavar="N")] = Field(
         default=16, gt=0)
