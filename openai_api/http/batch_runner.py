@@ -112,6 +112,8 @@ class BatchRunner:
                         await self._claim()
             except StoreUnavailableError:
                 pass  # logged by the store; the next poll tries again
+            except Exception:  # the loop must outlive any one failure (a file the sweep cannot unlink)
+                logger.exception("the batch runner's poll failed; it polls again")
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), POLL_S)
