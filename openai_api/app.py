@@ -122,5 +122,5 @@ def create_app(config: GatewayConfig, settings: Settings, *, cors_origins: list[
         app.add_middleware(TracingMiddleware, tracing=process.tracing)
     app.add_middleware(RequestContextMiddleware, metrics=process.metrics, access_log=settings.access_log)
     # Batch lines run through this whole app (every middleware above), as the key that made their job.
-    runner = BatchRunner(app, batch_service, process.quota, settings.batch_concurrency)
+    runner = BatchRunner(app, batch_service, process.quota, settings.batch_concurrency, settings.batch_running_jobs)
     return app

@@ -298,13 +298,16 @@ class RequestStats:
     the last body message (`more_body` false) is handed to the server, so the guard can tell a client
     that left mid-response (499) from one that closed after reading everything."""
 
-    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "model",
-                 "object_id", "prompt_tokens", "request_id", "span_id", "start", "status", "trace_id", "ttft")
+    __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "model", "object_id",
+                 "priority_class", "prompt_tokens", "request_id", "span_id", "start", "status", "trace_id", "ttft")
 
     def __init__(self, start: float, request_id: str = "") -> None:
         self.start = start
         self.request_id = request_id
         self.model = ""
+        # The scheduler class admission gave it (`interactive`, `standard`, `batch`; "" before): the Triton adapters
+        # send it as the request's `priority` (`triton.wire.priority_for`).
+        self.priority_class = ""
         self.prompt_tokens = 0
         self.completion_tokens = 0
         self.disconnected = False

@@ -251,15 +251,21 @@ class Settings(BaseModel):
         "largest file /v1/files takes (a 400 past it); an upload is also bounded by --max-body-bytes",
         group="server", metavar="N")] = Field(default=16 * 1024 * 1024, gt=0)
     batch_max_lines: Annotated[int, Option(
-        "requests per batch input file (OpenAI's limit; Anthropic's message batches take up to 100,000); a 400 "
-        "past it", group="server", metavar="N")] = Field(default=50_000, gt=0)
+        "requests per batch input file (OpenAI's limit; Anthropic's message batches take up to 100,000): a "
+        "message batch past it is a 400, a batch over a longer file ends failed (too_many_tasks)", group="server",
+        metavar="N")] = Field(default=50_000, gt=0)
     batch_max_jobs_per_key: Annotated[int, Option(
         "batch jobs one key may have unfinished at once; a 400 past it", group="server", metavar="N")] = Field(
         default=16, gt=0)
     batch_concurrency: Annotated[int, Option(
         "batch lines this gateway process runs at once (each through the routes in the batch priority class, so "
         "they also keep to --batch-slot-share); 0 = this process runs no batch jobs (another gateway on the "
-        "same store does)", group="server", metavar="N")] = Field(default=8, ge=0)
+        "same store does). Shared fairly: round-robin between the keys whose jobs wait for a slot, then between "
+        "each key's jobs", group="server", metavar="N")] = Field(default=8, ge=0)
+    batch_running_jobs: Annotated[int, Option(
+        "batch jobs this gateway process runs at once (they share --batch-concurrency); a key running two or more "
+        "gives one back when another key's job waits for a place", group="server", metavar="N")] = Field(
+        default=8, gt=0)
     ready_models: Annotated[Literal["any", "all", "none"], Option(
         "what /health/ready (and /ping) need besides a loaded config and no drain: any = at least one configured "
         "model ready (vLLM and NIM serve one model: ready when it is), all = every model, none = the gateway "

@@ -73,15 +73,18 @@ class Admission:
 
     async def _admit(self, model: str, sequences: int = 1, param: str = "n", body: BaseModel | None = None) -> None:
         self.allowed(model)
+        klass = self.request_class(body)
         caller = current_caller()
         share = caller.share if caller is not None else 1.0
         stats = current_stats()
+        if stats is not None:
+            stats.priority_class = klass  # the Triton adapters send it as the request's `priority`
         if stats is not None and not stats.model and (self.ticket is None or model in self.ticket.limiter.models):
             stats.model = model
         if self.ticket is not None:
             with child_span("admission", **{"gen_ai.request.model": model, "openai_api.sequences": sequences}):
                 # traced requests only: a refusal ends it in error
-                await self.ticket.acquire(model, sequences, param, share, self.request_class(body),
+                await self.ticket.acquire(model, sequences, param, share, klass,
                                           caller.owner if caller is not None else "")
 
     def detach(self) -> Callable[[], None]:

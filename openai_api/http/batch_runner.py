@@ -9,12 +9,18 @@ a model's slots. A line refused for load (429, 503) is retried after its `Retry-
 other answer (a spent token budget's 429, `x-should-retry: false`, included) is recorded (`stored.batches`: once per
 line) before the runner moves on.
 
-Jobs: the runner claims up to `MAX_JOBS` unfinished jobs at a time, oldest first (a lease, renewed every second:
-the renewal also reads a cancel made through another gateway; a job runs on one gateway at a time), runs their
-unanswered lines `concurrency` at a time in all (a FIFO semaphore: jobs take turns), then finalizes each: the output
-and error files (OpenAI), the canceled or expired results of lines never run (Anthropic), the final status. When
-the process stops, lines in flight are cancelled unrecorded and the leases are given back: the next runner on the
-store resumes at the first unanswered line.
+Jobs: the runner runs up to `running_jobs` unfinished jobs at a time (`--batch-running-jobs`), each under a lease
+(renewed every second: the renewal also reads a cancel made through another gateway; a job runs on one gateway at
+a time), claimed fairly between keys (`http.batch_slots`: the keys with the fewest jobs here first, and a key
+running several gives one back when another key's job waits). Their unanswered lines run `concurrency` at a time in
+all (`FairSlots`: round-robin between keys, then between a key's jobs), then each job is finalized: the output and
+error files (OpenAI), the canceled or expired results of lines never run, the final status. When the process
+stops, lines in flight are cancelled unrecorded and the leases are given back: the next runner on the store
+resumes at the first unanswered line.
+
+Expiry: a job past its `expires_at` starts no more lines and ends `expired` (its unrun lines `batch_expired` in the
+error file, or Anthropic's `expired` results); each tick the loop also deletes up to `SWEEP_MOST` expired files
+(every process, `--batch-concurrency 0` included). "Now" is `BatchService.clock`.
 """
 
 from __future__ import annotations
@@ -26,23 +32,26 @@ import logging
 import os
 import secrets
 import socket
-import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Message
 
 from openai_api.errors import BackendUnavailableError as StoreUnavailableError
+from openai_api.http.batch_slots import FairSlots, claim_order, victim
 from openai_api.http.deps import PRIORITY_CLASS_KEY
 from openai_api.http.keys import CALLER_KEY
 from openai_api.http.middleware import INTERNAL_CALLER
 from openai_api.quota.caller import Caller
 from openai_api.quota.keys import ANONYMOUS, API_KEY_NAME
 from openai_api.quota.service import QuotaService
-from openai_api.services.batches import BatchRecord, BatchService, parse_lines, result_line
+from openai_api.services.batches import BatchRecord, BatchService, Line, result_line
 
 logger = logging.getLogger("openai_api.batches")
-MAX_JOBS = 8
+MAX_JOBS = 8  # without --batch-running-jobs
+SWEEP_MOST = 100  # expired files deleted per tick at most (bounded work; the rest next tick)
+CANDIDATES = 64  # unclaimed jobs looked at per poll (the fair order is chosen among them)
 POLL_S = 1.0
 RENEW_S = 1.0
 MAX_BACKOFF_S = 30.0
@@ -54,25 +63,28 @@ class JobState:
     cancelled: bool = False
     lost: bool = False  # the lease went to another gateway: stop without finishing
     expired: bool = False
+    yielded: bool = False  # given back so that another key's job gets the place: stop without finishing
 
     @property
     def stop(self) -> bool:
-        return self.cancelled or self.lost or self.expired
+        return self.cancelled or self.lost or self.expired or self.yielded
 
 
 class BatchRunner:
     """See the module docstring. `app` is the whole ASGI app (its middleware included)."""
 
-    def __init__(self, app: ASGIApp, service: BatchService, quota: QuotaService, concurrency: int) -> None:
+    def __init__(self, app: ASGIApp, service: BatchService, quota: QuotaService, concurrency: int,
+                 running_jobs: int = MAX_JOBS) -> None:
         self.app = app
         self.service = service
         self.store = service.store
         self.quota = quota
         self.concurrency = concurrency
-        self.max_jobs = MAX_JOBS
+        self.max_jobs = running_jobs
         self.node = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(4)}"
-        self.sem = asyncio.Semaphore(max(concurrency, 1))
+        self.slots = FairSlots(concurrency)
         self.jobs: dict[str, asyncio.Task[None]] = {}
+        self.owners: dict[str, str] = {}  # running job -> its owner, oldest first
         self.wake = asyncio.Event()
         self.states: dict[str, JobState] = {}
         service.wake = self.wake
@@ -80,8 +92,8 @@ class BatchRunner:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.concurrency > 0:
-            self._task = asyncio.create_task(self._loop(), name="batch-runner")
+        """The loop: it sweeps expired files, and claims jobs unless `concurrency` is 0."""
+        self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
     async def close(self) -> None:
         tasks = [t for t in (self._task, *self.jobs.values()) if t is not None]
@@ -94,16 +106,42 @@ class BatchRunner:
     async def _loop(self) -> None:
         while True:
             try:
-                if len(self.jobs) < self.max_jobs and self.service.started():
-                    for job_id in await self.store.claim(self.node, self.max_jobs - len(self.jobs)):
-                        task = asyncio.create_task(self._job(job_id), name=f"batch-{job_id[:16]}")
-                        self.jobs[job_id] = task
-                        task.add_done_callback(self._ended)
+                if self.service.started():
+                    await self.service.sweep(SWEEP_MOST)
+                    if self.concurrency > 0:
+                        await self._claim()
             except StoreUnavailableError:
                 pass  # logged by the store; the next poll tries again
+            except Exception:  # the loop must outlive any one failure (a file the sweep cannot unlink)
+                logger.exception("the batch runner's poll failed; it polls again")
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), POLL_S)
+
+    async def _claim(self) -> None:
+        """Take unclaimed jobs into free job slots in the fair order, or give one back for a waiting key."""
+        waiting = [c for c in await self.store.candidates(CANDIDATES) if c[0] not in self.jobs]
+        if not waiting:
+            return
+        free = self.max_jobs - len(self.jobs)
+        if free <= 0:
+            if any(self._yielding(j) for j in self.jobs):
+                return  # one place is being given back already
+            job_id = victim(self.owners, waiting)
+            if job_id is not None and job_id in self.states:
+                logger.info("batch %s: given back for another key's job", job_id)
+                self.states[job_id].yielded = True
+            return
+        owner_of = dict(waiting)
+        for job_id in await self.store.claim(self.node, claim_order(waiting, Counter(self.owners.values())), free):
+            self.owners[job_id] = owner_of[job_id]
+            task = asyncio.create_task(self._job(job_id), name=f"batch-{job_id[:16]}")
+            self.jobs[job_id] = task
+            task.add_done_callback(self._ended)
+
+    def _yielding(self, job_id: str) -> bool:
+        state = self.states.get(job_id)
+        return state is not None and state.yielded
 
     def _cancelled(self, job_id: str) -> None:
         """A cancel through this process: no new line of the job starts (through another gateway: the renewal
@@ -116,6 +154,8 @@ class BatchRunner:
         for job_id, t in list(self.jobs.items()):
             if t is task:
                 del self.jobs[job_id]
+                self.owners.pop(job_id, None)
+                self.wake.set()  # a place is free: claim at once
 
     async def _job(self, job_id: str) -> None:
         state = self.states[job_id] = JobState()
@@ -125,30 +165,29 @@ class BatchRunner:
             rec = await self.store.get_batch(None, job_id)
             if rec is None:
                 return
-            if rec.status == "validating":
-                rec = await self.store.update(job_id, "in_progress", {"in_progress_at": int(time.time())},
-                                              only_if=("validating",)) or rec
             state.cancelled = rec.status == "cancelling"
-            content = await self.store.read(rec.data["input_file_id"])
-            lines = await asyncio.to_thread(parse_lines, content)
+            checked = await self.service.validate(rec)
+            if checked is None:
+                logger.info("batch %s failed its input file's checks", job_id)
+                return
+            lines = checked
             done = await self.store.done(job_id)
             caller = self._caller(rec)
             for idx, custom_id, url, body in lines:
                 if idx in done:
                     continue
-                state.expired = state.expired or time.time() >= rec.data["expires_at"]
-                if state.stop:
+                if self._stopped(rec, state):
                     break
-                await self.sem.acquire()
-                if state.stop:
-                    self.sem.release()
+                await self.slots.acquire(rec.owner)
+                if self._stopped(rec, state):  # the wait for a slot may have been long
+                    self.slots.release()
                     break
                 t = asyncio.create_task(self._line(rec, idx, custom_id, url, body, caller, state))
                 running.add(t)
                 t.add_done_callback(running.discard)
             if running:
                 await asyncio.gather(*running)
-            if not state.lost:
+            if not state.lost and not state.yielded:
                 await self._finish(rec, lines, state)
         except StoreUnavailableError:
             pass  # the lease runs out; this or another gateway takes the job again
@@ -162,6 +201,10 @@ class BatchRunner:
             self.states.pop(job_id, None)
             with contextlib.suppress(Exception):
                 await asyncio.shield(self.store.release(job_id, self.node))
+
+    def _stopped(self, rec: BatchRecord, state: JobState) -> bool:
+        state.expired = state.expired or self.service.clock() >= rec.data["expires_at"]
+        return state.stop
 
     async def _renew(self, job_id: str, state: JobState) -> None:
         while True:
@@ -195,7 +238,7 @@ class BatchRunner:
             while True:
                 status, headers, payload = await self._call(url, body, caller)
                 final = status not in (429, 503) or headers.get("x-should-retry") == "false"  # a spent budget
-                if final or state.stop or time.time() >= rec.data["expires_at"]:
+                if final or state.stop or self.service.clock() >= rec.data["expires_at"]:
                     break
                 try:
                     wait = float(headers.get("retry-after", "0"))
@@ -212,7 +255,7 @@ class BatchRunner:
             outcome, line = result_line(rec.kind, custom_id, status, answer, headers.get("x-request-id", ""))
             await self.store.record(rec.id, idx, outcome, line)
         finally:
-            self.sem.release()
+            self.slots.release()
 
     async def _call(self, url: str, body: dict[str, Any], caller: Caller | None) -> tuple[int, dict[str, str],
                                                                                            bytes]:
@@ -256,7 +299,7 @@ class BatchRunner:
         await self.app(scope, receive, send)
         return status, headers, b"".join(parts)
 
-    async def _finish(self, rec: BatchRecord, lines: list[tuple[int, str, str, dict[str, Any]]],
+    async def _finish(self, rec: BatchRecord, lines: list[Line],
                       state: JobState) -> None:
         current = await self.store.get_batch(None, rec.id)
         state.cancelled = state.cancelled or (current is not None and current.status == "cancelling")

@@ -68,9 +68,8 @@ _OBJECTIVES: dict[str, PriorityClass] = {
     "sheddable": "batch"}
 _TIERS: dict[str, PriorityClass] = {"priority": "interactive", "default": "standard", "auto": "standard",
                                     "flex": "batch"}
-# Triton's request `priority` parameter per class (1 = highest of the model's priority levels), for backends that
-# honour it (see docs/guides/batches.md: none of this repository's adapters send it today).
-TRITON_PRIORITY: dict[str, int] = {"interactive": 1, "standard": 2, "batch": 3}
+# Triton's request `priority` per class: `triton.wire.CLASS_PRIORITY`, sent by the adapters (the class read from
+# `RequestStats.priority_class`, which admission sets) to models with priority levels (docs/guides/batches.md).
 
 
 def requested_class(objective: str | None, service_tier: Any, priority: Any) -> PriorityClass | None:

@@ -5,13 +5,15 @@ Wire contract (OpenAI's `openapi.yaml`: `OpenAIFile`, `Batch`, `BatchRequestInpu
 Anthropic's Message Batches):
 
 * an input file (purpose `batch`) is JSONL, one request per line: `{"custom_id": str, "method": "POST", "url": the
-  batch's endpoint, "body": {...}}`; `custom_id`s are unique within the file. A file that is not such JSONL, or
-  larger than `--batch-max-file-bytes`, or with more than `--batch-max-lines` lines, is a 400 naming the line;
+  batch's endpoint, "body": {...}}`; `custom_id`s are unique within the file. An upload larger than
+  `--batch-max-file-bytes` is a 400; its lines are checked once a batch is made on it (`services.batch_input`): a
+  bad line, or more than `--batch-max-lines` lines, makes the batch `failed` with `errors` naming the lines;
 * a job answers each line once: the output file (`output_file_id`) holds the 2xx answers, the error file
   (`error_file_id`) the others, each `{"id", "custom_id", "response": {"status_code", "request_id", "body"},
   "error"}`, in input order; Anthropic's results are `{"custom_id", "result": {"type": "succeeded", "message"} |
   {"type": "errored", "error"} | {"type": "canceled"} | {"type": "expired"}}`;
-* statuses: `validating` -> `in_progress` -> `finalizing` -> `completed`, or `cancelling` -> `cancelled`, or
+* statuses: `validating` -> `in_progress` -> `finalizing` -> `completed`, or `validating` -> `failed`, or
+  `cancelling` -> `cancelled`, or
   `expired` past `expires_at` (24 h); Anthropic's `processing_status` is `in_progress`, `canceling` or `ended`.
 
 Everything is owned by the key that made it: another key's id is the same 404 as an id never issued.
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from openai_api.errors import InvalidRequestError, NotFoundError
+from openai_api.services.batch_input import Line, batch_error, check_input
 from openai_api.settings import Settings
 from openai_api.stored.base import new_id
 from openai_api.stored.batches import (
@@ -42,7 +45,7 @@ from openai_api.stored.batches import (
     iter_lines,
 )
 
-__all__ = ["BatchRecord", "BatchService", "parse_lines", "result_line"]
+__all__ = ["BatchRecord", "BatchService", "Line", "result_line"]
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 MESSAGES = "/v1/messages"
@@ -52,6 +55,10 @@ OUTPUT_PURPOSE = "batch_output"
 # The input of an Anthropic job: kept as a file like OpenAI's, never shown by /v1/files.
 INTERNAL_PURPOSE = "messages_batch_input"
 MAX_METADATA = 16
+# Files' expiry (`expires_after` on upload, a batch's `output_expires_after`): OpenAI's bounds, and its default for
+# batch files (30 days); an expired file is a 404 at once and deleted by the runner's sweep.
+MIN_TTL_S, MAX_TTL_S = 3600, 30 * 86400
+FILE_TTL_S = MAX_TTL_S
 ANTHROPIC_ID = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 TERMINAL = ("completed", "failed", "expired", "cancelled")
 
@@ -66,6 +73,7 @@ class BatchService:
         self.max_jobs = max_jobs
         self.wake: asyncio.Event | None = None  # set when a job is made or cancelled (the runner's poll)
         self.on_cancel: list[Callable[[str], None]] = []  # told of each cancel made through this process
+        self.clock: Callable[[], float] = time.time  # what "now" is for expiry (a test's own clock)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> BatchService:
@@ -84,15 +92,16 @@ class BatchService:
         """Whether the store exists yet (the runner polls nothing before)."""
         return self.store.exists()
 
-    async def finish(self, rec: BatchRecord, lines: list[tuple[int, str, str, dict[str, Any]]], *, cancelled: bool,
+    async def finish(self, rec: BatchRecord, lines: list[Line], *, cancelled: bool,
                      expired: bool) -> str:
         """End a job whose lines are all answered (or that was cancelled or expired): the results of lines never
         run (Anthropic), the output and error files (OpenAI), the final status, which it returns."""
-        now = int(time.time())
+        now = int(self.clock())
         final, field = ("cancelled", "cancelled_at") if cancelled else ("expired", "expired_at") if expired \
             else ("completed", "completed_at")
         fields: dict[str, Any] = {field: now, "ended_at": now}
-        if final != "completed" and rec.kind == "anthropic":
+        if (rec.kind == "anthropic" and final != "completed") or (rec.kind == "openai" and final == "expired"):
+            # OpenAI: an expired job's unrun lines go to its error file (`batch_expired`); a cancelled one's do not
             done = await self.store.done(rec.id)
             outcome = CANCELED if cancelled else EXPIRED
             for idx, custom_id, _, _ in lines:
@@ -100,17 +109,48 @@ class BatchService:
                     await self.store.record(rec.id, idx, outcome, unanswered_line(rec.kind, custom_id, outcome))
         if rec.kind == "openai":
             await self.store.update(rec.id, "finalizing" if final == "completed" else None, {"finalizing_at": now})
-            for which, key in ((SUCCEEDED, "output_file_id"), (ERRORED, "error_file_id")):
+            ttl = int(rec.data.get("output_ttl_s", FILE_TTL_S))
+            for which, key in (((SUCCEEDED,), "output_file_id"), ((ERRORED, EXPIRED), "error_file_id")):
                 answers = await self.store.results(rec.id, which)
                 if answers:
                     content = "".join(a + "\n" for a in answers).encode()
                     file = FileRecord(new_id("file-"), rec.owner, OUTPUT_PURPOSE,
-                                      f"{rec.id}_{'output' if which == SUCCEEDED else 'error'}.jsonl", len(content),
-                                      len(answers), now)
+                                      f"{rec.id}_{'output' if key == 'output_file_id' else 'error'}.jsonl",
+                                      len(content), len(answers), now, now + ttl)
                     await self.store.put_file(file, content)
                     fields[key] = file.id
         await self.store.update(rec.id, final, fields)
         return final
+
+    async def validate(self, rec: BatchRecord) -> list[Line] | None:
+        """The lines of a job's input file, the job moved from `validating` to `in_progress`; None when the file
+        fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines."""
+        now = int(self.clock())
+        source = await self.store.get_file(rec.owner, rec.data["input_file_id"])
+        lines: list[Line] = []
+        if source is None or not self._live(source):
+            errors = [batch_error("file_not_found", "The input file was deleted or expired before the batch ran.",
+                                  "input_file_id")]
+        else:
+            content = await self.store.read(source.id)
+            lines, errors = await asyncio.to_thread(check_input, content, rec.data["endpoint"], self.max_lines)
+        if errors:
+            await self.store.update(rec.id, "failed", {"errors": {"object": "list", "data": errors}, "failed_at": now,
+                                                       "ended_at": now}, only_if=ACTIVE)
+            return None
+        if rec.status == "validating":
+            await self.store.update(rec.id, "in_progress", {"in_progress_at": now}, only_if=("validating",))
+        return lines
+
+    async def sweep(self, most: int) -> int:
+        """Delete up to `most` expired files (the longest expired first): how many (the runner's loop, each tick)."""
+        gone = 0
+        for file_id, owner in await self.store.expired_files(int(self.clock()), most):
+            gone += await self.store.delete_file(owner, file_id)
+        return gone
+
+    def _live(self, rec: FileRecord) -> bool:
+        return rec.expires_at is None or rec.expires_at > self.clock()
 
     def _poke(self) -> None:
         if self.wake is not None:
@@ -119,56 +159,37 @@ class BatchService:
     # --- files ------------------------------------------------------------------------------------------------
     @staticmethod
     def file_object(rec: FileRecord) -> dict[str, Any]:
-        return {"id": rec.id, "object": "file", "bytes": rec.bytes, "created_at": rec.created_at,
-                "filename": rec.filename, "purpose": rec.purpose, "status": "processed"}
+        obj = {"id": rec.id, "object": "file", "bytes": rec.bytes, "created_at": rec.created_at,
+               "expires_at": rec.expires_at, "filename": rec.filename, "purpose": rec.purpose, "status": "processed"}
+        return {k: v for k, v in obj.items() if v is not None}
 
-    async def upload(self, owner: str, filename: str, purpose: str, content: bytes) -> dict[str, Any]:
+    async def upload(self, owner: str, filename: str, purpose: str, content: bytes,
+                     expires_after: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """A `file` object; `expires_after` ({anchor: "created_at", seconds}: 3600 to 2592000) sets its
+        `expires_at` (default 30 days, as OpenAI's batch files)."""
+        ttl = ttl_s(expires_after, "expires_after")
         if purpose not in FILE_PURPOSES:
             raise InvalidRequestError(f"purpose {purpose!r} is not supported here; this server takes 'batch' files.",
                                       param="purpose", code="invalid_purpose")
         if len(content) > self.max_file_bytes:
             raise InvalidRequestError(f"The file has {len(content)} bytes; this server takes at most "
                                       f"{self.max_file_bytes}.", param="file", code="file_too_large")
-        lines = await asyncio.to_thread(self._check_jsonl, content)
-        rec = FileRecord(new_id("file-"), owner, purpose, filename[:255] or "upload.jsonl", len(content), lines,
-                         int(time.time()))
+        lines = await asyncio.to_thread(_count_lines, content)
+        now = int(self.clock())
+        rec = FileRecord(new_id("file-"), owner, purpose, filename[:255] or "upload.jsonl", len(content), lines, now,
+                         now + ttl)
         await self.store.put_file(rec, content)
         return self.file_object(rec)
 
-    def _check_jsonl(self, content: bytes) -> int:
-        """Lines of a batch input file; a 400 naming the first bad line (CPU work: off the event loop)."""
-        count = 0
-        seen: set[str] = set()
-        for idx, raw in iter_lines(content):
-            if idx >= self.max_lines:
-                raise InvalidRequestError(f"The file has more than {self.max_lines} requests, this server's limit.",
-                                          param="file", code="too_many_lines")
-            line = _line(raw, idx)
-            method, url, custom_id = line.get("method"), line.get("url"), line.get("custom_id")
-            if not isinstance(custom_id, str) or not custom_id:
-                raise _bad_line(idx, "has no custom_id string")
-            if custom_id in seen:
-                raise _bad_line(idx, f"repeats the custom_id {custom_id[:64]!r}")
-            seen.add(custom_id)
-            if method != "POST":
-                raise _bad_line(idx, "has a method other than POST")
-            if url not in ENDPOINTS:
-                raise _bad_line(idx, f"has a url that is none of {', '.join(ENDPOINTS)}")
-            if not isinstance(line.get("body"), dict):
-                raise _bad_line(idx, "has no body object")
-            count += 1
-        if not count:
-            raise InvalidRequestError("The file holds no requests.", param="file", code="empty_file")
-        return count
-
     async def file(self, owner: str, file_id: str) -> FileRecord:
         rec = await self.store.get_file(owner, file_id)
-        if rec is None or rec.purpose == INTERNAL_PURPOSE:
+        if rec is None or rec.purpose == INTERNAL_PURPOSE or not self._live(rec):
             raise NotFoundError(f"No such File object: {file_id}", param="id")
         return rec
 
     async def list_files(self, owner: str, purpose: str | None, limit: int, after: str | None) -> dict[str, Any]:
-        recs = [r for r in await self.store.list_files(owner, purpose, 10_000) if r.purpose != INTERNAL_PURPOSE]
+        recs = [r for r in await self.store.list_files(owner, purpose, 10_000)
+                if r.purpose != INTERNAL_PURPOSE and self._live(r)]
         return _page([self.file_object(r) for r in recs], limit, after)
 
     async def content(self, owner: str, file_id: str) -> bytes:
@@ -181,31 +202,31 @@ class BatchService:
 
     # --- jobs -------------------------------------------------------------------------------------------------
     async def create(self, owner: str, input_file_id: str, endpoint: str, window: str,
-                     metadata: Mapping[str, str] | None, caller: Mapping[str, str]) -> dict[str, Any]:
+                     metadata: Mapping[str, str] | None, caller: Mapping[str, str],
+                     output_expires_after: Mapping[str, Any] | None = None) -> dict[str, Any]:
         if endpoint not in ENDPOINTS:
             raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)}.", param="endpoint",
                                       code="invalid_endpoint")
         if window != "24h":
             raise InvalidRequestError("completion_window must be '24h'.", param="completion_window")
         _check_metadata(metadata)
+        ttl = ttl_s(output_expires_after, "output_expires_after")
         rec = await self.store.get_file(owner, input_file_id)
-        if rec is None or rec.purpose == INTERNAL_PURPOSE:
+        if rec is None or rec.purpose == INTERNAL_PURPOSE or not self._live(rec):
             raise NotFoundError(f"No such File object: {input_file_id}", param="input_file_id")
         if rec.purpose != "batch":
             raise InvalidRequestError("The input file's purpose must be 'batch'.", param="input_file_id")
-        content = await self.store.read(rec.id)
-        wrong = await asyncio.to_thread(_other_url, content, endpoint)
-        if wrong is not None:
-            raise _bad_line(wrong, f"has a url other than the batch's endpoint {endpoint}", "input_file_id")
         job = await self._create_job("openai", new_id("batch_"), owner, rec.id, endpoint, rec.lines,
-                                     dict(metadata or {}), caller)
+                                     dict(metadata or {}), caller, {"output_ttl_s": ttl})
         return await self.batch_object(job)
 
     async def _create_job(self, kind: str, job_id: str, owner: str, file_id: str, endpoint: str, total: int,
-                          metadata: dict[str, str], caller: Mapping[str, str]) -> BatchRecord:
-        now = int(time.time())
+                          metadata: dict[str, str], caller: Mapping[str, str],
+                          extra: Mapping[str, Any] | None = None) -> BatchRecord:
+        now = int(self.clock())
         data: dict[str, Any] = {"endpoint": endpoint, "input_file_id": file_id, "total": total,
-                                "metadata": metadata, "expires_at": now + WINDOW_S, "caller": dict(caller)}
+                                "metadata": metadata, "expires_at": now + WINDOW_S, "caller": dict(caller),
+                                **(extra or {})}
         job = BatchRecord(job_id, owner, kind, "validating", now, data)
         if not await self.store.create_batch(job, self.max_jobs):
             raise InvalidRequestError(f"This key has {self.max_jobs} unfinished batches, this server's limit; "
@@ -233,7 +254,7 @@ class BatchService:
                 "expired_at": d.get("expired_at"), "cancelling_at": d.get("cancelling_at"),
                 "cancelled_at": d.get("cancelled_at"),
                 "request_counts": {"total": d["total"], "completed": counts.get(SUCCEEDED, 0),
-                                   "failed": counts.get(ERRORED, 0)},
+                                   "failed": counts.get(ERRORED, 0) + counts.get(EXPIRED, 0)},
                 "metadata": d.get("metadata") or None}
         return {k: v for k, v in obj.items() if v is not None or k == "metadata"}
 
@@ -246,7 +267,7 @@ class BatchService:
 
     async def cancel(self, owner: str, job_id: str, kind: str) -> BatchRecord:
         rec = await self.job(owner, job_id, kind)
-        now = int(time.time())
+        now = int(self.clock())
         field = "cancelling_at" if kind == "openai" else "cancel_initiated_at"
         done = await self.store.update(rec.id, "cancelling", {field: now}, only_if=("validating", "in_progress"))
         for listener in self.on_cancel:
@@ -259,7 +280,7 @@ class BatchService:
         content = await asyncio.to_thread(self._messages_jsonl, requests)
         job_id = new_id("msgbatch_")
         rec = FileRecord(new_id("file-"), owner, INTERNAL_PURPOSE, f"{job_id}.jsonl", len(content),
-                         len(requests), int(time.time()))
+                         len(requests), int(self.clock()))
         await self.store.put_file(rec, content)
         job = await self._create_job("anthropic", job_id, owner, rec.id, MESSAGES, rec.lines, {}, caller)
         return await self.message_batch_object(job)
@@ -356,38 +377,24 @@ def unanswered_line(kind: str, custom_id: str, outcome: int) -> str:
                                  + ("was cancelled." if outcome == CANCELED else "expired.")}})
 
 
-def parse_lines(content: bytes) -> list[tuple[int, str, str, dict[str, Any]]]:
-    """(index, custom_id, url, body) of each line of a checked input file (CPU work: off the event loop)."""
-    out = []
-    for idx, raw in iter_lines(content):
-        line = json.loads(raw)
-        out.append((idx, str(line["custom_id"]), str(line["url"]), line["body"]))
-    return out
-
-
 def active(status: str) -> bool:
     return status in ACTIVE
 
 
-def _line(raw: bytes, idx: int) -> dict[str, Any]:
-    try:
-        line = json.loads(raw)
-    except ValueError:
-        raise _bad_line(idx, "is not JSON") from None
-    if not isinstance(line, dict):
-        raise _bad_line(idx, "is not a JSON object")
-    return line
+def ttl_s(value: Mapping[str, Any] | None, param: str) -> int:
+    """The seconds of an `expires_after`-like object ({anchor: "created_at", seconds}); the default without one."""
+    if value is None:
+        return FILE_TTL_S
+    seconds = value.get("seconds")
+    if value.get("anchor") != "created_at" or set(value) - {"anchor", "seconds"} or isinstance(seconds, bool) or \
+            not isinstance(seconds, int) or not MIN_TTL_S <= seconds <= MAX_TTL_S:
+        raise InvalidRequestError(f"{param} must be {{\"anchor\": \"created_at\", \"seconds\": N}} with N from "
+                                  f"{MIN_TTL_S} to {MAX_TTL_S}.", param=param)
+    return seconds
 
 
-def _bad_line(idx: int, what: str, param: str = "file") -> InvalidRequestError:
-    return InvalidRequestError(f"Line {idx + 1} of the input file {what}.", param=param, code="invalid_batch_line")
-
-
-def _other_url(content: bytes, endpoint: str) -> int | None:
-    for idx, raw in iter_lines(content):
-        if json.loads(raw).get("url") != endpoint:
-            return idx
-    return None
+def _count_lines(content: bytes) -> int:
+    return sum(1 for _ in iter_lines(content))
 
 
 def _check_metadata(metadata: Mapping[str, Any] | None) -> None:

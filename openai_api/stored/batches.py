@@ -48,10 +48,16 @@ CREATE TABLE IF NOT EXISTS batches (
   created_at INTEGER NOT NULL, lease_owner TEXT, lease_until REAL NOT NULL DEFAULT 0, data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS batches_owner ON batches (owner, kind, created_at);
 CREATE INDEX IF NOT EXISTS batches_status ON batches (status);
+CREATE TABLE IF NOT EXISTS file_expiry (id TEXT PRIMARY KEY, expires_at INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS file_expiry_at ON file_expiry (expires_at);
 CREATE TABLE IF NOT EXISTS results (
   batch_id TEXT NOT NULL, idx INTEGER NOT NULL, outcome INTEGER NOT NULL, line TEXT NOT NULL,
   PRIMARY KEY (batch_id, idx));
 """
+
+
+# A file's columns and its expiry (the expiry in a table of its own: stores made before it keep working).
+_FILES = "SELECT f.*, e.expires_at FROM files f LEFT JOIN file_expiry e ON e.id = f.id"
 
 
 def default_batch_dir() -> Path:
@@ -69,6 +75,7 @@ class FileRecord:
     bytes: int
     lines: int
     created_at: int
+    expires_at: int | None = None  # deleted then (`expired_files`); None: kept until deleted
 
 
 @dataclass(slots=True)
@@ -119,22 +126,30 @@ class BatchStore(SQLiteOnThread):
         os.replace(tmp, self.path(rec.id))  # whole or absent, never half a file
         self._conn().execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?, ?)",
                              (rec.id, rec.owner, rec.purpose, rec.filename, rec.bytes, rec.lines, rec.created_at))
+        if rec.expires_at is not None:
+            self._conn().execute("INSERT INTO file_expiry VALUES (?, ?)", (rec.id, rec.expires_at))
 
     def _get_file(self, owner: str, file_id: str) -> FileRecord | None:
-        row = self._conn().execute("SELECT * FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone()
+        row = self._conn().execute(_FILES + " WHERE f.id = ? AND f.owner = ?", (file_id, owner)).fetchone()
         return None if row is None else FileRecord(*row)
 
     def _list_files(self, owner: str, purpose: str | None, limit: int) -> list[FileRecord]:
-        q = "SELECT * FROM files WHERE owner = ?" + (" AND purpose = ?" if purpose else "") + \
-            " ORDER BY created_at DESC, rowid DESC LIMIT ?"
+        q = _FILES + " WHERE f.owner = ?" + (" AND f.purpose = ?" if purpose else "") + \
+            " ORDER BY f.created_at DESC, f.rowid DESC LIMIT ?"
         args: tuple[Any, ...] = (owner, purpose, limit) if purpose else (owner, limit)
         return [FileRecord(*r) for r in self._conn().execute(q, args).fetchall()]
 
     def _delete_file(self, owner: str, file_id: str) -> bool:
         gone = self._conn().execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner)).rowcount > 0
         if gone:
+            self._conn().execute("DELETE FROM file_expiry WHERE id = ?", (file_id,))
             self.path(file_id).unlink(missing_ok=True)
         return gone
+
+    def _expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
+        rows = self._conn().execute("SELECT e.id, f.owner FROM file_expiry e JOIN files f ON f.id = e.id WHERE "
+                                    "e.expires_at <= ? ORDER BY e.expires_at LIMIT ?", (now, most)).fetchall()
+        return [(str(i), str(o)) for i, o in rows]
 
     def _read(self, file_id: str) -> bytes:
         return self.path(file_id).read_bytes()
@@ -187,14 +202,25 @@ class BatchStore(SQLiteOnThread):
         db.execute("DELETE FROM results WHERE batch_id = ?", (batch_id,))
         return True
 
-    def _claim(self, db: sqlite3.Connection, node: str, now: float, most: int) -> list[str]:
+    def _candidates(self, now: float, most: int) -> list[tuple[str, str]]:
         marks = ",".join("?" * len(ACTIVE))
-        rows = db.execute(f"SELECT id FROM batches WHERE status IN ({marks}) AND (lease_owner IS NULL OR "
-                          "lease_until < ?) ORDER BY created_at, rowid LIMIT ?", (*ACTIVE, now, most)).fetchall()
-        ids = [r[0] for r in rows]
-        db.executemany("UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ?",
-                       [(node, now + LEASE_S, i) for i in ids])
-        return ids
+        rows = self._conn().execute(
+            f"SELECT id, owner FROM batches WHERE status IN ({marks}) AND (lease_owner IS NULL OR lease_until < ?) "
+            "ORDER BY created_at, rowid LIMIT ?", (*ACTIVE, now, most)).fetchall()
+        return [(str(i), str(o)) for i, o in rows]
+
+    def _claim(self, db: sqlite3.Connection, node: str, ids: list[str], now: float, most: int) -> list[str]:
+        marks = ",".join("?" * len(ACTIVE))
+        got: list[str] = []
+        for job_id in ids:
+            if len(got) >= most:
+                break
+            cur = db.execute(f"UPDATE batches SET lease_owner = ?, lease_until = ? WHERE id = ? AND status IN "
+                             f"({marks}) AND (lease_owner IS NULL OR lease_until < ?)",
+                             (node, now + LEASE_S, job_id, *ACTIVE, now))
+            if cur.rowcount == 1:
+                got.append(job_id)
+        return got
 
     def _renew(self, batch_id: str, node: str) -> str | None:
         """Extend `node`'s lease; the job's status, or None when the lease is no longer `node`'s."""
@@ -223,11 +249,10 @@ class BatchStore(SQLiteOnThread):
                                     (batch_id,)).fetchall()
         return {int(o): int(n) for o, n in rows}
 
-    def _results(self, batch_id: str, outcome: int | None) -> list[str]:
-        q = "SELECT line FROM results WHERE batch_id = ?" + ("" if outcome is None else " AND outcome = ?") + \
-            " ORDER BY idx"
-        args: tuple[Any, ...] = (batch_id,) if outcome is None else (batch_id, outcome)
-        return [r[0] for r in self._conn().execute(q, args)]
+    def _results(self, batch_id: str, outcomes: tuple[int, ...] | None) -> list[str]:
+        q = "SELECT line FROM results WHERE batch_id = ?" + (
+            "" if outcomes is None else f" AND outcome IN ({','.join('?' * len(outcomes))})") + " ORDER BY idx"
+        return [r[0] for r in self._conn().execute(q, (batch_id, *(outcomes or ())))]
 
     # --- on the event loop -------------------------------------------------------------------------------
     async def _read_op(self, empty: Any, fn: Any, *args: Any) -> Any:
@@ -250,6 +275,11 @@ class BatchStore(SQLiteOnThread):
     async def delete_file(self, owner: str, file_id: str) -> bool:
         gone: bool = await self._read_op(False, self._delete_file, owner, file_id)
         return gone
+
+    async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
+        """(id, owner) of up to `most` files whose `expires_at` is `now` or before, the longest expired first."""
+        found: list[tuple[str, str]] = await self._read_op([], self._expired_files, now, most)
+        return found
 
     async def read(self, file_id: str) -> bytes:
         data: bytes = await self._run(self._read, file_id)
@@ -278,9 +308,16 @@ class BatchStore(SQLiteOnThread):
         gone: bool = await self._read_op(False, self._tx, self._delete_batch, owner, batch_id)
         return gone
 
-    async def claim(self, node: str, most: int) -> list[str]:
-        ids: list[str] = await self._run(self._tx, self._claim, node, time.time(), most)
-        return ids
+    async def candidates(self, most: int) -> list[tuple[str, str]]:
+        """(id, owner) of up to `most` unfinished jobs no gateway holds a lease on, oldest first."""
+        found: list[tuple[str, str]] = await self._read_op([], self._candidates, time.time(), most)
+        return found
+
+    async def claim(self, node: str, ids: list[str], most: int) -> list[str]:
+        """Take the lease of up to `most` of `ids`, in that order, for `node`: those it got (a job another gateway
+        claimed since, or that ended, is skipped)."""
+        got: list[str] = await self._run(self._tx, self._claim, node, ids, time.time(), most)
+        return got
 
     async def renew(self, batch_id: str, node: str) -> str | None:
         status: str | None = await self._run(self._renew, batch_id, node)
@@ -303,9 +340,9 @@ class BatchStore(SQLiteOnThread):
         found: dict[int, int] = await self._run(self._counts, batch_id)
         return found
 
-    async def results(self, batch_id: str, outcome: int | None = None) -> list[str]:
-        """A job's recorded answers in line order (of one outcome, or all)."""
-        found: list[str] = await self._run(self._results, batch_id, outcome)
+    async def results(self, batch_id: str, outcomes: tuple[int, ...] | None = None) -> list[str]:
+        """A job's recorded answers in line order (of these outcomes, or all)."""
+        found: list[str] = await self._run(self._results, batch_id, outcomes)
         return found
 
 

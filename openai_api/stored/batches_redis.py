@@ -6,10 +6,11 @@ across hosts, which Redis does in one round trip each (SQLite's locks over a net
 trusted); the files are large, written once and read whole, so they stay out of Redis's memory on a shared volume.
 
 Keys, under `oag:b:`: `job:ID` (the job as JSON), `jobs:OWNER:KIND` and `files:OWNER` (sorted sets by creation),
-`file:ID` (a file's metadata as JSON), `active` (a sorted set of unfinished jobs) and `active:OWNER` (a set: the
-per-key bound), `lease:ID` (the gateway running it; `SET NX PX`), `res:ID` (line -> answer, `HSETNX`: the first
-answer stays), `out:ID` (line -> outcome) and `cnt:ID` (outcome -> lines). Each write that must be atomic is one
-Lua script. A single Redis or a primary, not Redis Cluster (the scripts name keys they compute).
+`file:ID` (a file's metadata as JSON), `fexp` (files by `expires_at`), `active` (a sorted set of unfinished jobs)
+and `active:OWNER` (a set: the per-key bound), `lease:ID` (the gateway running it; `SET NX PX`), `res:ID` (line
+-> answer, `HSETNX`: the first answer stays), `out:ID` (line -> outcome) and `cnt:ID` (outcome -> lines). Each
+write that must be atomic is one Lua script. A single Redis or a primary, not Redis Cluster (the scripts name keys
+they compute).
 """
 
 from __future__ import annotations
@@ -67,15 +68,32 @@ redis.call('SET', root .. 'job:' .. id, out)
 return out
 """
 
-# ARGV: root, node, lease_ms, most
+# ARGV: root, node, lease_ms, most, ids (a JSON list, in the order to try them)
 _CLAIM = r"""
 local root, node, most = ARGV[1], ARGV[2], tonumber(ARGV[4])
 local got = {}
-for _, id in ipairs(redis.call('ZRANGE', root .. 'active', 0, -1)) do
+for _, id in ipairs(cjson.decode(ARGV[5])) do
   if #got >= most then break end
-  if redis.call('SET', root .. 'lease:' .. id, node, 'NX', 'PX', ARGV[3]) then table.insert(got, id) end
+  if redis.call('ZSCORE', root .. 'active', id) and
+     redis.call('SET', root .. 'lease:' .. id, node, 'NX', 'PX', ARGV[3]) then table.insert(got, id) end
 end
 return got
+"""
+
+# ARGV: root, most
+_CANDIDATES = r"""
+local root, out = ARGV[1], {}
+for _, id in ipairs(redis.call('ZRANGE', root .. 'active', 0, -1)) do
+  if #out >= tonumber(ARGV[2]) * 2 then break end
+  if redis.call('EXISTS', root .. 'lease:' .. id) == 0 then
+    local raw = redis.call('GET', root .. 'job:' .. id)
+    if raw then
+      table.insert(out, id)
+      table.insert(out, cjson.decode(raw).owner)
+    end
+  end
+end
+return out
 """
 
 # ARGV: root, id, node, lease_ms
@@ -147,6 +165,8 @@ class RedisBatchStore(BatchStore):
             async with self.redis.pipeline(transaction=True) as p:
                 p.set(ROOT + "file:" + rec.id, json.dumps(_file(rec)))
                 p.zadd(ROOT + "files:" + rec.owner, {rec.id: time.time()})
+                if rec.expires_at is not None:
+                    p.zadd(ROOT + "fexp", {rec.id: rec.expires_at})
                 await p.execute()
         except (RedisError, OSError) as e:
             raise self._down(e) from None
@@ -173,10 +193,23 @@ class RedisBatchStore(BatchStore):
         try:
             await self.redis.delete(ROOT + "file:" + file_id)
             await self.redis.zrem(ROOT + "files:" + owner, file_id)
+            await self.redis.zrem(ROOT + "fexp", file_id)
         except (RedisError, OSError) as e:
             raise self._down(e) from None
         await asyncio.to_thread(self.path(file_id).unlink, True)
         return True
+
+    async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
+        try:
+            ids: Any = await self.redis.zrangebyscore(ROOT + "fexp", "-inf", now, start=0, num=most)
+            raws = await self.redis.mget([ROOT + "file:" + i.decode() for i in ids]) if ids else []
+            gone = [i for i, r in zip(ids, raws, strict=True) if r is None]
+            if gone:
+                await self.redis.zrem(ROOT + "fexp", *gone)  # deleted meanwhile
+        except (RedisError, OSError) as e:
+            raise self._down(e) from None
+        recs = [json.loads(r) for r in raws if r is not None]
+        return [(str(d["id"]), str(d["owner"])) for d in recs]
 
     async def read(self, file_id: str) -> bytes:
         try:
@@ -233,9 +266,15 @@ class RedisBatchStore(BatchStore):
             raise self._down(e) from None
         return True
 
-    async def claim(self, node: str, most: int) -> list[str]:
-        ids = await self._call(_CLAIM, node, int(LEASE_S * 1000), most)
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in ids]
+    async def candidates(self, most: int) -> list[tuple[str, str]]:
+        flat = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._call(_CANDIDATES, most)]
+        return list(zip(flat[::2], flat[1::2], strict=True))
+
+    async def claim(self, node: str, ids: list[str], most: int) -> list[str]:
+        if not ids:
+            return []
+        got = await self._call(_CLAIM, node, int(LEASE_S * 1000), most, json.dumps(ids))
+        return [i.decode() if isinstance(i, bytes) else str(i) for i in got]
 
     async def renew(self, batch_id: str, node: str) -> str | None:
         status = await self._call(_RENEW, batch_id, node, int(LEASE_S * 1000))
@@ -260,13 +299,13 @@ class RedisBatchStore(BatchStore):
             raise self._down(e) from None
         return {int(k): int(v) for k, v in got.items()}
 
-    async def results(self, batch_id: str, outcome: int | None = None) -> list[str]:
+    async def results(self, batch_id: str, outcomes: tuple[int, ...] | None = None) -> list[str]:
         try:
             lines: Any = await self.redis.hgetall(ROOT + "res:" + batch_id)
-            outcomes = await self.redis.hgetall(ROOT + "out:" + batch_id) if outcome is not None else {}
+            got = await self.redis.hgetall(ROOT + "out:" + batch_id) if outcomes is not None else {}
         except (RedisError, OSError) as e:
             raise self._down(e) from None
-        keep = sorted(int(k) for k in lines if outcome is None or int(outcomes.get(k, -1)) == outcome)
+        keep = sorted(int(k) for k in lines if outcomes is None or int(got.get(k, -1)) in outcomes)
         return [lines[str(i).encode()].decode() for i in keep]
 
     def exists(self) -> bool:
@@ -279,4 +318,4 @@ class RedisBatchStore(BatchStore):
 
 def _file(rec: FileRecord) -> dict[str, Any]:
     return {"id": rec.id, "owner": rec.owner, "purpose": rec.purpose, "filename": rec.filename, "bytes": rec.bytes,
-            "lines": rec.lines, "created_at": rec.created_at}
+            "lines": rec.lines, "created_at": rec.created_at, "expires_at": rec.expires_at}

@@ -27,7 +27,7 @@ from tritonclient.grpc import InferResult
 
 from openai_api.triton.base import SpecAdapter
 from openai_api.triton.llm import GenerationChunk, GenerationRequest
-from openai_api.triton.wire import InferRequest, words_tensor
+from openai_api.triton.wire import InferRequest, priority_for, words_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class FasterTransformerAdapter(SpecAdapter):
         req = self.eos_ignored(req)
         spec = self.spec
         names = spec.inputs
-        r = InferRequest(self.triton_model, self.version, req.request_id)
+        r = InferRequest(self.triton_model, self.version, req.request_id, priority_for(self.spec))
         r.add(spec, "input_ids", req.prompt_ids)
         r.add(spec, "request_output_len", req.max_tokens)
         if "input_lengths" in names:

@@ -40,6 +40,7 @@ from openai_api.triton.wire import (
     ModelSpec,
     cached_prompt_tokens,
     output_int,
+    priority_for,
     raw_output,
     words_tensor,
 )
@@ -154,7 +155,7 @@ class TensorRTLLMAdapter(SpecAdapter):
         req = self.eos_ignored(req)
         spec = self.spec
         names = spec.inputs
-        r = InferRequest(self.triton_model, self.version, req.request_id)
+        r = InferRequest(self.triton_model, self.version, req.request_id, priority_for(self.spec))
         r.add(spec, "input_ids", req.prompt_ids)
         r.add(spec, "request_output_len", req.max_tokens)
         if "input_lengths" in names:

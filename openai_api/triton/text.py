@@ -79,7 +79,14 @@ from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, GuideKind
 from openai_api.triton.rpc import TritonRPC
 from openai_api.triton.tensorrt_llm import trtllm_guide
-from openai_api.triton.wire import INTEGER_DTYPES, InferRequest, ModelSpec, cached_prompt_tokens, output_int
+from openai_api.triton.wire import (
+    INTEGER_DTYPES,
+    InferRequest,
+    ModelSpec,
+    cached_prompt_tokens,
+    output_int,
+    priority_for,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -317,7 +324,7 @@ class TextAdapter(SpecAdapter):
         spec, wire = self.spec, self.wire
         if req.return_logprobs:
             raise self.refuse("logprobs", ": its text interface returns no token ids to pair log-probabilities with")
-        r = InferRequest(self.triton_model, self.version, req.request_id)
+        r = InferRequest(self.triton_model, self.version, req.request_id, priority_for(self.spec))
         r.add(spec, wire.input, req.prompt_text)
         r.add(spec, wire.max_tokens, req.max_tokens)
         if stream := self._input(wire.stream):

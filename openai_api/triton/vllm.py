@@ -53,7 +53,7 @@ from openai_api.errors import BackendError, InvalidRequestError, ModelNotFoundEr
 from openai_api.triton.base import SpecAdapter, is_neutral
 from openai_api.triton.llm import GUIDE_KINDS, GenerationChunk, GenerationRequest, Guide, GuideKind
 from openai_api.triton.rpc import TritonRPC
-from openai_api.triton.wire import InferRequest, ModelSpec
+from openai_api.triton.wire import InferRequest, ModelSpec, priority_for
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class VLLMAdapter(SpecAdapter):
                                           f"Triton model {self.triton_model!r} has no sampling_parameters input to "
                                           "name it in.", param="model", code="lora_not_supported")
             params["lora_name"] = req.lora.lora_name
-        r = InferRequest(self.triton_model, self.version, req.request_id)
+        r = InferRequest(self.triton_model, self.version, req.request_id, priority_for(self.spec))
         r.add(spec, "text_input", req.prompt_text)
         if req.images:
             if not self.supports("images"):

@@ -8,6 +8,14 @@ strings) and keeps what an adapter needs: input and output names with their dtyp
 the batch dim, whether the model is batched (`max_batch_size > 0`: every tensor then carries a
 leading batch dim of 1) and whether it is decoupled (streams over gRPC), and its string `parameters`.
 
+**Priority.** A model whose config has `dynamic_batching { priority_levels: N }` orders the requests waiting in
+Triton's queue by the request parameter `priority` (1 = most urgent, N = least; 0 or above N = the model's
+`default_priority_level`). `InferRequest(..., priority=priority_for(spec))` sends the request's gateway class
+(`RequestStats.priority_class`, set by the HTTP layer's admission) as `int64_param` (Triton's gRPC frontend takes
+int64 in every release, uint64 only in recent ones): interactive 1, standard 2, batch N, each capped at N. A model
+without priority levels (an ensemble, from which Triton drops a priority anyway, server #7116, or a model without
+dynamic batching) gets no parameter.
+
 `InferRequest` is one KServe v2 `ModelInferRequest` built straight from Python values. Tensors travel
 as `raw_input_contents`: little-endian values in row-major order; BOOL one byte each; BYTES each
 element a 4-byte little-endian length then the bytes (`encode_tensor`).
@@ -28,12 +36,15 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import triton_to_np_dtype
 
 from openai_api.errors import InvalidRequestError
+from openai_api.observability import current_stats
 
 INTEGER_DTYPES = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
 # Triton dtype -> array typecode, for the fixed-width types that need no numpy on the way out.
 _TYPECODES = {"INT8": "b", "UINT8": "B", "INT16": "h", "UINT16": "H", "INT32": "i", "UINT32": "I",
               "INT64": "q", "UINT64": "Q", "FP32": "f", "FP64": "d"}
 _LITTLE = sys.byteorder == "little"
+# Triton's `priority` per class (1 = highest; `priority_for` caps it at the model's levels, batch = the lowest).
+CLASS_PRIORITY: dict[str, int] = {"interactive": 1, "standard": 2, "batch": 3}
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +63,8 @@ class ModelSpec:
     decoupled: bool = False
     # The config's `parameters` (key -> string_value), e.g. tensorrt_llm_bls's `accumulate_tokens`.
     parameters: Mapping[str, str] = field(default_factory=dict)
+    # `dynamic_batching.priority_levels` (0: none; then no request carries a `priority`).
+    priority_levels: int = 0
 
     @property
     def batched(self) -> bool:
@@ -94,7 +107,24 @@ def parse_model_config(raw: Mapping[str, Any]) -> ModelSpec:
         max_batch_size=int(cfg.get("max_batch_size", 0) or 0),
         decoupled=bool(policy.get("decoupled", False)),
         parameters=_parameters(cfg.get("parameters")),
+        priority_levels=_int((cfg.get("dynamic_batching") or {}).get("priority_levels")),
     )
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(int(str(value or 0)), 0)  # a uint64 may come as a string in Triton's JSON
+    except ValueError:
+        return 0
+
+
+def priority_for(spec: ModelSpec) -> int:
+    """The `priority` to send `spec`'s model for the current request's class (module docstring); 0: none."""
+    stats = current_stats()
+    cls = stats.priority_class if stats is not None else ""
+    if not spec.priority_levels or cls not in CLASS_PRIORITY:
+        return 0
+    return spec.priority_levels if cls == "batch" else min(CLASS_PRIORITY[cls], spec.priority_levels)
 
 
 def encode_tensor(dtype: str, values: Sequence[Any]) -> bytes:
@@ -148,8 +178,10 @@ class InferRequest:
 
     __slots__ = ("pb",)
 
-    def __init__(self, model_name: str, model_version: str = "", request_id: str = "") -> None:
+    def __init__(self, model_name: str, model_version: str = "", request_id: str = "", priority: int = 0) -> None:
         self.pb = service_pb2.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
+        if priority > 0:
+            self.pb.parameters["priority"].int64_param = priority
 
     def tensor(self, name: str, dtype: str, shape: Iterable[int], values: Sequence[Any]) -> None:
         """Add an input from flat Python values (row-major). A value `dtype` cannot hold (a negative

@@ -1,7 +1,8 @@
 """The Batch API and the priority scheduler end to end (issue #39): real gateways (uvicorn in a thread, the way a
 user runs them) in front of the session's Triton, driven by the real `openai` and `anthropic` SDKs.
 
-Proven here: `files.create` + `batches.create` + polling + `files.content`, and Anthropic's
+Proven here: `files.create` (with `expires_after`) + `batches.create` (with `output_expires_after`) + polling +
+`files.content`, a batch whose input file has a bad line ending `failed` with the line named, and Anthropic's
 `messages.batches.create/retrieve/results`; a gateway stopped in the middle of a job and a new one started on the
 same batch folder (every line answered exactly once, in order); two gateways sharing one store (Redis and a files
 folder: a job made through one that runs no jobs is run by the other); a job cancelled half-way (its answers so far in
@@ -86,14 +87,25 @@ def poll(fetch: Callable[[], Any], done: Callable[[Any], bool], timeout: float =
 
 def test_openai_sdk_batch(gw: GatewayServer) -> None:
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY)
-    made = client.files.create(file=("in.jsonl", lines(6, FAST, 8)), purpose="batch")
+    made = client.files.create(file=("in.jsonl", lines(6, FAST, 8)), purpose="batch",
+                               expires_after={"anchor": "created_at", "seconds": 3600})
     assert made.purpose == "batch" and made.bytes == len(lines(6, FAST, 8))
+    assert made.expires_at == made.created_at + 3600
     batch = client.batches.create(input_file_id=made.id, endpoint="/v1/chat/completions", completion_window="24h",
-                                  metadata={"suite": "e2e"})
+                                  metadata={"suite": "e2e"},
+                                  output_expires_after={"anchor": "created_at", "seconds": 7200})
     assert batch.status == "validating" and batch.request_counts and batch.request_counts.total == 6
+    # A file with a bad line: taken at upload, its batch then `failed` with the line named, as on OpenAI.
+    bad = client.files.create(file=("bad.jsonl", lines(1, FAST, 8) + b"not json\n"), purpose="batch")
+    failing = client.batches.create(input_file_id=bad.id, endpoint="/v1/chat/completions", completion_window="24h")
     done = poll(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "completed")
     assert done.status == "completed" and done.request_counts.completed == 6 and done.output_file_id
     assert done.metadata == {"suite": "e2e"} and done.error_file_id is None
+    output = client.files.retrieve(done.output_file_id)
+    assert output.purpose == "batch_output" and output.expires_at == output.created_at + 7200
+    failed = poll(lambda: client.batches.retrieve(failing.id), lambda b: b.status == "failed")
+    assert failed.status == "failed" and failed.failed_at and failed.errors and failed.errors.data
+    assert [(e.code, e.line) for e in failed.errors.data] == [("invalid_json_line", 2)]
     out = [json.loads(x) for x in client.files.content(done.output_file_id).content.splitlines()]
     assert [x["custom_id"] for x in out] == [f"line-{i}" for i in range(6)]
     for x in out:

@@ -42,11 +42,14 @@ class SlowBackend(FakeBackend):
         self.gate.set()
         self.free = 1 << 30
         self.started = 0
+        self.delay = 0.0
 
     async def generate(self, request: Any) -> Any:  # type: ignore[override]
         self.started += 1
         if self.started > self.free:
             await self.gate.wait()
+        if self.delay:
+            await asyncio.sleep(self.delay)
         async for chunk in super().generate(request):
             yield chunk
 
@@ -165,27 +168,51 @@ async def test_another_key_sees_nothing(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v1/files", headers=B)).json()["data"] == []
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    (b"not json\n", "Line 1 of the input file is not JSON"),
-    (jsonl(1) + b"[1]\n", "Line 2 of the input file is not a JSON object"),
-    (jsonl(2).replace(b'"r1"', b'"r0"'), "repeats the custom_id"),
-    (jsonl(1, url="/v1/images"), "has a url that is none of"),
-    (jsonl(51), "more than 50 requests"),
-    (jsonl(200), "takes at most 20000"),
-    (b"\n\n", "holds no requests"),
+@pytest.mark.parametrize(("content", "errors"), [
+    (b"not json\n", [("invalid_json_line", None, 1)]),
+    (jsonl(1) + b"[1]\n", [("invalid_json_line", None, 2)]),
+    (jsonl(3).replace(b'"r1"', b'"r0"'), [("duplicate_custom_id", "custom_id", 2)]),
+    (jsonl(1) + jsonl(1, url="/v1/embeddings").replace(b'"r0"', b'"e0"'), [("url_mismatch", "url", 2)]),
+    (jsonl(2).replace(b'"method": "POST", ', b""), [("missing_required_parameter", "method", 1),
+                                                   ("missing_required_parameter", "method", 2)]),
+    (jsonl(1).replace(b'"POST"', b'"GET"'), [("invalid_value", "method", 1)]),
+    (b'{"custom_id": "x", "method": "POST", "url": "/v1/chat/completions", "body": []}\n',
+     [("invalid_value", "body", 1)]),
+    (b'{"method": "POST", "url": "/v1/chat/completions", "body": {}}\n',
+     [("missing_required_parameter", "custom_id", 1)]),
+    (jsonl(51), [("too_many_tasks", None, None)]),
+    (b"\n\n", [("empty_batch", None, None)]),
 ])
-async def test_bad_files_are_400s(client: httpx.AsyncClient, content: bytes, message: str) -> None:
+async def test_bad_input_files_fail_the_batch(app: FastAPI, client: httpx.AsyncClient,
+                                              openai_schema: Callable[[str, Any], None], content: bytes,
+                                              errors: list[tuple[str, str | None, int | None]]) -> None:
+    """As OpenAI: the upload is taken, the batch is made (`validating`), then `failed` with `errors` naming each
+    bad line (1-based); no line of the file runs."""
     r = await upload(client, content)
-    assert r.status_code == 400, r.text
-    assert message in r.json()["error"]["message"]
+    assert r.status_code == 200, r.text
+    r = await client.post("/v1/batches", headers=A, json={"input_file_id": r.json()["id"], "endpoint":
+                          "/v1/chat/completions", "completion_window": "24h"})
+    assert r.status_code == 200 and r.json()["status"] == "validating", r.text
+    done = await run_until(app, client, f"/v1/batches/{r.json()['id']}", lambda b: b["status"] == "failed")
+    openai_schema("Batch", done)
+    assert done["failed_at"] >= done["created_at"] and done["errors"]["object"] == "list"
+    assert [(e["code"], e["param"], e["line"]) for e in done["errors"]["data"]] == errors
+    assert all(e["message"] for e in done["errors"]["data"])
+    assert done["request_counts"]["completed"] == 0 and "output_file_id" not in done
+
+
+async def test_too_large_uploads_are_400s(client: httpx.AsyncClient) -> None:
+    r = await upload(client, jsonl(200))
+    assert r.status_code == 400 and "takes at most 20000" in r.json()["error"]["message"]
 
 
 async def test_bad_batches_are_400s(client: httpx.AsyncClient) -> None:
     file = (await upload(client, jsonl(1))).json()
     base = {"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
     for change, param in [({"endpoint": "/v1/images"}, "endpoint"), ({"completion_window": "1h"},
-                          "completion_window"), ({"endpoint": "/v1/embeddings"}, "input_file_id"),
-                          ({"metadata": {str(i): "x" for i in range(17)}}, "metadata")]:
+                          "completion_window"), ({"metadata": {str(i): "x" for i in range(17)}}, "metadata"),
+                          ({"output_expires_after": {"anchor": "created_at", "seconds": 59}}, "output_expires_after"),
+                          ({"output_expires_after": {"anchor": "now", "seconds": 3600}}, "output_expires_after")]:
         r = await client.post("/v1/batches", headers=A, json={**base, **change})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (change, r.text)
     r = await client.post("/v1/files", headers=A, data={"purpose": "fine-tune"},
@@ -260,21 +287,27 @@ async def test_errors_go_to_the_error_file(app: FastAPI, client: httpx.AsyncClie
 
 async def test_anthropic_message_batch(app: FastAPI, client: httpx.AsyncClient) -> None:
     params = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+    bad = {k: v for k, v in params.items() if k != "max_tokens"}  # as Anthropic: params are checked as each runs
     r = await client.post("/v1/messages/batches", headers=A, json={"requests": [
-        {"custom_id": f"m{i}", "params": params} for i in range(3)]})
+        {"custom_id": f"m{i}", "params": params} for i in range(3)] + [{"custom_id": "bad", "params": bad}]})
     assert r.status_code == 200, r.text
     made = r.json()
     assert made["type"] == "message_batch" and made["processing_status"] == "in_progress"
-    assert made["request_counts"]["processing"] == 3 and made["results_url"] is None
+    assert made["request_counts"]["processing"] == 4 and made["results_url"] is None
     r = await client.get(f"/v1/messages/batches/{made['id']}/results", headers=A)
     assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's shape
     done = await run_until(app, client, f"/v1/messages/batches/{made['id']}",
                            lambda b: b["processing_status"] == "ended")
-    assert done["request_counts"] == {"processing": 0, "succeeded": 3, "errored": 0, "canceled": 0, "expired": 0}
+    assert done["request_counts"] == {"processing": 0, "succeeded": 3, "errored": 1, "canceled": 0, "expired": 0}
     assert done["results_url"].endswith(f"/v1/messages/batches/{made['id']}/results")
     results = [json.loads(x) for x in (await client.get(done["results_url"], headers=A)).content.splitlines()]
-    assert [x["custom_id"] for x in results] == ["m0", "m1", "m2"]
-    assert all(x["result"]["type"] == "succeeded" and x["result"]["message"]["type"] == "message" for x in results)
+    assert [x["custom_id"] for x in results] == ["m0", "m1", "m2", "bad"]
+    assert all(x["result"]["type"] == "succeeded" and x["result"]["message"]["type"] == "message"
+               for x in results[:3])
+    error = results[3]["result"]
+    assert error["type"] == "errored" and error["error"]["type"] == "error"
+    assert error["error"]["error"]["type"] == "invalid_request_error" and "max_tokens" in error["error"]["error"][
+        "message"]
     assert (await client.get(f"/v1/messages/batches/{made['id']}", headers=B)).status_code == 404
     assert [b["id"] for b in (await client.get("/v1/messages/batches", headers=A)).json()["data"]] == [made["id"]]
     assert (await client.get("/v1/files", headers=A)).json()["data"] == []  # its input is no /v1/files file
@@ -332,6 +365,15 @@ async def test_two_gateways_share_one_redis_store(tmp_path: Path, redis_url: str
         assert not await store.delete_batch("key:someone-else", batch["id"])
         assert await store.delete_batch(owner, batch["id"])
         assert await store.get_batch(None, batch["id"]) is None and await store.done(batch["id"]) == set()
+        # Expiry on the shared store: the other gateway's sweep deletes a file made through this one.
+        made = (await clients[0].post("/v1/files", headers=A, files={"file": ("x.jsonl", jsonl(1), "text/plain")},
+                                      data={"purpose": "batch", "expires_after[anchor]": "created_at",
+                                            "expires_after[seconds]": "3600"})).json()
+        other_service = apps[1].state.gateway.batches
+        other_service.clock = lambda: made["expires_at"] + 1.0
+        assert await other_service.sweep(100) >= 1
+        assert (await clients[0].get(f"/v1/files/{made['id']}", headers=A)).status_code == 404
+        assert await store.get_file(owner, made["id"]) is None and not store.path(made["id"]).exists()
     finally:
         for r_ in runners:
             await r_.close()

@@ -532,3 +532,45 @@ async def test_auto_backend_hands_out_the_adapters_own_generator_once_resolved()
     gen = auto.generate(request())
     assert gen.ag_code is FasterTransformerAdapter.generate.__code__  # type: ignore[attr-defined]  # no layer between
     await gen.aclose()  # type: ignore[attr-defined]
+
+
+def _with_levels(config: dict[str, Any], levels: Any) -> dict[str, Any]:
+    return {"config": {**config["config"], "dynamic_batching": {"priority_levels": levels}}}
+
+
+@pytest.mark.parametrize(("cls", "config", "build"), [
+    (TensorRTLLMAdapter, TRTLLM_CONFIG, lambda a: a._request(request(), streaming=True)),
+    (VLLMAdapter, VLLM_CONFIG, lambda a: a.build_request(request(), True)),
+    (FasterTransformerAdapter, FT_CONFIG, lambda a: a.build_request(request())),
+])
+def test_the_request_class_is_sent_as_triton_priority_to_models_with_levels(cls: type[Any], config: dict[str, Any],
+                                                                            build: Any) -> None:
+    """`dynamic_batching { priority_levels: N }`: the built ModelInferRequest carries `priority` as int64_param
+    (what every Triton release's gRPC frontend takes): interactive 1, standard 2, batch N, capped at N. A model
+    without levels, or a request outside the HTTP layer (no class), gets no `priority` parameter."""
+    from openai_api.observability import RequestStats, bind_stats, unbind_stats
+
+    def priority(levels: Any, klass: str | None) -> int | None:
+        adapter = make(cls, FakeClient(config if levels is None else _with_levels(config, levels)), "m")
+        if klass is None:
+            return _priority(build(adapter))
+        stats = RequestStats(0.0)
+        stats.priority_class = klass
+        token = bind_stats(stats)
+        try:
+            return _priority(build(adapter))
+        finally:
+            unbind_stats(token)
+
+    def _priority(built: InferRequest) -> int | None:
+        params = built.pb.parameters
+        if "priority" not in params:
+            return None
+        assert params["priority"].WhichOneof("parameter_choice") == "int64_param"
+        return int(params["priority"].int64_param)
+
+    assert [priority("5", k) for k in ("interactive", "standard", "batch")] == [1, 2, 5]  # JSON may quote it
+    assert [priority(2, k) for k in ("interactive", "standard", "batch")] == [1, 2, 2]
+    assert [priority(1, k) for k in ("interactive", "standard", "batch")] == [1, 1, 1]
+    assert [priority(None, k) for k in ("interactive", "standard", "batch")] == [None] * 3
+    assert priority(0, "batch") is None and priority(3, None) is None

@@ -17,7 +17,7 @@ router = APIRouter()
 
 
 class CreateBatchRequest(BaseModel):
-    """OpenAI's `CreateBatchRequest`; other fields (`output_expires_after`) are accepted and not used."""
+    """OpenAI's `CreateBatchRequest`; other fields are accepted and not used."""
 
     model_config = ConfigDict(extra="allow", strict=True)
 
@@ -25,6 +25,7 @@ class CreateBatchRequest(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, Any] | None = None
+    output_expires_after: dict[str, Any] | None = None  # {anchor: "created_at", seconds}: the output files' expiry
 
 
 def who(caller: Caller) -> dict[str, str]:
@@ -34,10 +35,12 @@ def who(caller: Caller) -> dict[str, str]:
 
 @router.post("/v1/batches", tags=["batches"])
 async def create_batch(body: CreateBatchRequest, service: BatchesSvc, caller: CallerDep) -> Response:
-    """A `batch` object in status `validating`; 400 for a bad endpoint, window, metadata, input line or too many
-    unfinished jobs of this key; 404 for an input file that is not the caller's."""
+    """A `batch` object in status `validating` (then `failed`, with `errors`, when its input file has a bad line);
+    400 for a bad endpoint, window or metadata, an input file of another purpose, or too many unfinished jobs of
+    this key; 404 for an input file that is not the caller's."""
     return json_response(await service.create(caller.owner, body.input_file_id, body.endpoint,
-                                              body.completion_window, body.metadata, who(caller)))
+                                              body.completion_window, body.metadata, who(caller),
+                                              body.output_expires_after))
 
 
 @router.get("/v1/batches", tags=["batches"])

@@ -16,11 +16,17 @@ router = APIRouter()
 
 @router.post("/v1/files", tags=["batches"])
 async def upload_file(file: Annotated[UploadFile, File()], purpose: Annotated[str, Form()], service: BatchesSvc,
-                      caller: CallerDep) -> Response:
-    """Upload a JSONL batch input file (multipart `file` and `purpose: batch`): an OpenAI `file` object. A file
-    that is not batch JSONL, too large or with too many lines is a 400 naming the problem (and the line)."""
+                      caller: CallerDep,
+                      anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
+                      seconds: Annotated[str | None, Form(alias="expires_after[seconds]")] = None) -> Response:
+    """Upload a JSONL batch input file (multipart `file` and `purpose: batch`): an OpenAI `file` object; a 400 past
+    `--batch-max-file-bytes`. Its lines are checked when a batch is made on it (a bad one fails that batch).
+    `expires_after[anchor]=created_at` and `expires_after[seconds]` (3600 to 2592000; default 30 days) set its
+    `expires_at`: then it is a 404 and deleted."""
     content = await file.read()
-    return json_response(await service.upload(caller.owner, file.filename or "", purpose, content))
+    expires = None if anchor is None and seconds is None else {  # the SDKs' multipart form of {anchor, seconds}
+        "anchor": anchor, "seconds": int(seconds) if seconds is not None and seconds.isdigit() else seconds}
+    return json_response(await service.upload(caller.owner, file.filename or "", purpose, content, expires))
 
 
 @router.get("/v1/files", tags=["batches"])

@@ -1,0 +1,213 @@
+"""The Batch API's runner beyond one job (http/batch_slots.py, http/batch_runner.py, services/batches.py): fairness
+between keys and jobs, expiry of files and jobs on a fake clock, a cancelled job whose file fails its check, and
+the priority class its lines carry to the backend. Fixtures and helpers: test_batches.py (the unit tier's fake
+backend; the oracle is what the test sent)."""
+
+# ruff: noqa: F811 - the tests take test_batches.py's fixtures (imported below) as their arguments
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+
+from openai_api.quota.keys import api_key_digest
+from tests.unit.test_batches import (  # noqa: F401 - fixtures
+    MODEL,
+    A,
+    B,
+    SlowBackend,
+    app,
+    backend,
+    client,
+    jsonl,
+    run_until,
+    runner,
+    upload,
+    wait_status,
+)
+
+
+async def test_fair_slots_alternate_between_keys_and_jobs() -> None:
+    """FairSlots alone: with one slot, waiters of two owners are served A, B, A, B...; one owner's jobs in turn."""
+    from openai_api.http.batch_slots import FairSlots
+
+    slots = FairSlots(1)
+    await slots.acquire("a")  # held: everything below waits
+    order: list[str] = []
+
+    async def take(owner: str, name: str) -> None:
+        await slots.acquire(owner)
+        order.append(name)
+
+    tasks = [asyncio.create_task(take(o, n)) for o, n in
+             [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("b", "b2"), ("c", "c1")]]
+    await asyncio.sleep(0)
+    cancelled = tasks[1]
+    cancelled.cancel()  # a waiter that leaves gives up its turn, and no slot is lost
+    await asyncio.sleep(0)
+    for _ in range(5):
+        slots.release()
+        await asyncio.sleep(0)
+    await asyncio.gather(*(t for t in tasks if t is not cancelled))
+    assert order == ["a1", "b1", "c1", "a3", "b2"]
+    assert slots.used == 1
+
+
+def test_claim_order_and_victim_spread_jobs_over_keys() -> None:
+    from openai_api.http.batch_slots import claim_order, victim
+
+    waiting = [("j1", "a"), ("j2", "a"), ("j3", "a"), ("j4", "b"), ("j5", "c")]
+    assert claim_order(waiting, {}) == ["j1", "j4", "j5", "j2", "j3"]
+    assert claim_order(waiting, {"a": 1, "b": 2}) == ["j5", "j1", "j2", "j4", "j3"]
+    assert victim({"r1": "a", "r2": "a", "r3": "b"}, [("j5", "c")]) == "r2"  # a's newest
+    assert victim({"r1": "a", "r2": "b"}, [("j5", "c")]) is None  # no key runs two
+    assert victim({"r1": "a", "r2": "a"}, [("j5", "a")]) is None  # the waiting key runs one already
+
+
+async def test_a_huge_job_does_not_starve_another_keys_small_job(app: FastAPI, client: httpx.AsyncClient,
+                                                                  backend: SlowBackend) -> None:
+    """Two job places and one line slot: key A's two 30-line jobs run; key B's 3-line job made later gets one of
+    A's places (A's newest gives it back, unfinished) and every other line slot, so it ends long before A's jobs;
+    A's jobs still answer each line once."""
+    backend.delay = 0.01
+    jobs_a = []
+    for _ in range(2):
+        file = (await upload(client, jsonl(30))).json()
+        jobs_a.append((await client.post("/v1/batches", headers=A, json={
+            "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json())
+    run = runner(app, concurrency=1)
+    run.max_jobs = 2
+    await run.start()
+    try:
+        for job in jobs_a:
+            await wait_status(client, f"/v1/batches/{job['id']}", lambda b: b["request_counts"]["completed"] >= 1)
+        file = (await upload(client, jsonl(3), B)).json()
+        small = (await client.post("/v1/batches", headers=B, json={
+            "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+        await wait_status(client, f"/v1/batches/{small['id']}", lambda b: b["status"] == "completed", B)
+        answered = [len(await app.state.gateway.batches.store.done(j["id"])) for j in jobs_a]
+        assert sum(answered) < 30, answered  # B did not wait for one of A's jobs to end
+        for job in jobs_a:
+            done = await wait_status(client, f"/v1/batches/{job['id']}", lambda b: b["status"] == "completed")
+            assert done["request_counts"] == {"total": 30, "completed": 30, "failed": 0}
+    finally:
+        await run.close()
+    assert backend.completed == 63  # each line once
+
+
+async def test_files_expire_then_404_and_are_swept(app: FastAPI, client: httpx.AsyncClient,
+                                                   openai_schema: Callable[[str, Any], None]) -> None:
+    """`expires_after` (the SDK's multipart form) sets `expires_at`; OpenAI's bounds are 400s; past it the file is a
+    404 at once, and the sweep deletes it from the store and the disk, a bounded number per call. A fake clock."""
+    service = app.state.gateway.batches
+    now = [1_700_000_000.0]
+    service.clock = lambda: now[0]
+    form = {"purpose": "batch", "expires_after[anchor]": "created_at", "expires_after[seconds]": "3600"}
+    r = await client.post("/v1/files", headers=A, data=form, files={"file": ("in.jsonl", jsonl(1), "text/plain")})
+    assert r.status_code == 200, r.text
+    short = r.json()
+    openai_schema("OpenAIFile", short)
+    assert short["created_at"] == 1_700_000_000 and short["expires_at"] == 1_700_003_600
+    default = (await upload(client, jsonl(1))).json()
+    assert default["expires_at"] == 1_700_000_000 + 30 * 86400  # OpenAI's default for batch files
+    for bad in ({"expires_after[seconds]": "60"}, {"expires_after[seconds]": "2592001"},
+                {"expires_after[anchor]": "last_active_at"}, {"expires_after[seconds]": "soon"}):
+        r = await client.post("/v1/files", headers=A, data={**form, **bad},
+                              files={"file": ("in.jsonl", jsonl(1), "text/plain")})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "expires_after", (bad, r.text)
+    assert (await client.get(f"/v1/files/{short['id']}", headers=A)).status_code == 200
+    now[0] += 3600
+    for path in (f"/v1/files/{short['id']}", f"/v1/files/{short['id']}/content"):
+        assert (await client.get(path, headers=A)).status_code == 404, path
+    assert [f["id"] for f in (await client.get("/v1/files", headers=A)).json()["data"]] == [default["id"]]
+    r = await client.post("/v1/batches", headers=A, json={"input_file_id": short["id"], "endpoint":
+                          "/v1/chat/completions", "completion_window": "24h"})
+    assert r.status_code == 404
+    store = service.store
+    assert store.path(short["id"]).exists()  # not swept yet
+    more = [(await upload(client, jsonl(1))).json()["id"] for _ in range(2)]
+    now[0] += 30 * 86400
+    assert await service.sweep(3) == 3 and await service.sweep(3) == 1 and await service.sweep(3) == 0
+    for file_id in (short["id"], default["id"], *more):
+        assert not store.path(file_id).exists() and await store.get_file(
+            f"key:api-key:{api_key_digest(b'key-a')}", file_id) is None
+
+
+async def test_a_batch_past_its_window_expires(app: FastAPI, client: httpx.AsyncClient, backend: SlowBackend,
+                                               openai_schema: Callable[[str, Any], None]) -> None:
+    """Past `expires_at` no new line starts: the job ends `expired` (`expired_at`), its answered lines in the output
+    file, each unrun line `batch_expired` in the error file; `output_expires_after` dates both files."""
+    service = app.state.gateway.batches
+    now = [1_700_000_000.0]
+    service.clock = lambda: now[0]
+    file = (await upload(client, jsonl(6))).json()
+    r = await client.post("/v1/batches", headers=A, json={
+        "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h",
+        "output_expires_after": {"anchor": "created_at", "seconds": 7200}})
+    batch = r.json()
+    assert batch["expires_at"] == 1_700_000_000 + 86400
+    backend.gate.clear()
+    backend.free = 2
+    run = runner(app, concurrency=1)
+    await run.start()
+    try:
+        await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["request_counts"]["completed"] >= 2)
+        now[0] += 86400  # the window passes with the third line in flight
+        backend.gate.set()
+        done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "expired")
+    finally:
+        await run.close()
+    openai_schema("Batch", done)
+    assert done["expired_at"] == 1_700_000_000 + 86400 and "completed_at" not in done
+    assert done["request_counts"] == {"total": 6, "completed": 3, "failed": 3}
+    out = (await client.get(f"/v1/files/{done['output_file_id']}/content", headers=A)).content
+    assert [json.loads(x)["custom_id"] for x in out.splitlines()] == ["r0", "r1", "r2"]
+    errors = [json.loads(x) for x in (await client.get(f"/v1/files/{done['error_file_id']}/content",
+                                                       headers=A)).content.splitlines()]
+    assert [x["custom_id"] for x in errors] == ["r3", "r4", "r5"]
+    assert all(x["response"] is None and x["error"]["code"] == "batch_expired" for x in errors)
+    for file_id in (done["output_file_id"], done["error_file_id"]):
+        meta = (await client.get(f"/v1/files/{file_id}", headers=A)).json()
+        assert meta["purpose"] == "batch_output" and meta["expires_at"] == meta["created_at"] + 7200
+
+
+async def test_the_class_reaches_the_backend_batch_lines_as_batch(app: FastAPI, client: httpx.AsyncClient,
+                                                                  backend: SlowBackend) -> None:
+    """What the Triton adapters send as `priority` (`RequestStats.priority_class`, set at admission): a batch line's
+    class is `batch` whatever its body asks; an HTTP request's is what it asks (service_tier), else standard."""
+    from openai_api.observability import current_stats
+
+    seen: list[str | None] = []
+    plain = backend.generate
+
+    def generate(request: Any) -> Any:
+        stats = current_stats()
+        seen.append(stats.priority_class if stats is not None else None)
+        return plain(request)
+
+    backend.generate = generate  # type: ignore[method-assign]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra in ({}, {"service_tier": "priority"}, {"service_tier": "flex"}):
+        assert (await client.post("/v1/chat/completions", headers=A, json={**body, **extra})).status_code == 200
+    assert seen == ["standard", "interactive", "batch"]
+    file = (await upload(client, jsonl(2, service_tier="priority"))).json()
+    batch = (await client.post("/v1/batches", headers=A, json={
+        "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+    await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
+    assert seen[3:] == ["batch", "batch"]
+
+
+async def test_a_bad_file_cancelled_before_it_was_checked_still_ends(app: FastAPI, client: httpx.AsyncClient) -> None:
+    """Cancelled while `validating`, its file bad: the check still ends it (`failed`), never a job left
+    `cancelling` that every runner takes up again."""
+    file = (await upload(client, b"not json\n")).json()
+    batch = (await client.post("/v1/batches", headers=A, json={"input_file_id": file["id"], "endpoint":
+                               "/v1/chat/completions", "completion_window": "24h"})).json()
+    assert (await client.post(f"/v1/batches/{batch['id']}/cancel", headers=A)).json()["status"] == "cancelling"
+    done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] not in (
+        "validating", "cancelling"))
+    assert done["status"] == "failed" and done["errors"]["data"][0]["code"] == "invalid_json_line"
