@@ -130,8 +130,9 @@ class _SessionTriton:
                 try:
                     with _one_start_at_a_time():
                         # startup_timeout: ~20 Python-backend models load in one to three minutes on a 2-core box;
-                        # the limit only bounds a start that hangs (below), and a log silent for 150 s is such a
-                        # hang (its models log as they load; a hang cost the whole 480 s before).
+                        # the limit only bounds a start that hangs (below). stall_timeout arms the launcher's hang
+                        # watch: a log silent 20 s with idle processes has its hung loads ended and loaded again
+                        # (openai_api/embedded/load_watch.py), and a log silent 150 s gives the start up.
                         self.server = EmbeddedTriton(models=[*TRITON_MODELS, PACED],
                                                      extra_args=[f"--model-repository={extra}"],
                                                      startup_timeout=480, stall_timeout=150).start()
