@@ -84,9 +84,31 @@ def _size(value: Any) -> int:
     return 0
 
 
+def _special(value: Any, search: Callable[[str], re.Match[str] | None]) -> bool:
+    """Whether a string in `value` (roles aside) holds special-token text: `_mark`'s question, answered without
+    copying anything (nearly every request holds none)."""
+    if isinstance(value, str):
+        return search(value) is not None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k != "role" and _special(v, search):
+                return True
+    elif isinstance(value, list):
+        for v in value:
+            if _special(v, search):
+                return True
+    return False
+
+
 def _mark(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
     """`value` with every string that holds special-token text wrapped in OPEN ... CLOSE, and the first
-    special token found (None: nothing was wrapped)."""
+    special token found (None: nothing was wrapped, and `value` is returned as it is)."""
+    if not _special(value, pattern.search):
+        return value, None
+    return _wrap(value, pattern)
+
+
+def _wrap(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
     if isinstance(value, str):
         m = pattern.search(value)
         return (OPEN + value + CLOSE, m.group(0)) if m else (value, None)
@@ -94,13 +116,13 @@ def _mark(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            out[k], hit = (v, None) if k == "role" else _mark(v, pattern)
+            out[k], hit = (v, None) if k == "role" else _wrap(v, pattern)
             found = found or hit
         return out, found
     if isinstance(value, list):
         items = []
         for v in value:
-            item, hit = _mark(v, pattern)
+            item, hit = _wrap(v, pattern)
             items.append(item)
             found = found or hit
         return items, found
