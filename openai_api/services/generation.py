@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -224,9 +224,9 @@ async def budgeted_chunks(rt: LLMRuntime, greq: GenerationRequest) -> AsyncGener
     if room < 1:
         return
     if texts:
-        prompt_ids = greq.prompt_ids + rt.tokenizer.encode(output + inject)  # counts and routes; the text is sent
+        prompt_ids = [*greq.prompt_ids, *rt.tokenizer.encode(output + inject)]  # counts and routes; text is sent
     else:
-        prompt_ids = greq.prompt_ids + ids + inject_ids
+        prompt_ids = [*greq.prompt_ids, *ids, *inject_ids]
     left = (greq.min_tokens or 0) - produced - len(inject_ids)
     phase2 = dataclasses.replace(greq, prompt_ids=prompt_ids, prompt_text=greq.prompt_text + output + inject,
                                  max_tokens=room, thinking_budget=None, min_tokens=left if left > 0 else None,
@@ -352,7 +352,7 @@ def _cache_key(req: _Sampling) -> str | None:
     return key if isinstance(key, str) and key else None
 
 
-def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: list[int], max_tokens: int,
+def build_generation_request(rt: LLMRuntime, req: _Sampling, prompt_ids: Sequence[int], max_tokens: int,
                              request_id: str, choice_index: int = 0, prompt_text: str = "",
                              headers: Headers = ()) -> GenerationRequest:
     info, gdefaults = rt.info, rt.tokenizer.generation_defaults

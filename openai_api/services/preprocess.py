@@ -30,7 +30,7 @@ import functools
 import re
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -63,7 +63,8 @@ _MARKED = re.compile(re.escape(OPEN) + "(.*?)" + re.escape(CLOSE), re.DOTALL)
 @dataclass(slots=True)
 class Prompt:
     text: str
-    ids: list[int]
+    # A `text.prompt_cache.TokenIds` (read-only, over int32 bytes) when the prompt cache tokenized it, else a list.
+    ids: Sequence[int]
     # When its tokenization started and ended (time.time_ns, in whichever thread it ran): a traced request's
     # `tokenize` span. Two clock reads per request, so they are always taken.
     encoded_ns: tuple[int, int] = (0, 0)
@@ -83,9 +84,31 @@ def _size(value: Any) -> int:
     return 0
 
 
+def _special(value: Any, search: Callable[[str], re.Match[str] | None]) -> bool:
+    """Whether a string in `value` (roles aside) holds special-token text: `_mark`'s question, answered without
+    copying anything (nearly every request holds none)."""
+    if isinstance(value, str):
+        return search(value) is not None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k != "role" and _special(v, search):
+                return True
+    elif isinstance(value, list):
+        for v in value:
+            if _special(v, search):
+                return True
+    return False
+
+
 def _mark(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
     """`value` with every string that holds special-token text wrapped in OPEN ... CLOSE, and the first
-    special token found (None: nothing was wrapped)."""
+    special token found (None: nothing was wrapped, and `value` is returned as it is)."""
+    if not _special(value, pattern.search):
+        return value, None
+    return _wrap(value, pattern)
+
+
+def _wrap(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
     if isinstance(value, str):
         m = pattern.search(value)
         return (OPEN + value + CLOSE, m.group(0)) if m else (value, None)
@@ -93,13 +116,13 @@ def _mark(value: Any, pattern: re.Pattern[str]) -> tuple[Any, str | None]:
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
-            out[k], hit = (v, None) if k == "role" else _mark(v, pattern)
+            out[k], hit = (v, None) if k == "role" else _wrap(v, pattern)
             found = found or hit
         return out, found
     if isinstance(value, list):
         items = []
         for v in value:
-            item, hit = _mark(v, pattern)
+            item, hit = _wrap(v, pattern)
             items.append(item)
             found = found or hit
         return items, found
@@ -130,7 +153,7 @@ def _closed(prefix: str) -> str:
     return prefix + CLOSE if prefix.count(OPEN) > prefix.count(CLOSE) else prefix
 
 
-def _encode_marked(rendered: str, encode: Callable[[str], list[int]], plain: Callable[[str], list[int]]
+def _encode_marked(rendered: str, encode: Callable[[str], Sequence[int]], plain: Callable[[str], Sequence[int]]
                    ) -> list[int]:
     """Ids of a rendered prompt whose client text holding special-token text is marked: the marked text with
     `plain` (special-token text read as plain text), each stretch between marks with `encode`."""
@@ -140,7 +163,8 @@ def _encode_marked(rendered: str, encode: Callable[[str], list[int]], plain: Cal
         ids += encode(rendered[pos:m.start()])
         ids += plain(m.group(1))
         pos = m.end()
-    return ids + encode(rendered[pos:])
+    ids += encode(rendered[pos:])
+    return ids
 
 
 @dataclass(slots=True)
@@ -166,21 +190,20 @@ class PromptEncoder:
         if sum(_utf8_len(s) + 2 for s in new) > room and self.rt.tokenizer.bound("".join(new), room)[1]:
             raise _context_error(self.rt, self.param)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> Sequence[int]:
         if self.cache is None:
             return encode_prompt(self.rt, text, self.param)
         tok = self.rt.tokenizer
-        return self.cache.encode(tok.cache_key, self.rt.prompt_boundaries, text, tok.encode_batch, tok.interned,
-                                 self._check)
+        return self.cache.encode(tok.cache_key, self.rt.prompt_boundaries, text, tok.encode_batch, self._check)
 
-    def plain(self, text: str) -> list[int]:
+    def plain(self, text: str) -> Sequence[int]:
         """Client text holding special-token text, read as plain text (one segment, cached under the negated
         tokenizer key: the same text's ids differ when special tokens are read)."""
         tok = self.rt.tokenizer
         if self.cache is None:
             return tok.encode_plain(text)
         return self.cache.encode(-tok.cache_key, NO_BOUNDARIES, text,
-                                 lambda texts: [tok.encode_plain(t) for t in texts], tok.interned)
+                                 lambda texts: [tok.encode_plain(t) for t in texts])
 
 
 def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: str, takes_text: bool,
@@ -225,11 +248,12 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
         if _utf8_len(plain) > rt.context_length and rt.tokenizer.bound(plain, rt.context_length)[1]:
             raise _context_error(rt, "messages")
         enc = PromptEncoder.of(rt, cache, len(text))
-        ids = _encode_marked(text, enc.encode, enc.plain)
+        marked_ids = _encode_marked(text, enc.encode, enc.plain)
         encoded = time.time_ns()
-        retention = retained_ranges(marks, ids, lambda k: _encode_marked(_closed(text[:k]), enc.encode, enc.plain)
+        retention = retained_ranges(marks, marked_ids,
+                                    lambda k: _encode_marked(_closed(text[:k]), enc.encode, enc.plain)
                                     ) if marks else ()
-        return Prompt(plain, ids, (t0, encoded), retention)
+        return Prompt(plain, marked_ids, (t0, encoded), retention)
     if not text:
         raise InvalidRequestError("The chat template rendered an empty prompt for these messages.",
                                   param="messages", code="empty_prompt")
@@ -249,8 +273,8 @@ def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: 
     return Prompt(text, ids, (t0, encoded), retention)
 
 
-def _breakpoint_prefix(encoder: PromptEncoder, text: str, ids: list[int], cuts: list[int] | None, k: int
-                       ) -> list[int]:
+def _breakpoint_prefix(encoder: PromptEncoder, text: str, ids: Sequence[int], cuts: list[int] | None, k: int
+                       ) -> Sequence[int]:
     """The ids of `text`'s first `k` characters for a breakpoint's offset (`retention.retained_ranges`). Through
     the prompt cache, a breakpoint inside a segment this very encode tokenized (Claude Code's on the newest tool
     result, in a template that wraps it in more text, as SmolLM2's <tool_response>) ends at that segment's

@@ -93,7 +93,11 @@ def token_offset(prefix_ids: Sequence[int], ids: Sequence[int]) -> int:
     """How many of the prompt's `ids` the ids of a prefix of its text agree with: the prompt's token boundary at
     the prefix's end, or the last one before it."""
     n = min(len(prefix_ids), len(ids))
-    if list(prefix_ids[:n]) == list(ids[:n]):
+    a, b = getattr(prefix_ids, "int32_le", None), getattr(ids, "int32_le", None)
+    if isinstance(a, bytes) and isinstance(b, bytes):  # both from the prompt cache: compared as bytes, no copies
+        if (b.startswith(a) if len(a) <= len(b) else a.startswith(b)):
+            return n
+    elif list(prefix_ids[:n]) == list(ids[:n]):
         return n
     i = 0
     while prefix_ids[i] == ids[i]:

@@ -105,7 +105,7 @@ class TokenizeService:
         except ValidationError as e:
             raise InvalidRequestError(f"Invalid chat request: {e.errors()[0]['msg']}", param="messages") from None
         prompt = await self.chat.prompt(rt, chat, plan_tools(rt, chat))
-        return prompt.ids
+        return list(prompt.ids)
 
     async def detokenize(self, req: DetokenizeRequest) -> dict[str, Any]:
         name = self.model_name(req.model)

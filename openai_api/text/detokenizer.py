@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
@@ -49,14 +51,14 @@ class IncrementalDetokenizer:
     __slots__ = ("_drop", "_held", "_last", "_skip", "_skip_special", "_stream", "_tokenizer")
 
     def __init__(self, tokenizer: Tokenizer, *, skip_special_tokens: bool = True,
-                 prefix_ids: list[int] | None = None, drop_ids: frozenset[int] | None = None) -> None:
+                 prefix_ids: Sequence[int] | None = None, drop_ids: frozenset[int] | None = None) -> None:
         self._tokenizer = tokenizer
         self._drop = drop_ids
         if drop_ids is not None:
             skip_special_tokens = False
         self._skip_special = skip_special_tokens
         # Priming with prompt ids gives the same leading-space handling as decoding the whole text.
-        window = prefix_ids[-_WINDOW:] if prefix_ids else []
+        window = list(prefix_ids[-_WINDOW:]) if prefix_ids else []
         pending, self._skip = _incomplete_tail(tokenizer, window, skip_special_tokens) if window else (0, "")
         if pending < 0:
             # the prompt's text ends with U+FFFD itself: not primed, since a stream primed with it would emit

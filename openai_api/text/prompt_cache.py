@@ -29,12 +29,14 @@ and any earlier message the template rewrote (Qwen3 dropping old reasoning, harm
 which is simply a new segment. A head segment never starts with a marker and every other segment does, so
 the two kinds cannot collide in the map.
 
-What still scales with the whole prompt is string work at memory speed: finding the markers (one regular
-expression scan), hashing the segments, and joining their cached id lists (interned ints, so a join copies
-pointers) and their int32 bytes: the result is a `TokenIds`, a list that also carries the ids as Triton's
-INT32 tensor, so the adapter does not convert ~100k Python ints again each turn (`triton.wire.encode_tensor`).
-Token ids are kept as lists of ints interned per tokenizer (8 bytes a token instead of ~36; the tokenizer
-holds the table, ~36 bytes per vocabulary entry, made on first use), plus their 4 bytes of int32.
+What still scales with the whole prompt is string and byte work at memory speed: finding the markers (one
+regular expression scan), hashing the segments, and joining their cached ids. A segment's ids are kept as
+their little-endian int32 bytes (4 bytes a token: what Triton's INT32 `input_ids` tensor holds), so the join
+is one `bytes.join` and the result, a `TokenIds`, is a read-only sequence over those bytes that
+`triton.wire.encode_tensor` sends as they are. Before, the ids were joined into a Python list: at ~117k
+tokens that list cost ~1.5-2 ms a turn in copying and reference counting its items, freeing them, and the
+garbage collector's passes over it and over every cached list (measured with `perf` on the gateway); bytes
+hold no references, so the collector never looks inside them.
 
 Proven by a property test (tests/unit/test_prompt_cache.py) against whole-prompt tokenization on every
 vendored family tokenizer and template, random conversations and a Metaspace tokenizer.
@@ -49,13 +51,15 @@ import sys
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, overload
 
 from tokenizers import Tokenizer
 
-# Per entry, beyond its text and its ids: the map's node, the key tuple and the list header.
+# Per entry, beyond its text and its ids: the map's node, the key tuple and the bytes header.
 _ENTRY_OVERHEAD = 160
+_LITTLE = sys.byteorder == "little"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,37 +132,74 @@ def template_markers(source: str, tokenizer: Tokenizer, extra: Sequence[str] = (
     return [*found, *(e for e in extra if e)]
 
 
-class TokenIds(list[int]):
-    """Token ids that also carry themselves as little-endian int32 bytes (`int32_le`), joined from the cached
-    segments' bytes: what `triton.wire.encode_tensor` sends for an INT32 (or UINT32) tensor instead of
-    converting every id. Any operation that makes a new list (slicing, +) gives a plain list; the bytes are
-    used only while their length still matches the list's."""
+class TokenIds(Sequence[int]):
+    """Token ids held as their little-endian int32 bytes (`int32_le`, joined from the cached segments' bytes),
+    read as a sequence of ints without converting them: what `triton.wire.encode_tensor` sends as they are for
+    an INT32 (or UINT32) tensor. Read-only. Slicing and `+` give plain lists, as a list's would; equal to a
+    list or tuple of the same ids. `new_segments`: the segments this encode tokenized (not found in the
+    cache), which a caller should not tokenize again."""
 
-    __slots__ = ("int32_le", "new_segments")
+    __slots__ = ("_view", "int32_le", "new_segments")
 
-    def __init__(self, ids: Iterable[int], int32_le: bytes) -> None:
-        super().__init__(ids)
+    def __init__(self, int32_le: bytes, new_segments: frozenset[str] = frozenset()) -> None:
         self.int32_le = int32_le
-        # The segments this encode tokenized (not found in the cache): what a caller should not tokenize again.
-        self.new_segments: frozenset[str] = frozenset()
+        self.new_segments = new_segments
+        if _LITTLE:
+            self._view = memoryview(int32_le).cast("i")
+        else:  # pragma: no cover - big-endian hosts
+            native = array("i")
+            native.frombytes(int32_le)
+            native.byteswap()
+            self._view = memoryview(native)
+
+    def __len__(self) -> int:
+        return len(self._view)
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return self._view[i].tolist()
+        return self._view[i]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._view)
+
+    def tolist(self) -> list[int]:
+        return self._view.tolist()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenIds):
+            return self.int32_le == other.int32_le
+        if isinstance(other, list):
+            return len(other) == len(self) and self.tolist() == other
+        if isinstance(other, tuple):
+            return len(other) == len(self) and self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # as a list's: equal to lists
+
+    def __add__(self, other: Iterable[int]) -> list[int]:
+        return [*self._view.tolist(), *other]
+
+    def __radd__(self, other: Iterable[int]) -> list[int]:
+        return [*other, *self._view.tolist()]
+
+    def __repr__(self) -> str:
+        return f"TokenIds({self.tolist()!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return TokenIds, (self.int32_le, self.new_segments)
 
 
 def _int32(ids: list[int]) -> bytes:
-    """Ids as little-endian int32 bytes; ids outside int32 (no tokenizer has any) give b"" (not used)."""
-    try:
-        raw = array("i", ids)
-    except OverflowError:
-        return b""
-    if sys.byteorder != "little":
+    """Ids as little-endian int32 bytes (a tokenizer's ids are below its vocabulary size: they fit)."""
+    raw = array("i", ids)
+    if not _LITTLE:  # pragma: no cover - big-endian hosts
         raw.byteswap()
     return raw.tobytes()
-
-
-def intern(table: list[int], ids: list[int]) -> list[int]:
-    """`ids` with each id replaced by the one int object `table` holds for it (`table[i] == i`), so that
-    lists cached for a long time share their ints: 8 bytes a token instead of ~36."""
-    n = len(table)
-    return [table[i] if 0 <= i < n else i for i in ids]
 
 
 @dataclass
@@ -181,8 +222,8 @@ class PromptTokenCache:
 
     max_bytes: int
     stats: CacheStats = field(default_factory=CacheStats)
-    # (tokenizer key, segment text) -> (its ids, interned; the same as int32 bytes)
-    _map: OrderedDict[tuple[int, str], tuple[list[int], bytes]] = field(default_factory=OrderedDict)
+    # (tokenizer key, segment text) -> its ids as little-endian int32 bytes
+    _map: OrderedDict[tuple[int, str], bytes] = field(default_factory=OrderedDict)
     _bytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -194,19 +235,19 @@ class PromptTokenCache:
         return len(self._map)
 
     def encode(self, key: int, boundaries: Boundaries, text: str,
-               encode_batch: Callable[[list[str]], list[list[int]]], interned: list[int],
+               encode_batch: Callable[[list[str]], list[list[int]]],
                check: Callable[[list[str], int], None] | None = None) -> TokenIds:
         """The ids of `text`, equal to `encode_batch([text])[0]`: cut at `boundaries`, cached segments taken
-        from the map, the others tokenized together with `encode_batch` (one call) and remembered with their
-        ids interned (`interned`: the tokenizer's table of int objects, see `intern`). `key` names the
-        tokenizer (segments of different tokenizers never mix). `check(new segments, tokens already known)`
+        from the map, the others tokenized together with `encode_batch` (one call) and remembered. `key` names
+        the tokenizer (segments of different tokenizers never mix). `check(new segments, tokens already known)`
         runs before anything is tokenized and may raise (a prompt too long for the model's context)."""
         cuts = boundaries.cuts(text)
         cuts.append(len(text))
         segments = [text[a:b] for a, b in itertools.pairwise(cuts) if b > a]
-        found: list[tuple[list[int], bytes] | None] = []
+        found: list[bytes | None] = []
         missing: dict[str, int] = {}
         stats = self.stats
+        hit_bytes = 0
         with self._lock:
             m = self._map
             for seg in segments:
@@ -214,34 +255,27 @@ class PromptTokenCache:
                 if entry is not None:
                     m.move_to_end((key, seg))
                     stats.hit_segments += 1
-                    stats.hit_tokens += len(entry[0])
+                    hit_bytes += len(entry)
                 elif seg not in missing:
                     missing[seg] = len(missing)
                 found.append(entry)
-        if missing:
-            new = list(missing)
-            if check is not None:
-                check(new, sum(len(f[0]) for f in found if f is not None))
-            fresh = [(intern(interned, ids), _int32(ids)) for ids in encode_batch(new)]
-            with self._lock:
-                for seg, entry in zip(new, fresh, strict=True):
-                    self._put((key, seg), entry)
-                    stats.miss_segments += 1
-                    stats.miss_tokens += len(entry[0])
-                self._evict()
-            found = [f if f is not None else fresh[missing[s]] for f, s in zip(found, segments, strict=True)]
-        out = TokenIds((), b"")  # joined in place: a second copy of ~100k ids cost ~0.3 ms a long turn
-        raw: list[bytes] = []
-        for entry in found:
-            assert entry is not None
-            out += entry[0]
-            raw.append(entry[1])
-        out.int32_le = b"".join(raw)
-        if missing:
-            out.new_segments = frozenset(missing)
-        return out
+            stats.hit_tokens += hit_bytes >> 2
+        if not missing:
+            return TokenIds(b"".join(found))  # type: ignore[arg-type]  # every entry found
+        new = list(missing)
+        if check is not None:
+            check(new, hit_bytes >> 2)
+        fresh = [_int32(ids) for ids in encode_batch(new)]
+        with self._lock:
+            for seg, entry in zip(new, fresh, strict=True):
+                self._put((key, seg), entry)
+                stats.miss_segments += 1
+                stats.miss_tokens += len(entry) >> 2
+            self._evict()
+        joined = b"".join([f if f is not None else fresh[missing[s]] for f, s in zip(found, segments, strict=True)])
+        return TokenIds(joined, frozenset(missing))
 
-    def _put(self, k: tuple[int, str], entry: tuple[list[int], bytes]) -> None:
+    def _put(self, k: tuple[int, str], entry: bytes) -> None:
         if k in self._map:
             return
         self._map[k] = entry
@@ -255,5 +289,5 @@ class PromptTokenCache:
             self.stats.evicted += 1
 
 
-def _entry_bytes(seg: str, entry: tuple[list[int], bytes]) -> int:
-    return sys.getsizeof(seg) + 8 * len(entry[0]) + len(entry[1]) + _ENTRY_OVERHEAD
+def _entry_bytes(seg: str, entry: bytes) -> int:
+    return sys.getsizeof(seg) + sys.getsizeof(entry) + _ENTRY_OVERHEAD

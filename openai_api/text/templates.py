@@ -64,6 +64,10 @@ class ChatTemplate:
         try:
             ast = env.parse(source, name=self.name)
             self._template = env.from_string(ast)
+            # A template's globals are a ChainMap over the environment's (set once, before any template is
+            # compiled); every render copied it key by key in Python and iterated it again (jinja's
+            # `new_context`), ~10 us of a short chat's ~1 ms. One flat dict, made once, is copied in C.
+            self._template.globals = dict(self._template.globals)
         except jinja2.exceptions.TemplateSyntaxError as exc:
             raise TemplateError(
                 f"chat template syntax error in {self.name}, line {exc.lineno}: {exc.message}") from exc

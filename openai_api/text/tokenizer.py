@@ -77,22 +77,12 @@ class TextTokenizer:
     added_tokens: list[str] = field(default_factory=list)
     _plain: Tokenizer | None = field(default=None, repr=False)
     _plain_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-    _interned: list[int] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         specials = sorted({t for t in self.special_tokens if t}, key=len, reverse=True)
         self.special_pattern = re.compile("|".join(map(re.escape, specials))) if specials else None
         # This object's name in the prompt cache: a tokenizer whose files changed is a new object.
         self.cache_key = next(_KEYS)
-
-    @property
-    def interned(self) -> list[int]:
-        """One int object per token id (`text.prompt_cache.intern`), made when the prompt cache first
-        needs it: ~36 bytes per vocabulary entry."""
-        table = self._interned
-        if table is None:
-            table = self._interned = list(range(self.vocab_size))
-        return table
 
     @classmethod
     def from_folder(cls, folder: Path) -> TextTokenizer:

@@ -18,7 +18,7 @@ whose output is trimmed by `sequence_length` and stripped of the prompt the same
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -68,7 +68,7 @@ class CumulativeDiff:
 
     __slots__ = ("end_id", "includes_prompt", "prompt", "sent")
 
-    def __init__(self, prompt_ids: list[int], end_id: int | None = None) -> None:
+    def __init__(self, prompt_ids: Sequence[int], end_id: int | None = None) -> None:
         self.prompt = prompt_ids
         self.end_id = end_id
         self.includes_prompt: bool | None = None

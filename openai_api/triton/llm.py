@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -79,7 +79,8 @@ class GenerationRequest:
     """One sequence to generate. Sampling fields left as None are not sent, so the backend's own
     defaults apply."""
 
-    prompt_ids: list[int]
+    # Any sequence of ints; the prompt cache's `TokenIds` carry their INT32 tensor bytes (`wire.encode_tensor`).
+    prompt_ids: Sequence[int]
     max_tokens: int
     # Text-in protocols (`TEXT_PROTOCOLS`) send this instead of ids; ids still count prompt tokens.
     prompt_text: str = ""

@@ -48,7 +48,7 @@ class Routable(Protocol):
 class RoutedRequest(Protocol):
     """What a policy reads of a request (`llm.GenerationRequest`)."""
 
-    prompt_ids: list[int]
+    prompt_ids: Sequence[int]
     session: str | None
 
 
@@ -143,9 +143,9 @@ class PrefixAffinity:
         self.sessions: OrderedDict[str, str] = OrderedDict()
         self._balance = LeastLoad()
         # The last prompt hashed (order and routed see the same list object): hashed once per request.
-        self._memo: tuple[list[int] | None, list[int]] = (None, [])
+        self._memo: tuple[Sequence[int] | None, list[int]] = (None, [])
 
-    def _hashes(self, ids: list[int]) -> list[int]:
+    def _hashes(self, ids: Sequence[int]) -> list[int]:
         if self._memo[0] is not ids:
             self._memo = (ids, block_hashes(ids, self.config.block_tokens))
         return self._memo[1]

@@ -139,11 +139,11 @@ def encode_tensor(dtype: str, values: Sequence[Any]) -> bytes:
             parts.append(b)
         return b"".join(parts)
     if dtype in ("INT32", "UINT32"):
-        # Prompt ids from the prompt cache carry their int32 bytes already (`text.prompt_cache.TokenIds`): a
+        # Prompt ids from the prompt cache are their int32 bytes (`text.prompt_cache.TokenIds`, read-only): a
         # 100k-token agent turn would otherwise convert every id again (~2.4 ms). Ids are never negative, so
-        # the bytes are the same for UINT32. Used only while the list still has the length they were made for.
+        # the bytes are the same for UINT32.
         ready = getattr(values, "int32_le", None)
-        if isinstance(ready, bytes) and len(ready) == 4 * len(values) and ready:
+        if isinstance(ready, bytes) and len(ready) == 4 * len(values):
             return ready
     code = _TYPECODES.get(dtype)
     if code is None or not _LITTLE:  # FP16, or a big-endian host: numpy does the conversion
@@ -202,13 +202,15 @@ class InferRequest:
 
     def add(self, spec: ModelSpec, name: str, value: Any) -> None:
         """Input `name` in the dtype `spec` declares, with the batch dim when the model is batched. A
-        scalar or a flat list becomes [n] ([1, n] batched); a numpy array keeps its shape (plus the
-        batch dim); strings are sent UTF-8 encoded."""
+        scalar or a flat list (any sequence but a string or bytes: prompt ids may be the prompt cache's
+        `TokenIds`) becomes [n] ([1, n] batched); a numpy array keeps its shape (plus the batch dim); strings
+        are sent UTF-8 encoded."""
         dtype = spec.inputs[name].dtype
         if isinstance(value, np.ndarray):
             self.numpy(name, dtype, value[np.newaxis, ...] if spec.batched else value)
             return
-        values = value if isinstance(value, list | tuple) else [value]
+        flat = isinstance(value, list | tuple) or (isinstance(value, Sequence) and not isinstance(value, str | bytes))
+        values = value if flat else [value]
         self.tensor(name, dtype, [1, len(values)] if spec.batched else [len(values)], values)
 
     def _add(self, name: str, dtype: str, shape: Iterable[int], raw: bytes) -> None:

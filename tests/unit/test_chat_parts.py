@@ -79,3 +79,33 @@ def test_templates_read_typed_parts_as_text_or_as_parts() -> None:
         template_messages(parse(body({"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": PNG}}]})).messages)
     assert err.value.param == "messages[0].content[0]"
+
+
+def test_the_lowering_constructor_builds_what_model_construct_builds() -> None:
+    """`parts.constructor` (a faster `model_construct` for the chat messages a dialect lowers) gives the same
+    instance as pydantic's own: fields in order with defaults, the set fields, extras; a model it cannot
+    build as fast (a default factory) gets `model_construct` itself."""
+    from pydantic import BaseModel, ConfigDict, Field
+
+    from openai_api.schemas.openai import ChatMessage, ToolCall, ToolCallFunction
+    from openai_api.services.parts import constructor
+
+    def same(a: BaseModel, b: BaseModel) -> None:
+        assert type(a) is type(b) and a == b and list(a.__dict__.items()) == list(b.__dict__.items())
+        assert a.model_fields_set == b.model_fields_set and a.model_extra == b.model_extra
+        assert a.__pydantic_private__ == b.__pydantic_private__ and a.model_dump() == b.model_dump()
+
+    fn = ToolCallFunction.model_construct(name="Read", arguments="{}")
+    for cls, kwargs in ((ChatMessage, {"role": "user", "content": "hi"}), (ChatMessage, {}),
+                        (ChatMessage, {"role": "assistant", "content": None, "reasoning_content": "so"}),
+                        (ChatMessage, {"role": "tool", "tool_call_id": "c1", "content": "out", "name": None}),
+                        (ToolCall, {"id": "c1", "type": "function", "function": fn}),
+                        (ToolCallFunction, {"name": "Read", "arguments": "{}"})):
+        assert constructor(cls) is not cls.model_construct
+        same(constructor(cls)(**kwargs), cls.model_construct(**kwargs))
+
+    class Listed(BaseModel):
+        model_config = ConfigDict(extra="ignore")
+        items: list[int] = Field(default_factory=list)
+
+    assert constructor(Listed) == Listed.model_construct

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,8 @@ def _boundaries(tok: TextTokenizer, template: ChatTemplate) -> Boundaries:
                                                            (tok.bos_token, tok.eos_token)))
 
 
-def _encode(cache: PromptTokenCache, tok: TextTokenizer, b: Boundaries, text: str) -> list[int]:
-    return cache.encode(tok.cache_key, b, text, tok.encode_batch, tok.interned)
+def _encode(cache: PromptTokenCache, tok: TextTokenizer, b: Boundaries, text: str) -> Sequence[int]:
+    return cache.encode(tok.cache_key, b, text, tok.encode_batch)
 
 
 TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository.",
@@ -285,14 +286,16 @@ async def test_chat_prompts_through_the_preprocessor_equal_whole_ones(tmp_path: 
         await cached.chat(rt, msgs, add_generation_prompt=True)
 
 
-def test_the_ids_carry_their_int32_tensor_bytes() -> None:
-    """The prompt's ids come with their INT32 tensor bytes joined from the segments' (Triton's input_ids is
-    sent from them, not converted id by id); the bytes are the ids, and a list whose length changed after
-    (never done, but cheap to guard) is converted as before."""
+def test_the_ids_are_their_int32_tensor_bytes() -> None:
+    """The prompt's ids are their INT32 tensor bytes joined from the segments' (Triton's input_ids is sent from
+    them, not converted id by id), read as a sequence of ints that behaves as the list it replaced: equal to
+    the whole text's ids, indexed, sliced and added to as lists, unhashable as a list, and sent by the adapter
+    as one [n] tensor of those bytes."""
+    import pickle
     from array import array
 
     from openai_api.text.prompt_cache import TokenIds
-    from openai_api.triton.wire import encode_tensor
+    from openai_api.triton.wire import InferRequest, ModelSpec, TensorSpec, encode_tensor
 
     if not (SMOLLM2 / "tokenizer.json").exists():
         pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
@@ -303,9 +306,19 @@ def test_the_ids_carry_their_int32_tensor_bytes() -> None:
     for turn in range(3):
         msgs = [{"role": "user", "content": f"{i}: " + "".join(SNIPPETS)} for i in range(turn + 2)]
         ids = _encode(cache, tok, b, template.render(msgs, add_generation_prompt=True))
-        assert isinstance(ids, TokenIds) and ids.int32_le == array("i", ids).tobytes()
+        whole = tok.encode_batch([template.render(msgs, add_generation_prompt=True)])[0]
+        assert isinstance(ids, TokenIds) and ids == whole and whole == ids and ids == tuple(whole)
+        assert ids.int32_le == array("i", whole).tobytes() and list(ids) == whole and ids.tolist() == whole
         assert encode_tensor("INT32", ids) is ids.int32_le and encode_tensor("UINT32", ids) is ids.int32_le
-        assert encode_tensor("INT64", ids) == array("q", ids).tobytes()
-    ids.append(7)
-    assert encode_tensor("INT32", ids) == array("i", ids).tobytes()
-    assert type(ids[1:]) is list and type(ids + [1]) is list  # noqa: RUF005 (the operator is what is checked)
+        assert encode_tensor("INT64", ids) == array("q", whole).tobytes()
+    assert len(ids) == len(whole) and ids[0] == whole[0] and ids[-1] == whole[-1] and ids[-3:] == whole[-3:]
+    assert type(ids[1:]) is list and ids[1:] == whole[1:]
+    assert ids + [1] == [*whole, 1] and [1] + ids == [1, *whole]  # noqa: RUF005 (the operators are what is checked)
+    assert ids != whole[:-1] and ids != [*whole[:-1], whole[-1] + 1] and ids != "ids"
+    assert pickle.loads(pickle.dumps(ids)) == ids and whole[5] in ids
+    with pytest.raises(TypeError):
+        hash(ids)
+    r = InferRequest("m")
+    spec = ModelSpec("m", {"input_ids": TensorSpec("INT32", (-1,))})
+    r.add(spec, "input_ids", ids)
+    assert r.inputs()["input_ids"] == ("INT32", [len(whole)], ids.int32_le)
