@@ -5,23 +5,29 @@ One tritonserver (the embedded launcher) serves ``synthetic-llm-engine``: the sy
 requests are in it), so, as with a real engine's in-flight batching, capacity is fixed, a bigger batch gives more
 tokens per second, and every request in flight slows the others' tokens and time to first token, at almost no CPU
 (this 2-core machine is shared, so CPU-bound stand-ins would measure the neighbours).
-Two gateway processes (the CLI) sit in front of it, one at a time:
+One gateway process (the CLI) per mode sits in front of it, all started at once and used one at a time:
 
 * ``fcfs``: today's admission, no classes (``--batch-slot-share 1``, no queue): the job's lines take whatever they
   can, ``--batch-concurrency`` at a time;
-* ``scheduler``: ``--max-in-flight-per-model N``, ``--batch-slot-share S``, a queue: the job's lines hold at most
-  ``N x S`` slots and the rest wait in the queue, while interactive requests (``service_tier: priority``) take the
-  free slots at once.
+* a static share ``S`` (``0.5``): ``--max-in-flight-per-model N``, ``--batch-slot-share S``, a queue: the job's
+  lines hold at most ``N x S`` slots and the rest wait in the queue, while interactive requests
+  (``service_tier: priority``) take the free slots at once;
+* ``adaptive[:C]``: the same with ``--batch-share-adaptive`` (``http.batch_share``), the share between
+  ``--batch-share-min`` and ``C``.
 
-Phases, each ``--duration`` seconds: ``alone`` (interactive only), ``batch alone`` (the job only, FCFS: the
-capacity
-the job could use), then ``fcfs`` and ``scheduler`` with both. The interactive load is open-loop: streamed chat
-requests at ``--rate`` per second; TTFT is send -> first content chunk, measured here. Batch throughput is the
-lines the job answered during the phase (read from ``GET /v1/batches/{id}``), and its tokens (each line asks for
-``--batch-tokens`` tokens, which the synthetic model always emits).
+``--rounds`` rounds, the modes' order rotating: per mode ``alone`` (interactive only) then the mode with the job,
+and once per round ``batch alone`` (the job only, FCFS: the capacity it could use), each phase ``--duration``
+seconds. Alternating spreads the shared machine's load over every mode alike; the p99s are pooled over the rounds
+(one 160-sample phase's p99 is its second-worst request) and the per-round ratios show the spread. Each phase
+records the CPU (cores) of the gateway, Triton (its Python stubs included) and this client, the 1-minute load
+average, and the adaptive share (``openai_api_batch_slot_share``, once a second). The interactive load is
+open-loop: streamed chat requests at ``--rate`` per second; TTFT is send -> first content chunk, measured here.
+Batch throughput is the lines the job answered during the phase (read from ``GET /v1/batches/{id}``), and its
+tokens (each line asks for ``--batch-tokens`` tokens, which the synthetic model always emits).
 
-Run: ``.venv/bin/python -m bench.priority_batch [--duration 15] [--rate 4] [--out bench/results/priority-batch]``;
-writes ``<out>.json`` and ``<out>.md``.
+Run: ``.venv/bin/python -m bench.priority_batch [--rounds 3] [--duration 20] [--rate 10]
+[--modes fcfs,0.5,0.75,adaptive:0.9] [--nice -10] [--out bench/results/priority-batch]``; writes ``<out>.json``
+and ``<out>.md``.
 """
 
 from __future__ import annotations
