@@ -204,15 +204,18 @@ def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active:
 
 
 def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
-    """`fcfs`, a static share (`0.75`), or `adaptive` / `adaptive:0.97` (the adaptive share, with its ceiling)."""
+    """`fcfs`, a static share (`0.75`), or `adaptive[:ceiling[:target]]` (the adaptive share: its ceiling, default 1,
+    and its `--batch-ttft-target`, default 1.1)."""
     common = ["--batch-concurrency", str(args.batch_concurrency)]
     if mode == "fcfs":
         return [*common, "--batch-slot-share", "1", "--max-queue-per-model", "0"]
     sched = [*common, "--max-in-flight-per-model", str(args.per_model), "--max-queue-per-model", "1024",
              "--queue-timeout", "600"]
     if mode.startswith("adaptive"):
-        ceiling = mode.partition(":")[2] or "1"
-        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive"]
+        parts = mode.split(":")
+        ceiling = parts[1] if len(parts) > 1 else "1"
+        target = parts[2] if len(parts) > 2 else "1.1"
+        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target]
     return [*sched, "--batch-slot-share", mode]
 
 
@@ -331,7 +334,7 @@ def main() -> None:
     p.add_argument("--batch-concurrency", type=int, default=64)
     p.add_argument("--per-model", type=int, default=32)
     p.add_argument("--modes", default="fcfs,0.75,adaptive",
-                   help="comma-separated: fcfs, a static batch share (0.5), adaptive[:ceiling]")
+                   help="comma-separated: fcfs, a static batch share (0.5), adaptive[:ceiling[:target]]")
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--step-per-seq-ms", type=float, default=0.1)
     p.add_argument("--engine-batch", type=int, default=32, help="requests in the engine's batch; others queue")
