@@ -156,6 +156,9 @@ class Metrics:
         self.queued = Gauge("openai_api_queued_requests", "Requests waiting for an in-flight slot, by model and "
                             "priority class (interactive, standard, batch).", ["model", "class"], registry=r,
                             multiprocess_mode="livesum")
+        self.batch_share = Gauge("openai_api_batch_slot_share", "The batch class's share of each in-flight limit "
+                                 "per model, as the adaptive batch share (--batch-share-adaptive) set it last.",
+                                 ["model"], registry=r, multiprocess_mode="liveall")
         self.latency = Histogram("openai_api_request_duration_seconds",
                                  "End-to-end request latency (until the last byte), by route and model.",
                                  ["route", "model"], buckets=REQUEST_BUCKETS, registry=r)
@@ -299,7 +302,8 @@ class RequestStats:
     that left mid-response (499) from one that closed after reading everything."""
 
     __slots__ = ("complete", "completion_tokens", "disconnected", "event_stream", "model", "object_id",
-                 "priority_class", "prompt_tokens", "request_id", "span_id", "start", "status", "trace_id", "ttft")
+                 "on_first_token", "priority_class", "prompt_tokens", "request_id", "span_id", "start", "status",
+                 "trace_id", "ttft")
 
     def __init__(self, start: float, request_id: str = "") -> None:
         self.start = start
@@ -317,6 +321,8 @@ class RequestStats:
         # The id the gateway gave what this request made (a response's `resp_...`): logged beside the request id.
         self.object_id = ""
         self.ttft = 0.0  # seconds from the arrival to the first token of its first sequence (0: none)
+        # Called once with `ttft` when it is set (the scheduler's adaptive batch share reads the interactive class's).
+        self.on_first_token: Callable[[float], None] | None = None
         # The server span's ids (hex) while tracing is on, for the access log.
         self.trace_id = ""
         self.span_id = ""

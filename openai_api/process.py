@@ -57,7 +57,10 @@ class GatewayProcess:
         self.limiter.scheduler = Scheduler(self.limiter, max_queue=settings.max_queue_per_model,
                                            timeout_s=settings.queue_timeout_s,
                                            shares={"standard": settings.standard_slot_share,
-                                                   "batch": settings.batch_slot_share})
+                                                   "batch": settings.batch_slot_share},
+                                           adaptive={"floor": settings.batch_share_min,
+                                                     "target": settings.batch_ttft_target}
+                                           if settings.batch_share_adaptive else None)
         # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
         store = build_store(settings.redis_url, settings.redis_fail_mode, settings.redis_timeout_s) \
             if settings.keys_file else None

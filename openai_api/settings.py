@@ -135,6 +135,17 @@ class Settings(BaseModel):
         "the part of each in-flight limit requests of the batch class (the Batch API's lines, service_tier flex) "
         "may fill, so that interactive and standard requests find slots free", group="limits",
         metavar="FRACTION")] = Field(default=0.5, gt=0, le=1)
+    batch_share_adaptive: Annotated[bool, Option(
+        "move the batch class's share of each model's in-flight limit with the interactive class's time to first "
+        "token: widened one slot at a time (up to --batch-slot-share) while it stays within --batch-ttft-target "
+        "of its level without batch work, cut by a quarter (down to --batch-share-min) when it rises "
+        "(docs/guides/batches.md)", group="limits")] = False
+    batch_share_min: Annotated[float, Option(
+        "the adaptive batch share's floor, and where it starts", group="limits", metavar="FRACTION")] = Field(
+        default=0.25, gt=0, le=1)
+    batch_ttft_target: Annotated[float, Option(
+        "the adaptive batch share keeps the interactive class's median time to first token within this factor "
+        "of its level without batch work", group="limits", metavar="RATIO")] = Field(default=1.1, ge=1)
     retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
                                          metavar="SECONDS")] = 1
     header_timeout_s: Annotated[float, Option(

@@ -13,6 +13,7 @@ test) there is no ticket: nothing is counted.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from pydantic import BaseModel
@@ -86,6 +87,10 @@ class Admission:
                 # traced requests only: a refusal ends it in error
                 await self.ticket.acquire(model, sequences, param, share, klass,
                                           caller.owner if caller is not None else "")
+            scheduler = self.ticket.limiter.scheduler
+            if klass == "interactive" and scheduler.adaptive is not None and stats is not None \
+                    and self.ticket.model == model:  # the adaptive batch share's signal (`http.batch_share`)
+                stats.on_first_token = partial(scheduler.first_token, self.ticket, model)
 
     def detach(self) -> Callable[[], None]:
         """Hand the request's in-flight slots to work that outlives its response (a background response): the
@@ -94,7 +99,9 @@ class Admission:
         if ticket is None:
             return lambda: None
         moved = Ticket(ticket.limiter)
-        moved.model, moved.sequences = ticket.model, ticket.sequences
+        moved.model, moved.sequences, moved.cls, moved.awaiting = (ticket.model, ticket.sequences, ticket.cls,
+                                                                   ticket.awaiting)
+        ticket.awaiting = False
         ticket.model, ticket.sequences = None, 0
         return moved.release
 

@@ -61,12 +61,14 @@ class Ticket:
     (completions with several prompts, `n` > 1) takes one per sequence, from its model's limit and from
     the global one, because each is a request Triton works on and a stream the gateway holds open."""
 
-    __slots__ = ("limiter", "model", "sequences")
+    __slots__ = ("awaiting", "cls", "limiter", "model", "sequences")
 
     def __init__(self, limiter: InFlightLimiter) -> None:
         self.limiter = limiter
         self.model: str | None = None
         self.sequences = 0
+        self.cls: PriorityClass = "standard"
+        self.awaiting = False  # an interactive request the batch waits for (`Scheduler.first_token`)
 
     def _check(self, model: str, sequences: int, param: str) -> bool:
         """Whether `model` is counted at all; the 400 for more sequences than a limit could ever grant."""
@@ -90,13 +92,15 @@ class Ticket:
         if self._check(model, sequences, param):
             await self.limiter.scheduler.acquire(self, model, sequences, cls, key, share)
 
-    def take(self, model: str, sequences: int) -> None:
-        """Hold `sequences` slots of `model` (checked by the caller)."""
+    def take(self, model: str, sequences: int, cls: PriorityClass = "standard") -> None:
+        """Hold `sequences` slots of `model` for a request of class `cls` (checked by the caller)."""
         lim = self.limiter
         lim.per_model[model] = lim.per_model.get(model, 0) + sequences
         lim.total += sequences
         self.model = model
         self.sequences = sequences
+        self.cls = cls
+        self.awaiting = lim.scheduler.took(model, sequences, cls)
         gauge = lim.model_gauge(model)
         if gauge is not None:
             gauge.inc(sequences)
@@ -109,9 +113,12 @@ class Ticket:
             gauge = lim.model_gauge(self.model)
             if gauge is not None:
                 gauge.dec(self.sequences)
+            model, sequences, awaiting = self.model, self.sequences, self.awaiting
             self.model = None
             self.sequences = 0
-            lim.scheduler.dispatch()  # the freed slots to whoever waits for them
+            self.awaiting = False
+            # the freed slots to whoever waits for them
+            lim.scheduler.released(model, sequences, self.cls, awaiting)
 
 
 def request_ticket(scope: Scope) -> Ticket | None:

@@ -23,6 +23,13 @@ requests does not starve a key with one), each with a deadline (`--queue-timeout
 the 429), else refuses the arrival. A request arriving while requests of its own class or above wait queues
 behind them (no overtaking). With N = 0 (the default) nothing waits: an immediate 429, as before the queue.
 
+**Adaptive batch share** (`--batch-share-adaptive`, off by default): the batch class's share of each model's limit
+moves between `--batch-share-min` and `--batch-slot-share` with the interactive class's time to first token
+(`http.batch_share`); the admission hands each interactive request's first token to `first_token`. And while an
+interactive request of a model waits for its first token, no batch work of that model starts (it waits in the
+queue, or gets its 429 without one): a batch line's start is its prompt's prefill in the engine and its template
+and tokenizer in the gateway, work that would delay that first token.
+
 Event-loop only (no locks), like the limiter. `clock` is injectable for the unit tests.
 """
 
@@ -36,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from openai_api.errors import OverloadedError
+from openai_api.http.batch_share import AdaptiveShare
 from openai_api.quota.caller import RANKS, PriorityClass
 
 if TYPE_CHECKING:
@@ -58,7 +66,9 @@ class InFlightLimiter(Protocol):
 class Ticket(Protocol):
     """What the scheduler does with `http.inflight.Ticket`: hands it the slots it waited for."""
 
-    def take(self, model: str, sequences: int) -> None: ...
+    awaiting: bool
+
+    def take(self, model: str, sequences: int, cls: PriorityClass = "standard") -> None: ...
 
 CLASSES: tuple[PriorityClass, ...] = ("interactive", "standard", "batch")
 RANK = RANKS
@@ -147,7 +157,10 @@ class Scheduler:
     """The classes' slot shares and the per-model queues over one `InFlightLimiter` (module docstring)."""
 
     def __init__(self, limiter: InFlightLimiter, *, max_queue: int = 0, timeout_s: float = 30.0,
-                 shares: dict[str, float] | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 shares: dict[str, float] | None = None, clock: Callable[[], float] = time.monotonic,
+                 adaptive: dict[str, float] | None = None) -> None:
+        """`adaptive`: the adaptive batch share's settings (`floor`, and optionally `target`, `window_s`,
+        `min_samples`, `idle_s` of `AdaptiveShare`), None = the static share."""
         self.limiter = limiter
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -155,6 +168,74 @@ class Scheduler:
         self.clock = clock
         self.queues: dict[str, ModelQueue] = {}
         self.waiting = 0
+        self.adaptive = adaptive
+        self.governors: dict[str, AdaptiveShare] = {}
+        self.batch_held: dict[str, int] = {}  # the batch class's slots per model (the governors' "unloaded")
+        self.awaiting: dict[str, int] = {}  # adaptive: interactive requests per model without a first token yet
+
+    # --- the adaptive batch share -----------------------------------------------------------------------------
+    def governor(self, model: str) -> AdaptiveShare | None:
+        """`model`'s adaptive batch share (made on first use), None when the share is static."""
+        if self.adaptive is None:
+            return None
+        g = self.governors.get(model)
+        if g is None:
+            opts = dict(self.adaptive)
+            floor = opts.pop("floor", 0.25)
+            slot = 1 / max(min(self.limiter.max_per_model, self.limiter.max_total), 1)
+            g = self.governors[model] = AdaptiveShare(
+                floor, self.shares["batch"], slot, clock=self.clock, target=opts.get("target", 1.1),
+                window_s=opts.get("window_s", 2.0), min_samples=int(opts.get("min_samples", 16)),
+                idle_s=opts.get("idle_s", 10.0))
+            self._shared(model, g.share)
+        return g
+
+    def first_token(self, ticket: Ticket, model: str, ttft_s: float) -> None:
+        """An interactive request's first token on `model`, `ttft_s` after it arrived: the batch may start again
+        once no other waits for one, and the adaptive share's signal."""
+        if ticket.awaiting:
+            ticket.awaiting = False
+            self._arrived(model)
+        self.observe_ttft(model, ttft_s)
+
+    def _arrived(self, model: str) -> None:
+        left = self.awaiting[model] = self.awaiting.get(model, 1) - 1
+        if not left and self.waiting:
+            self.dispatch()  # batch work held back for it may start
+
+    def observe_ttft(self, model: str, ttft_s: float) -> None:
+        """An interactive time to first token on `model` (the adaptive share's signal)."""
+        g = self.governor(model)
+        if g is None:
+            return
+        before = g.share
+        if g.observe(ttft_s, unloaded=not self.batch_held.get(model)):
+            self.dispatch()  # the wider share may start queued batch work now
+        if g.share != before:
+            self._shared(model, g.share)
+
+    def _shared(self, model: str, share: float) -> None:
+        metrics = self.limiter.metrics
+        if metrics is not None:
+            metrics.batch_share.labels(model).set(share)
+
+    def took(self, model: str, sequences: int, cls: PriorityClass) -> bool:
+        """A ticket took its slots; True when it is an interactive request whose first token the batch awaits."""
+        if cls == "batch":
+            self.batch_held[model] = self.batch_held.get(model, 0) + sequences
+        elif cls == "interactive" and self.adaptive is not None:
+            self.awaiting[model] = self.awaiting.get(model, 0) + 1
+            return True
+        return False
+
+    def released(self, model: str, sequences: int, cls: PriorityClass, awaiting: bool = False) -> None:
+        """A ticket gave its slots back (`awaiting`: with no first token): counted, and handed to whoever waits
+        for them."""
+        if cls == "batch":
+            self.batch_held[model] = self.batch_held.get(model, 0) - sequences
+        elif awaiting:
+            self.awaiting[model] = self.awaiting.get(model, 1) - 1
+        self.dispatch()
 
     # --- capacity ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -165,6 +246,17 @@ class Scheduler:
         """Why `sequences` more of `model` cannot start now ((reason, message)), or None when they fit."""
         lim = self.limiter
         s = min(share, self.shares.get(cls, 1.0))
+        if cls == "batch" and self.adaptive is not None:
+            if self.awaiting.get(model):
+                return "interactive_first", (f"The model {model!r} is starting interactive requests first; "
+                                             "retry shortly.")
+            g = self.governor(model)
+            if g is not None:
+                if g.step():  # widened with nobody releasing: start what fits once this returns
+                    self._shared(model, g.share)
+                    if self.waiting:
+                        asyncio.get_running_loop().call_soon(self.dispatch)
+                s = min(s, g.share)
         if lim.total + sequences > self._cap(lim.max_total, s):
             return "global_limit", f"The server is serving its maximum of {lim.max_total} requests; retry shortly."
         if lim.per_model.get(model, 0) + sequences > self._cap(lim.max_per_model, s):
@@ -189,7 +281,7 @@ class Scheduler:
         queue = self.queues.get(model)
         refused = self.refusal(model, sequences, cls, share)
         if refused is None and (queue is None or not queue.waiting_at_or_above(cls)):
-            ticket.take(model, sequences)
+            ticket.take(model, sequences, cls)
             return
         if self.max_queue <= 0:
             raise self.overloaded(*(refused or ("model_limit", f"The model {model!r} is busy; retry shortly.")))
@@ -259,7 +351,7 @@ class Scheduler:
                     self._count(w, -1)
                     if w.future.done():  # cancelled while queued: nothing to give
                         continue
-                    w.ticket.take(w.model, w.sequences)
+                    w.ticket.take(w.model, w.sequences, w.cls)
                     w.future.set_result(None)
                 if blocked:
                     break

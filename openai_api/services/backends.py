@@ -115,6 +115,8 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
                     first = False
                     if stats is not None and not stats.ttft:
                         stats.ttft = now - start  # the access log's (the first sequence's, with n > 1)
+                        if stats.on_first_token is not None:
+                            stats.on_first_token(stats.ttft)
                     seq.waiting.dec()
                     seq.running.inc()
                 elif n:

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from openai_api.errors import OverloadedError
+from openai_api.http.batch_share import MIN_BASELINE, AdaptiveShare
 from openai_api.http.inflight import InFlightLimiter, Ticket
 from openai_api.http.scheduler import Scheduler, capped_class, requested_class
 from openai_api.quota.keys import KeysFileError, parse_keys
@@ -175,3 +176,150 @@ async def test_the_queue_is_a_gauge_per_model_and_class() -> None:
     holder.release()  # the other one gets the slot
     await asyncio.sleep(0)
     assert queued("batch") == 0 and waiting[1].done()
+
+
+# --- the adaptive batch share (openai_api/http/batch_share.py) ----------------------------------------------------
+def _share(clock: Clock, **kw: float) -> AdaptiveShare:
+    opts: dict[str, float] = {"target": 1.1, "window_s": 2.0, "min_samples": 4, "idle_s": 10.0, **kw}
+    return AdaptiveShare(0.25, 1.0, 0.125, clock=clock, target=opts["target"], window_s=opts["window_s"],
+                         min_samples=int(opts["min_samples"]), idle_s=opts["idle_s"])
+
+
+def _window(g: AdaptiveShare, clock: Clock, ttft: float, n: int = 4) -> None:
+    """`n` loaded first tokens spread over one window."""
+    for _ in range(n):
+        clock.now += g.window_s / n
+        g.observe(ttft, unloaded=False)
+
+
+def test_adaptive_share_holds_its_floor_without_a_baseline() -> None:
+    clock = Clock()
+    g = _share(clock)
+    for _ in range(5):
+        _window(g, clock, 0.010)
+    assert g.share == 0.25 and g.decisions == 0  # no unloaded level known: nothing to compare with
+
+
+def test_adaptive_share_widens_while_ttft_stays_near_baseline_and_cuts_when_it_rises() -> None:
+    clock = Clock()
+    g = _share(clock)
+    for _ in range(MIN_BASELINE):
+        g.observe(0.010, unloaded=True)
+    _window(g, clock, 0.0105)  # within 1.1x: one slot more per window
+    assert g.share == 0.375
+    for _ in range(10):
+        _window(g, clock, 0.0105)
+    assert g.share == 1.0  # capped by the ceiling (--batch-slot-share)
+    _window(g, clock, 0.012)  # 1.2x: a quarter off
+    assert g.share == 0.75
+    for _ in range(10):
+        _window(g, clock, 0.050)
+    assert g.share == 0.25  # never below the floor
+    assert g.decisions == 22
+
+
+def test_adaptive_share_window_needs_time_and_samples() -> None:
+    clock = Clock()
+    g = _share(clock, min_samples=4)
+    for _ in range(MIN_BASELINE):
+        g.observe(0.010, unloaded=True)
+    for _ in range(8):  # many samples within one window's time: judged once, when the time is up
+        g.observe(0.010, unloaded=False)
+    assert g.share == 0.25
+    clock.now += 2.5
+    g.observe(0.010, unloaded=False)
+    assert g.share == 0.375 and not g.window
+    clock.now += 3.0
+    g.observe(0.010, unloaded=False)  # time is up but only one sample: the window stays open
+    assert g.share == 0.375 and len(g.window) == 1
+
+
+def test_adaptive_share_widens_while_no_interactive_request_comes() -> None:
+    clock = Clock()
+    g = _share(clock)
+    clock.now += 1
+    assert not g.step() and g.share == 0.25  # within a window: nothing judged
+    clock.now += 1.5
+    assert g.step() and g.share == 0.375  # no interactive request ever: nobody to protect
+    g.observe(0.01, unloaded=False)
+    clock.now += 3
+    assert not g.step()  # one came 3 s ago: not idle, and too few samples to judge
+    clock.now += 8
+    assert g.step() and g.share == 0.5  # 11 s without one: idle again
+
+
+async def test_scheduler_adaptive_share_limits_batch_and_widens_into_the_queue() -> None:
+    lim = InFlightLimiter(100, 8, 1, {"m"})
+    clock = Clock()
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, clock=clock,
+                                      adaptive={"floor": 0.25, "target": 1.1, "window_s": 1.0, "min_samples": 2})
+    for _ in range(MIN_BASELINE):  # interactive alone first: its unloaded level
+        sched.observe_ttft("m", 0.010)
+    batch = [Ticket(lim) for _ in range(2)]
+    for t in batch:  # the floor: 2 of 8 slots
+        await t.acquire("m", 1, "n", 1.0, "batch", "job")
+    assert sched.batch_held["m"] == 2
+    queued = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.sleep(0)
+    assert sched.waiting == 1
+    for _ in range(2):  # a healthy window with the batch running: one slot more, and the waiter takes it
+        clock.now += 0.5
+        sched.observe_ttft("m", 0.0105)
+    await asyncio.sleep(0)
+    assert queued.done() and sched.batch_held["m"] == 3
+    for t in batch:
+        t.release()
+    assert sched.batch_held["m"] == 1
+
+
+async def test_scheduler_adaptive_share_widens_when_idle_without_a_release() -> None:
+    lim = InFlightLimiter(100, 4, 1, {"m"})
+    clock = Clock()
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, clock=clock,
+                                      adaptive={"floor": 0.25, "idle_s": 10.0})
+    first = Ticket(lim)
+    await first.acquire("m", 1, "n", 1.0, "batch", "job")
+    queued = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.sleep(0)
+    assert not queued.done()
+    clock.now += 11  # no interactive request for idle_s: the next look at the share widens it ...
+    assert sched.refusal("m", 1, "batch", 1.0) is None
+    for _ in range(3):  # ... and starts the waiter, though no slot was given back
+        await asyncio.sleep(0)
+    assert queued.done() and sched.batch_held["m"] == 2
+
+
+def test_static_share_has_no_governor() -> None:
+    _, sched, _ = make()
+    sched.observe_ttft("m", 0.5)
+    assert sched.governor("m") is None and not sched.governors
+
+
+async def test_adaptive_batch_waits_for_interactive_first_tokens() -> None:
+    lim = InFlightLimiter(100, 8, 1, {"m"})
+    clock = Clock()
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, clock=clock,
+                                      adaptive={"floor": 1.0})
+    chat, other = Ticket(lim), Ticket(lim)
+    await chat.acquire("m", 1, "n", 1.0, "interactive", "c")
+    await other.acquire("m", 1, "n", 1.0, "interactive", "c")
+    assert sched.awaiting["m"] == 2
+    line = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.sleep(0)
+    assert not line.done()  # slots are free, but two interactive requests wait for their first token
+    sched.first_token(chat, "m", 0.01)
+    sched.first_token(chat, "m", 0.01)  # counted once per request
+    await asyncio.sleep(0)
+    assert not line.done() and sched.awaiting["m"] == 1
+    other.release()  # ended without a first token (an error, a client gone): no longer awaited
+    await asyncio.sleep(0)
+    assert line.done() and sched.awaiting["m"] == 0 and sched.batch_held["m"] == 1
+    chat.release()
+    assert sched.awaiting["m"] == 0
+
+
+async def test_static_share_does_not_hold_batch_for_interactive() -> None:
+    lim, sched, _ = make(per_model=4, queue=0, batch_share=1.0)
+    await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "c")
+    await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job")  # no adaptive share: no wait, no count
+    assert not sched.awaiting
