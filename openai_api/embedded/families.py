@@ -316,8 +316,9 @@ def prepare_families(models_dir: Path | None = None, families: list[str] | None 
     models_dir = (Path(models_dir) if models_dir is not None else default_models_dir()).resolve()
     root = models_dir / FAMILIES_DIR
     out: dict[str, Path] = {}
-    with _lock(models_dir):
-        root.mkdir(parents=True, exist_ok=True)
+    # Its own lock (the families' folder shares nothing with the weights): `prepare.main` builds the families
+    # while the weights and adapters are prepared.
+    with _lock(root):
         for family in families or list(FAMILIES):
             target = root / family
             version = _version(family)
