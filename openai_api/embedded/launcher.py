@@ -46,15 +46,12 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import ctypes
 import json
 import logging
 import os
-import queue
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -64,20 +61,26 @@ import time
 import urllib.error
 import urllib.request
 import weakref
-from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from openai_api.embedded.load_watch import IDLE_SILENCE, IdleWatch, kill_stubs
+from openai_api.embedded.processes import (
+    Spawner,
+    describe_exit,
+    exit_code,
+    free_port,
+    kill_group,
+    shm_regions,
+    with_pdeathsig,
+)
 
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL_REPOSITORY = REPO_ROOT / "triton_models"
-_PR_SET_PDEATHSIG = 1
 _LOADED_RE = re.compile(r"successfully loaded '([^']+)'")
-_SHM_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
 _POLL_S = 0.5  # how often the supervisor checks the child
 _CRASH_TAIL_LINES = 20
 
@@ -96,176 +99,6 @@ def _pytriton_root() -> Path:
     if not (root / "bin" / "tritonserver").is_file():
         raise TritonLaunchError(f"no tritonserver binary under {root}")
     return root
-
-
-def _free_port(taken: tuple[int | None, ...] = ()) -> int:
-    """A port free now on 127.0.0.1 and not in ``taken`` (the kernel may hand the same one out twice)."""
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port not in taken:
-            return port
-
-
-def _load_prctl() -> Any:
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-# Whether this libc has prctl (Linux): then Triton gets PR_SET_PDEATHSIG, through `_PDEATHSIG_EXEC`.
-_PRCTL = _load_prctl()
-
-# Run as `python -I -S -c _PDEATHSIG_EXEC <parent pid> <command...>`: asks for SIGTERM when the thread that
-# started it dies, leaves at once if that parent is already gone, then execs the command (the same pid, looked
-# up on PATH when not a path; the death signal survives exec). Setting it in a `preexec_fn` instead runs
-# Python between fork and exec in a copy of a process full of threads (gRPC, torch, tokenizers): a child
-# crashed there with a segfault in a long test session. Here it runs in a fresh interpreter.
-_PDEATHSIG_EXEC = (
-    "import ctypes, os, signal, sys\n"
-    f"ctypes.CDLL('libc.so.6', use_errno=True).prctl({_PR_SET_PDEATHSIG}, int(signal.SIGTERM))\n"
-    "if os.getppid() != int(sys.argv[1]):\n"
-    "    sys.exit(1)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n")
-
-
-def _with_pdeathsig(cmd: list[str]) -> list[str]:
-    """`cmd`, started so that it gets SIGTERM when the spawning thread dies (where prctl exists)."""
-    if _PRCTL is None or not sys.executable:
-        return cmd
-    return [sys.executable, "-I", "-S", "-c", _PDEATHSIG_EXEC, str(os.getpid()), *cmd]
-
-
-class _Spawner:
-    """Long-lived thread that forks children on behalf of non-main threads.
-
-    PR_SET_PDEATHSIG fires when the *thread* that forked the child exits, so forking from a
-    short-lived worker thread (e.g. ``asyncio.to_thread``) would kill Triton when that thread ends.
-    """
-
-    _lock = threading.Lock()
-    _queue: queue.Queue[tuple[Callable[[], subprocess.Popen[bytes]], queue.Queue[Any]]] | None = None
-
-    @classmethod
-    def popen(cls, factory: Callable[[], subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
-        if threading.current_thread() is threading.main_thread():
-            return factory()
-        with cls._lock:
-            if cls._queue is None:
-                cls._queue = queue.Queue()
-                threading.Thread(target=cls._run, args=(cls._queue,), name="triton-spawner", daemon=True).start()
-        reply: queue.Queue[Any] = queue.Queue()
-        cls._queue.put((factory, reply))
-        result = reply.get()
-        if isinstance(result, BaseException):
-            raise result
-        proc: subprocess.Popen[bytes] = result
-        return proc
-
-    @staticmethod
-    def _run(jobs: queue.Queue[tuple[Callable[[], subprocess.Popen[bytes]], queue.Queue[Any]]]) -> None:
-        while True:
-            factory, reply = jobs.get()
-            try:
-                reply.put(factory())
-            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
-                reply.put(exc)
-
-
-def _exit_code(proc: subprocess.Popen[bytes]) -> int | None:
-    """``proc``'s exit status (negative: killed by that signal), or None while it runs.
-
-    Unlike ``Popen.poll`` this leaves an exited child a zombie, so its pid (the id of its process
-    group) stays taken until the group is cleaned up and ``proc.wait()`` reaps it.
-    """
-    if proc.returncode is not None:
-        return proc.returncode
-    try:
-        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # someone else reaped it
-        return proc.poll()
-    if info is None or info.si_pid == 0:
-        return None
-    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "is still running"
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
-
-
-def _group_members(pgid: int) -> list[tuple[int, int, str]]:
-    """(pid, ppid, state) of every process in process group ``pgid``, zombies included."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # state, ppid, pgrp follow the parenthesised command name (which may hold spaces).
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid:
-            members.append((int(entry.name), int(fields[1]), fields[0]))
-    return members
-
-
-def _shm_regions(pids: list[int]) -> set[str]:
-    """The Python backend's shared-memory files mapped by ``pids`` (Triton unlinks them on a clean exit)."""
-    regions = set()
-    for pid in pids:
-        try:
-            maps = Path(f"/proc/{pid}/maps").read_text()
-        except OSError:
-            continue
-        for line in maps.splitlines():
-            path = line.rsplit(None, 1)[-1]
-            if path.startswith(_SHM_PREFIX):
-                regions.add(path)
-    return regions
-
-
-def _kill_group(pgid: int, regions: set[str], wait_s: float = 10.0) -> list[int]:
-    """SIGKILL process group ``pgid`` and wait until it has no live member; returns the pids that were alive.
-
-    Members that became this process's children (orphans re-parented to a PID 1 or subreaper gateway)
-    are reaped here.  Then the Python backend's shared-memory files are unlinked: ``regions`` (seen
-    mapped by the group earlier) and those its members map now.  Triton unlinks them on a clean exit
-    only; after a crash, or its own exit on a start-up error, they would stay in /dev/shm.
-    """
-    alive = [pid for pid, _, state in _group_members(pgid) if state != "Z"]
-    regions = regions | _shm_regions(alive)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
-    me = os.getpid()
-    deadline = time.monotonic() + wait_s
-    while True:
-        left = []
-        for pid, ppid, state in _group_members(pgid):
-            if state == "Z" and ppid == me and pid != pgid:  # the leader is reaped by its Popen
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-            elif state != "Z":
-                left.append(pid)
-        if not left:
-            break
-        if time.monotonic() > deadline:
-            logger.error("process group %d still has live members %s after SIGKILL", pgid, left)
-            break
-        time.sleep(0.05)
-    for path in regions:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    return alive
 
 
 _live: weakref.WeakSet[EmbeddedTriton] = weakref.WeakSet()
@@ -315,9 +148,9 @@ class EmbeddedTriton:
         self.auto_complete = (self.model_repository != DEFAULT_MODEL_REPOSITORY.resolve()
                               if auto_complete is None else auto_complete)
         self.models = list(models) if models is not None else None
-        self.grpc_port = grpc_port or _free_port((http_port, metrics_port))
-        self.http_port = http_port or _free_port((self.grpc_port, metrics_port))
-        self.metrics_port = metrics_port or _free_port((self.grpc_port, self.http_port))
+        self.grpc_port = grpc_port or free_port((http_port, metrics_port))
+        self.http_port = http_port or free_port((self.grpc_port, metrics_port))
+        self.metrics_port = metrics_port or free_port((self.grpc_port, self.http_port))
         if models_dir is None:
             env_dir = os.environ.get("OPENAI_API_MODELS_DIR")
             models_dir = Path(env_dir) if env_dir else REPO_ROOT / "models"
@@ -386,7 +219,7 @@ class EmbeddedTriton:
 
     def is_running(self) -> bool:
         proc = self._proc
-        return proc is not None and _exit_code(proc) is None
+        return proc is not None and exit_code(proc) is None
 
     # ------------------------------------------------------------------ lifecycle
     def _assemble_backends(self, root: Path, workdir: Path) -> Path:
@@ -513,7 +346,7 @@ class EmbeddedTriton:
 
             def factory() -> subprocess.Popen[bytes]:
                 return subprocess.Popen(
-                    _with_pdeathsig(cmd),
+                    with_pdeathsig(cmd),
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=log_file,
@@ -524,7 +357,7 @@ class EmbeddedTriton:
 
             try:
                 # From a non-main thread (the supervisor) this forks on the long-lived spawner thread.
-                self._proc = _Spawner.popen(factory)
+                self._proc = Spawner.popen(factory)
             finally:
                 log_file.close()
             return self._proc
@@ -573,9 +406,9 @@ class EmbeddedTriton:
             self._track_shm(proc)
             if self._stopping.is_set():
                 raise TritonLaunchError("stopped while starting")
-            code = _exit_code(proc)
+            code = exit_code(proc)
             if code is not None:
-                raise TritonLaunchError(f"tritonserver {_describe_exit(code)}:\n{self.log_tail()}")
+                raise TritonLaunchError(f"tritonserver {describe_exit(code)}:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise TritonLaunchError(
                     f"tritonserver not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
@@ -686,7 +519,7 @@ class EmbeddedTriton:
         try:
             delay = self.restart_delay
             while not self._stopping.wait(_POLL_S):
-                code = _exit_code(proc)
+                code = exit_code(proc)
                 if code is None:
                     self._track_shm(proc)  # a stub Triton restarts gets a new region
                     continue
@@ -699,7 +532,7 @@ class EmbeddedTriton:
                 logger.error(
                     "tritonserver (pid %d) %s after %.0f s up; killed %d leftover process(es) of its group %s; "
                     "last lines of its log (%s):\n%s",
-                    proc.pid, _describe_exit(code), up_s, len(stray), stray, self._log_path, tail,
+                    proc.pid, describe_exit(code), up_s, len(stray), stray, self._log_path, tail,
                 )
                 if up_s >= self.stable_after:
                     delay = self.restart_delay
@@ -751,12 +584,12 @@ class EmbeddedTriton:
 
     def _track_shm(self, proc: subprocess.Popen[bytes]) -> None:
         # Triton maps every stub's region; read while it runs, so they can be removed after a crash.
-        self._shm.setdefault(proc.pid, set()).update(_shm_regions([proc.pid]))
+        self._shm.setdefault(proc.pid, set()).update(shm_regions([proc.pid]))
 
     def _discard(self, proc: subprocess.Popen[bytes]) -> list[int]:
         """Kill ``proc``'s whole group, reap ``proc`` and forget it; returns the pids that were alive."""
         # Before reaping: the zombie leader keeps the group id taken.
-        alive = _kill_group(proc.pid, self._shm.pop(proc.pid, set()))
+        alive = kill_group(proc.pid, self._shm.pop(proc.pid, set()))
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5)
         with self._proc_lock:
@@ -780,14 +613,14 @@ class EmbeddedTriton:
                 graceful = self._state == "ready"
             if proc is not None:
                 pgid = proc.pid  # start_new_session made Triton its group leader
-                if graceful and _exit_code(proc) is None:
+                if graceful and exit_code(proc) is None:
                     with contextlib.suppress(ProcessLookupError):
                         proc.send_signal(signal.SIGTERM)
                     deadline = time.monotonic() + timeout
                     # Wait without reaping: the zombie leader keeps the group id taken for killpg.
-                    while _exit_code(proc) is None and time.monotonic() < deadline:
+                    while exit_code(proc) is None and time.monotonic() < deadline:
                         time.sleep(0.05)
-                    if _exit_code(proc) is None:
+                    if exit_code(proc) is None:
                         logger.warning("tritonserver did not exit in %.0f s; killing it", timeout)
                 # Stubs normally exit with Triton; kill whatever is left of the group.
                 self._discard(proc)

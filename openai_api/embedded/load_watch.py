@@ -15,31 +15,17 @@ import os
 import signal
 from pathlib import Path
 
+from openai_api.embedded.processes import group_stats
+
 # A start is judged hung once its log has been silent IDLE_SILENCE s and its process group used under IDLE_CPU s
 # of CPU over the last IDLE_WINDOW s (Triton answers the launcher's readiness polls meanwhile: ~1 ms a second).
 IDLE_SILENCE, IDLE_WINDOW, IDLE_CPU = 20.0, 8.0, 0.05
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
-def _stats(pgid: int) -> list[tuple[int, list[str]]]:
-    """(pid, the fields after the command name of /proc/PID/stat) of every live process of group ``pgid``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
-        if int(fields[2]) == pgid:
-            found.append((int(entry.name), fields))
-    return found
-
-
 def group_cpu_seconds(pgid: int) -> float:
     """User + system CPU seconds used so far by the live processes of group ``pgid``."""
-    return sum(int(f[11]) + int(f[12]) for _, f in _stats(pgid)) / _CLK_TCK  # utime, stime: proc(5) 14, 15
+    return sum(int(f[11]) + int(f[12]) for _, f in group_stats(pgid)) / _CLK_TCK  # utime, stime: proc(5) 14, 15
 
 
 class IdleWatch:
@@ -70,7 +56,7 @@ def kill_stubs(pgid: int, models: set[str]) -> list[int]:
     line ends with its instance name (``<model>_<n>_<m>``, or the model's own name for config auto-completion)
     and its kind."""
     killed = []
-    for pid, _ in _stats(pgid):
+    for pid, _ in group_stats(pgid):
         try:
             argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:

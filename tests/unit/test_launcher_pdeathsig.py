@@ -1,4 +1,4 @@
-"""The launcher's death signal (`_with_pdeathsig`): set in a fresh interpreter that then execs the command,
+"""The launcher's death signal (`with_pdeathsig`): set in a fresh interpreter that then execs the command,
 never by Python code between fork and exec (a `preexec_fn` crashed a child with a segfault in a long test
 session). The kernel is the oracle: the child's exit status."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from openai_api.embedded import launcher, load_watch
-from openai_api.embedded.launcher import _with_pdeathsig
+from openai_api.embedded.processes import PRCTL, with_pdeathsig
 
-pytestmark = pytest.mark.skipif(launcher._PRCTL is None, reason="no prctl here (not Linux)")
+pytestmark = pytest.mark.skipif(PRCTL is None, reason="no prctl here (not Linux)")
 
 
 def test_the_child_gets_sigterm_when_the_thread_that_started_it_ends() -> None:
@@ -23,7 +23,7 @@ def test_the_child_gets_sigterm_when_the_thread_that_started_it_ends() -> None:
     started = threading.Event()
 
     def start() -> None:
-        procs.append(subprocess.Popen(_with_pdeathsig(["sleep", "60"])))
+        procs.append(subprocess.Popen(with_pdeathsig(["sleep", "60"])))
         # Past the wrapper's prctl: the command itself runs (its name is what the kernel shows).
         for _ in range(500):
             with open(f"/proc/{procs[0].pid}/comm", encoding="utf-8") as f:
@@ -40,7 +40,7 @@ def test_the_child_gets_sigterm_when_the_thread_that_started_it_ends() -> None:
 
 
 def test_the_command_runs_as_itself_with_its_arguments_and_environment() -> None:
-    out = subprocess.run(_with_pdeathsig(["sh", "-c", 'echo "$0 $1 $GREETING"', "a b", "c"]),
+    out = subprocess.run(with_pdeathsig(["sh", "-c", 'echo "$0 $1 $GREETING"', "a b", "c"]),
                          env={"GREETING": "hello", "PATH": "/usr/bin:/bin"}, capture_output=True, check=True)
     assert out.stdout.decode() == "a b c hello\n"
 
