@@ -52,6 +52,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -420,9 +421,17 @@ class EmbeddedTriton:
                 continue
             if status == 200 and self._check_index(json.loads(body or b"[]"), announced):
                 ready, _ = self._http("GET", "/v2/health/ready")
-                if ready == 200:
+                if ready == 200 and self._metrics_listening():
                     return
             time.sleep(0.2)
+
+    def _metrics_listening(self) -> bool:
+        """Triton opens its metrics port just after its HTTP port: a caller told "ready" scrapes it at once."""
+        try:
+            with socket.create_connection(("127.0.0.1", self.metrics_port), timeout=1):
+                return True
+        except OSError:
+            return False
 
     def _announce_from_log(self, offset: int, announced: set[str]) -> int:
         # Triton loads all start-up models before opening HTTP; the log is the only live progress.
