@@ -17,13 +17,15 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import multiprocessing as mp
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from openai_api.embedded.folders import (
     MARKER,
@@ -71,6 +73,38 @@ def _finish_smollm2(folder: Path) -> None:
         gen_path.write_text(json.dumps(gen, indent=2) + "\n")
 
 
+@contextlib.contextmanager
+def _gguf_parsed_once() -> Iterator[None]:
+    """While converting: transformers opens the GGUF file three times (tokenizer, config, weights), each a
+    `gguf.GGUFReader` walking ~300k metadata fields in Python (~3 s each here), and builds gguf's tensor-name map
+    once per module of the model (~400 times, ~4 s in all). Both are pure functions of their arguments and only read,
+    so each is made once for the conversion (transformers imports both from `gguf` when it calls them)."""
+    try:
+        import gguf
+    except ImportError:
+        yield
+        return
+    reader, name_map = getattr(gguf, "GGUFReader", None), getattr(gguf, "get_tensor_name_map", None)
+    if reader is None or name_map is None:
+        yield
+        return
+    readers: dict[tuple[str, str], Any] = {}
+
+    def read_once(path: Any, mode: str = "r") -> Any:
+        key = (str(path), mode)
+        if key not in readers:
+            readers[key] = reader(path, mode)
+        return readers[key]
+
+    setattr(gguf, "GGUFReader", read_once)  # noqa: B010 - a module attribute swapped for the conversion
+    setattr(gguf, "get_tensor_name_map", functools.lru_cache(maxsize=None)(name_map))  # noqa: B010
+    try:
+        yield
+    finally:
+        setattr(gguf, "GGUFReader", reader)  # noqa: B010
+        setattr(gguf, "get_tensor_name_map", name_map)  # noqa: B010
+
+
 def _convert_smollm2(out: Path) -> None:
     # Heavy imports only on the cold path so the warm path stays well under a second.
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -79,8 +113,9 @@ def _convert_smollm2(out: Path) -> None:
     if not (src / SMOLLM2_GGUF).is_file():
         raise RuntimeError(f"{src / SMOLLM2_GGUF} not found")
     logger.info("dequantising %s into %s", src / SMOLLM2_GGUF, out)
-    tok = AutoTokenizer.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
-    model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
+    with _gguf_parsed_once():
+        tok = AutoTokenizer.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(str(src), gguf_file=SMOLLM2_GGUF)
     # The weights are already dequantised to float; drop the GGUF quantizer so save_pretrained
     # writes plain safetensors that load without gguf installed.
     for attr, value in (("hf_quantizer", None), ("is_quantized", False)):
