@@ -363,15 +363,23 @@ class EmbeddedTriton:
                 log_file.close()
             return self._proc
 
-    def _http(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+    def _http(self, method: str, path: str, body: bytes | None = None, timeout: float = 5) -> tuple[int, bytes]:
         req = urllib.request.Request(f"http://{self.http_url}{path}", data=body, method=method)
         if body is not None:
             req.add_header("Content-Type", "application/json")
         try:
-            with urllib.request.urlopen(req, timeout=5) as resp:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, resp.read()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
+
+    def _index(self) -> list[dict[str, Any]] | None:
+        """Triton's repository index, or None while it does not answer (not serving yet, or an error status)."""
+        try:
+            status, body = self._http("POST", "/v2/repository/index", b"{}")
+        except (urllib.error.URLError, OSError):
+            return None
+        return json.loads(body or b"[]") if status == 200 else None
 
     def _wait_ready(self, proc: subprocess.Popen[bytes], deadline: float, log_offset: int = 0) -> None:
         announced: set[str] = set()
@@ -414,12 +422,8 @@ class EmbeddedTriton:
                 raise TritonLaunchError(
                     f"tritonserver not ready after {self.startup_timeout:.0f} s:\n{self.log_tail()}"
                 )
-            try:
-                status, body = self._http("POST", "/v2/repository/index", b"{}")
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.2)
-                continue
-            if status == 200 and self._check_index(json.loads(body or b"[]"), announced):
+            index = self._index()
+            if index is not None and self._check_index(index, announced):
                 ready, _ = self._http("GET", "/v2/health/ready")
                 if ready == 200 and self._metrics_listening():
                     return
@@ -498,18 +502,14 @@ class EmbeddedTriton:
         deadline = time.monotonic() + self.startup_timeout
         try:
             while time.monotonic() < deadline and not self._stopping.is_set():
-                try:
-                    status, body = self._http("POST", "/v2/repository/index", b"{}")
-                except (urllib.error.URLError, OSError):
-                    status, body = 0, b""
-                index: list[dict[str, Any]] = json.loads(body or b"[]") if status == 200 else []
-                if any(e.get("name") == name and e.get("state") != "LOADING" for e in index):
+                if any(e.get("name") == name and e.get("state") != "LOADING" for e in self._index() or []):
                     break
                 time.sleep(0.2)
-            req = urllib.request.Request(f"http://{self.http_url}/v2/repository/models/{name}/load", data=b"{}",
-                                         method="POST")
-            with urllib.request.urlopen(req, timeout=self.startup_timeout):
-                pass
+            status, body = self._http("POST", f"/v2/repository/models/{name}/load", b"{}",
+                                      timeout=self.startup_timeout)
+            if status != 200:
+                logger.warning("loading %s again failed: HTTP %d %s", name, status,
+                               body[:500].decode("utf-8", "replace"))
         except (urllib.error.URLError, OSError) as exc:
             logger.warning("loading %s again failed: %s", name, exc)
         finally:
