@@ -56,10 +56,10 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   dropped, its KV cache freed and a CANCELLED error sent with the FINAL flag.
 
 Concurrency: ``execute`` only validates and enqueues, then returns (decoupled mode).  A single
-background worker thread owns the model and interleaves decoding round-robin: each round it picks up
-newly queued requests (prefilled on their first step) and advances every active request by one
-token, each request keeping its own KV cache.  Concurrent requests are therefore served fairly, at
-the cost of not batching forward passes (fine for a 135M model on CPU).
+background worker thread owns the model and batches decoding in flight: each round it prefills the
+newly queued requests one by one, then advances every other active request by one token in one
+forward pass, each request keeping its own KV cache (attention runs per request).  Concurrent
+requests are therefore served fairly, and N of them cost about one forward pass a token, not N.
 
 The decoding engine (weights, worker, sampling, cancellation, stats) lives in ``smollm2_engine.py``
 beside this file and is shared with ``smollm2-vllm`` and ``smollm2-ft``; this file is the protocol.

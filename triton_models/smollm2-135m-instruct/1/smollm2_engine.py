@@ -8,9 +8,11 @@ and ``smollm2-ft`` (the legacy FasterTransformer tensors).  Each ``model.py`` su
 Triton responses.  This module owns everything else:
 
 * loading the weights (``$OPENAI_API_MODELS_DIR/smollm2-135m-instruct``, else ``<repo>/models/...``);
-* one background worker thread that owns the model and interleaves decoding round-robin: each round
-  it picks up newly queued jobs (prefilled on their first step) and advances every active job by one
-  token, each job keeping its own KV cache;
+* one background worker thread that owns the model and batches decoding in flight, as TensorRT-LLM and vLLM
+  do: each round it picks up newly queued jobs and prefills each on its own (their first token), then advances
+  every other active job by one token in one forward pass (``smollm2_batch.py`` beside this file: a batch per
+  LoRA adapter, attention per job against its own KV cache; a batch of one is bit-identical to the model's own
+  forward pass, a larger one may differ in the last bits, as batch sizes do in the production engines);
 * sampling (greedy when ``temperature == 0`` or ``top_k == 1``; else temperature, top-k, top-p),
   repetition / presence / frequency penalties, ``min_tokens``, bad words, stop words, end ids; each
   sampled token's log-prob (``job.log_probs``) and, when ``job.top_logprobs`` is set, its rank and the
@@ -84,6 +86,7 @@ import queue
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +94,7 @@ from typing import Any
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
+from smollm2_batch import decode_step
 from smollm2_guide import GuideCompiler, GuideEnded, GuideError, GuideSpec, GuideUnavailable
 from smollm2_prefix_cache import PrefixCache
 from tokenizers import Tokenizer
@@ -557,20 +561,27 @@ class SmolLM2Engine:
                 continue
             except queue.Empty:
                 pass
+            # A round: each new job's prefill on its own (its first token), then one batched decode step for the
+            # jobs that already had a token to feed (a group per LoRA adapter: a batch shares one), as an engine's
+            # in-flight batching does.
+            decoding: dict[int, list[Job]] = {}
             for job in list(active):
-                try:
-                    done = self._step(job)
-                except (RequestError, GuideError) as exc:
-                    self.send_error(job.sender, str(exc))
-                    self._finish(job, "errors")
-                    done = True
-                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
-                    self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
-                    self.send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
-                    self._finish(job, "errors")
-                    done = True
-                if done:
+                ready = bool(job.scheduled_ns) and len(job.pending) == 1
+                if self._guarded(job, self._prefill_or_end):
                     active.remove(job)
+                elif ready:
+                    decoding.setdefault(id(job.lora), []).append(job)
+            for group in decoding.values():
+                try:
+                    logits = self._decode(group)
+                except Exception as exc:  # noqa: BLE001 - the batch's jobs fail, the engine goes on
+                    for job in group:
+                        self._fail(job, exc)
+                        active.remove(job)
+                    continue
+                for row, job in zip(logits, group, strict=True):
+                    if self._guarded(job, lambda j, r=row: self._advance(j, r)):
+                        active.remove(job)
         while True:  # shutting down: release whatever is still queued or in flight
             try:
                 queued = self.incoming.get_nowait()
@@ -582,6 +593,24 @@ class SmolLM2Engine:
             self.send_error(job.sender, "model is shutting down", "UNAVAILABLE")
             self._finish(job, "errors")
 
+    def _guarded(self, job: Job, step: Callable[[Job], bool]) -> bool:
+        """``step(job)``, whose failure ends the job with an error instead of the engine (``_fail``). Returns True
+        when the job is finished (and answered)."""
+        try:
+            return step(job)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+            self._fail(job, exc)
+            return True
+
+    def _fail(self, job: Job, exc: Exception) -> None:
+        """Answer ``job`` with ``exc`` and end it: the client's mistake as INVALID_ARG, anything else as INTERNAL."""
+        if isinstance(exc, (RequestError, GuideError)):
+            self.send_error(job.sender, str(exc))
+        else:
+            self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
+            self.send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
+        self._finish(job, "errors")
+
     @staticmethod
     def _cancelled(job: Job) -> bool:
         for obj in (job.sender, job.request):
@@ -590,8 +619,10 @@ class SmolLM2Engine:
                 return bool(check())
         return False
 
-    def _step(self, job: Job) -> bool:
-        """Advance one token; returns True when the job is finished (and answered)."""
+    def _prefill_or_end(self, job: Job) -> bool:
+        """A job's part of a round before the batched decode: a cancelled job is dropped, an empty budget ends it,
+        and a new job is prefilled (its prompt, less what the prefix cache holds) and gets its first token.
+        Returns True when the job is finished (and answered); a job left for the decode step has one pending token."""
         if self._cancelled(job):
             self.logger.log_info(f"{self.model_name}: request cancelled after {len(job.generated)} tokens; dropping it")
             job.cache = None
@@ -603,13 +634,13 @@ class SmolLM2Engine:
             self._finish(job, "completed")
             self.respond(job, [], final=True)
             return True
-        prefill = job.scheduled_ns == 0
+        if job.scheduled_ns and len(job.pending) == 1:
+            return False
         keys: list[bytes] = []
         with torch.inference_mode():
-            if prefill:
+            if not job.scheduled_ns:
                 job.scheduled_ns = time.time_ns()
                 keys = self._reuse(job)
-            # The worker thread runs one job's forward pass at a time: its adapter (or none) is the active one.
             if job.lora is not None:
                 self.lora_modules.install()
             self.lora_modules.active = job.lora
@@ -626,8 +657,28 @@ class SmolLM2Engine:
             job.cache = out.past_key_values
             if keys:
                 self._store(keys, job, job.reused_blocks)
+            return self._advance(job, out.logits[0, -1].float())
+
+    def _decode(self, jobs: list[Job]) -> torch.Tensor:
+        """One forward pass for the pending token of every job in ``jobs`` (which share one adapter or none), each
+        against its own KV cache (``smollm2_batch.decode_step``; a batch of one is bit-identical to the model's own
+        forward pass); the logits, [len(jobs), vocab]."""
+        lora = jobs[0].lora
+        with torch.inference_mode():
+            if lora is not None:
+                self.lora_modules.install()
+            self.lora_modules.active = lora
             try:
-                token, log_prob, ranked = self._sample(job, out.logits[0, -1].float())
+                return decode_step(self.model, [job.pending[0] for job in jobs], [job.cache for job in jobs])
+            finally:
+                self.lora_modules.active = None
+
+    def _advance(self, job: Job, logits: torch.Tensor) -> bool:
+        """Sample ``job``'s next token from ``logits`` (its last position) and answer as the protocol asks; returns
+        True when the job is finished (and answered)."""
+        with torch.inference_mode():
+            try:
+                token, log_prob, ranked = self._sample(job, logits)
             except GuideEnded:  # the grammar is complete and every end id is masked (min_tokens, no end id)
                 token, log_prob, ranked = job.end_id, 0.0, None
         if token == job.end_id or token in job.stop_ids:
