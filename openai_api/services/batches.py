@@ -124,12 +124,17 @@ class BatchService:
 
     async def validate(self, rec: BatchRecord) -> list[Line] | None:
         """The lines of a job's input file, the job moved from `validating` to `in_progress`; None when the file
-        fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines."""
+        fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines.
+
+        Read again each time a runner takes the job up (a restart resumes it here). The file's `expires_at` does
+        not matter: it was live when the job was made, and an unfinished job's input is never swept (pinned,
+        `BatchStore.expired_files`) - a job keeps its input for its life, as OpenAI's do. Only a file its owner
+        deleted is gone: the job then fails (`file_not_found`)."""
         now = int(self.clock())
         source = await self.store.get_file(rec.owner, rec.data["input_file_id"])
         lines: list[Line] = []
-        if source is None or not self._live(source):
-            errors = [batch_error("file_not_found", "The input file was deleted or expired before the batch ran.",
+        if source is None:
+            errors = [batch_error("file_not_found", "The input file was deleted before the batch ended.",
                                   "input_file_id")]
         else:
             content = await self.store.read(source.id)
