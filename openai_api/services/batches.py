@@ -128,13 +128,14 @@ class BatchService:
 
         Read again each time a runner takes the job up (a restart resumes it here). The file's `expires_at` does
         not matter: it was live when the job was made, and an unfinished job's input is never swept (pinned,
-        `BatchStore.expired_files`) - a job keeps its input for its life, as OpenAI's do. Only a file its owner
-        deleted is gone: the job then fails (`file_not_found`)."""
+        `BatchStore.expired_files`; its owner's delete expires it instead, `delete_file`) - a job keeps its input
+        for its life, as OpenAI's do. A file missing all the same (a store made before the pins, a file deleted
+        just as the job was made) fails the job (`file_not_found`)."""
         now = int(self.clock())
         source = await self.store.get_file(rec.owner, rec.data["input_file_id"])
         lines: list[Line] = []
         if source is None:
-            errors = [batch_error("file_not_found", "The input file was deleted before the batch ended.",
+            errors = [batch_error("file_not_found", "The input file was deleted before the batch could read it.",
                                   "input_file_id")]
         else:
             content = await self.store.read(source.id)
@@ -201,8 +202,10 @@ class BatchService:
         return await self.store.read((await self.file(owner, file_id)).id)
 
     async def delete_file(self, owner: str, file_id: str) -> dict[str, Any]:
+        """Gone for its owner at once; an unfinished batch's input keeps its bytes until that batch ends
+        (`BatchStore.retire_file`), so the batch still resumes after a restart."""
         await self.file(owner, file_id)
-        await self.store.delete_file(owner, file_id)
+        await self.store.retire_file(owner, file_id, int(self.clock()))
         return {"id": file_id, "object": "file", "deleted": True}
 
     # --- jobs -------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ A runner starting on a job skips every line already recorded, so a restart resum
 **Pins.** A file past its `expires_at` is a 404 to its owner at once, but its bytes stay while an unfinished job
 has it as input (`expired_files` leaves it out): a job holds its input for its whole life, as OpenAI's do, so a
 restart after the file's expiry resumes the job rather than failing it. The sweep deletes it once the job ends.
+Its owner's delete of such a file (`retire_file`) expires it at once instead, with the same effect.
 
 **Leases.** A gateway runs a job while it holds the job's lease (`claim`, renewed every few seconds, given back
 when the gateway stops); a lease that is not renewed runs out (`LEASE_S`) and another gateway takes the job.
@@ -154,6 +155,15 @@ class BatchStore(SQLiteOnThread):
             self.path(file_id).unlink(missing_ok=True)
         return gone
 
+    def _retire_file(self, db: sqlite3.Connection, owner: str, file_id: str, now: int) -> bool:
+        if db.execute("SELECT 1 FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone() is None:
+            return False
+        marks = ",".join("?" * len(ACTIVE))
+        if db.execute(f"SELECT 1 WHERE ? IN ({_PINNED.format(marks=marks)})", (file_id, *ACTIVE)).fetchone():
+            db.execute("INSERT OR REPLACE INTO file_expiry VALUES (?, ?)", (file_id, now))
+            return True
+        return self._delete_file(owner, file_id)
+
     def _expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
         marks = ",".join("?" * len(ACTIVE))
         rows = self._conn().execute(
@@ -284,6 +294,13 @@ class BatchStore(SQLiteOnThread):
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
         gone: bool = await self._read_op(False, self._delete_file, owner, file_id)
+        return gone
+
+    async def retire_file(self, owner: str, file_id: str, now: int) -> bool:
+        """A delete by the file's owner: the file is deleted, or, while an unfinished job has it as input, expired
+        at `now` (gone for its owner at once; its bytes swept once the job ends, as for any pinned file). False when
+        `owner` has no such file."""
+        gone: bool = await self._read_op(False, self._tx, self._retire_file, owner, file_id, now)
         return gone
 
     async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:

@@ -104,6 +104,26 @@ for _, id in ipairs(gone) do redis.call('ZREM', root .. 'fexp', id) end
 return out
 """
 
+# ARGV: root, id, owner, now: 0 no such file of the owner; 1 deleted (the caller unlinks the bytes); 2 pinned by an
+# unfinished job, so expired at `now` instead (gone for its owner; swept once the job ends)
+_RETIRE = r"""
+local root, id = ARGV[1], ARGV[2]
+local raw = redis.call('GET', root .. 'file:' .. id)
+if not raw then return 0 end
+local f = cjson.decode(raw)
+if f.owner ~= ARGV[3] then return 0 end
+if redis.call('HEXISTS', root .. 'pins', id) == 1 then
+  f.expires_at = tonumber(ARGV[4])
+  redis.call('SET', root .. 'file:' .. id, cjson.encode(f))
+  redis.call('ZADD', root .. 'fexp', ARGV[4], id)
+  return 2
+end
+redis.call('DEL', root .. 'file:' .. id)
+redis.call('ZREM', root .. 'files:' .. ARGV[3], id)
+redis.call('ZREM', root .. 'fexp', id)
+return 1
+"""
+
 # ARGV: root, node, lease_ms, most, ids (a JSON list, in the order to try them)
 _CLAIM = r"""
 local root, node, most = ARGV[1], ARGV[2], tonumber(ARGV[4])
@@ -234,6 +254,12 @@ class RedisBatchStore(BatchStore):
             raise self._down(e) from None
         await asyncio.to_thread(self.path(file_id).unlink, True)
         return True
+
+    async def retire_file(self, owner: str, file_id: str, now: int) -> bool:
+        done = await self._call(_RETIRE, file_id, owner, now)
+        if done == 1:
+            await asyncio.to_thread(self.path(file_id).unlink, True)
+        return bool(done)
 
     async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
         flat = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._call(_EXPIRED, now, most)]

@@ -298,3 +298,44 @@ async def test_an_input_file_expiring_mid_batch_is_kept_until_the_batch_ends(eit
 
 def _owner() -> str:
     return f"key:api-key:{api_key_digest(b'key-a')}"
+
+
+async def test_an_input_file_deleted_mid_batch_is_kept_until_the_batch_ends(either_app: FastAPI,
+                                                                           backend: SlowBackend) -> None:
+    """Its owner deletes a running batch's input file, then the gateway restarts: the file is gone for the owner at
+    once (`deleted`, then 404, not listed, not deletable twice), the restarted runner still resumes the batch and
+    answers every line once, and the file's bytes go once the batch has ended. A file no batch uses goes at once."""
+    app = either_app
+    service = app.state.gateway.batches
+    store = service.store
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        file = (await upload(client, jsonl(6))).json()
+        batch = (await client.post("/v1/batches", headers=A, json={
+            "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+        backend.gate.clear()
+        backend.free = 2
+        first = runner(app, concurrency=1)
+        await first.start()
+        await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["request_counts"]["completed"] >= 2)
+        r = await client.delete(f"/v1/files/{file['id']}", headers=A)
+        assert r.status_code == 200 and r.json() == {"id": file["id"], "object": "file", "deleted": True}
+        await first.close()  # the restart, after the delete
+
+        assert (await client.get(f"/v1/files/{file['id']}", headers=A)).status_code == 404
+        assert (await client.delete(f"/v1/files/{file['id']}", headers=A)).status_code == 404
+        assert file["id"] not in [f["id"] for f in (await client.get("/v1/files", headers=A)).json()["data"]]
+        assert await service.sweep(10) == 0 and store.path(file["id"]).exists()
+        backend.gate.set()
+        second = runner(app, concurrency=2)
+        await second.start()
+        try:
+            done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
+        finally:
+            await second.close()
+        assert done["request_counts"] == {"total": 6, "completed": 6, "failed": 0} and backend.completed == 6
+        await service.sweep(10)  # (if the runner's own sweep has not taken it)
+        assert not store.path(file["id"]).exists() and await store.get_file(_owner(), file["id"]) is None
+
+        unused = (await upload(client, jsonl(1))).json()
+        assert (await client.delete(f"/v1/files/{unused['id']}", headers=A)).status_code == 200
+        assert not store.path(unused["id"]).exists() and await store.get_file(_owner(), unused["id"]) is None
