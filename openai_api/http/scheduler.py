@@ -28,7 +28,9 @@ moves between `--batch-share-min` and `--batch-slot-share` with the interactive 
 (`http.batch_share`); the admission hands each interactive request's first token to `first_token`. And while an
 interactive request of a model waits for its first token, no batch work of that model starts (it waits in the
 queue, or gets its 429 without one): a batch line's start is its prompt's prefill in the engine and its template
-and tokenizer in the gateway, work that would delay that first token.
+and tokenizer in the gateway, work that would delay that first token. Deciding is apart from updating: `refusal`
+only reads (asking twice gives the same answer), the share moves in `advance` (on each batch request's arrival
+and before each batch waiter `dispatch` considers) and in `observe_ttft`.
 
 Event-loop only (no locks), like the limiter. `clock` is injectable for the unit tests.
 """
@@ -214,6 +216,30 @@ class Scheduler:
         if g.share != before:
             self._shared(model, g.share)
 
+    def batch_share(self, model: str) -> float | None:
+        """The adaptive batch share of `model` now (its floor before the model's first batch request), None when
+        the share is static. Reads only: the governor is made and stepped by `advance`."""
+        if self.adaptive is None:
+            return None
+        g = self.governors.get(model)
+        return g.share if g is not None else min(self.adaptive.get("floor", 0.25), self.shares["batch"])
+
+    def advance(self, model: str, dispatch: bool = True) -> bool:
+        """The adaptive share's look at the clock for `model`, the one update the decision (`refusal`) leaves out:
+        its window judged when due, or widened after `idle_s` without interactive requests (nobody releasing a
+        slot says so). Made on each batch request's arrival and before a batch waiter is considered in
+        `dispatch`. True when the share widened; with `dispatch`, queued work that now fits starts soon after."""
+        g = self.governor(model)
+        if g is None:
+            return False
+        before = g.share
+        widened = g.step()
+        if g.share != before:
+            self._shared(model, g.share)
+        if widened and dispatch and self.waiting:
+            asyncio.get_running_loop().call_soon(self.dispatch)
+        return widened
+
     def _shared(self, model: str, share: float) -> None:
         metrics = self.limiter.metrics
         if metrics is not None:
@@ -243,20 +269,16 @@ class Scheduler:
         return limit if share >= 1 else max(int(limit * share), 1)
 
     def refusal(self, model: str, sequences: int, cls: PriorityClass, share: float) -> tuple[str, str] | None:
-        """Why `sequences` more of `model` cannot start now ((reason, message)), or None when they fit."""
+        """Why `sequences` more of `model` cannot start now ((reason, message)), or None when they fit. A pure
+        decision: asking twice gives the same answer and changes nothing (the adaptive share moves in `advance`)."""
         lim = self.limiter
         s = min(share, self.shares.get(cls, 1.0))
-        if cls == "batch" and self.adaptive is not None:
+        adaptive = self.batch_share(model) if cls == "batch" else None
+        if adaptive is not None:
             if self.awaiting.get(model):
                 return "interactive_first", (f"The model {model!r} is starting interactive requests first; "
                                              "retry shortly.")
-            g = self.governor(model)
-            if g is not None:
-                if g.step():  # widened with nobody releasing: start what fits once this returns
-                    self._shared(model, g.share)
-                    if self.waiting:
-                        asyncio.get_running_loop().call_soon(self.dispatch)
-                s = min(s, g.share)
+            s = min(s, adaptive)
         if lim.total + sequences > self._cap(lim.max_total, s):
             return "global_limit", f"The server is serving its maximum of {lim.max_total} requests; retry shortly."
         if lim.per_model.get(model, 0) + sequences > self._cap(lim.max_per_model, s):
@@ -279,6 +301,8 @@ class Scheduler:
                       share: float) -> None:
         """Take the slots now, or wait for them in `model`'s queue; raises the 429 when refused or shed."""
         queue = self.queues.get(model)
+        if cls == "batch":
+            self.advance(model)
         refused = self.refusal(model, sequences, cls, share)
         if refused is None and (queue is None or not queue.waiting_at_or_above(cls)):
             ticket.take(model, sequences, cls)
@@ -340,6 +364,8 @@ class Scheduler:
                 while keys:
                     key, q = next(iter(keys.items()))
                     w = q[0]
+                    if w.cls == "batch":
+                        self.advance(w.model, dispatch=False)  # this pass starts what a wider share lets in
                     if self.refusal(w.model, w.sequences, w.cls, w.share) is not None:
                         blocked = True
                         break

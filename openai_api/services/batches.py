@@ -124,12 +124,18 @@ class BatchService:
 
     async def validate(self, rec: BatchRecord) -> list[Line] | None:
         """The lines of a job's input file, the job moved from `validating` to `in_progress`; None when the file
-        fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines."""
+        fails the checks (`services.batch_input`): the job is then `failed`, its `errors` naming the lines.
+
+        Read again each time a runner takes the job up (a restart resumes it here). The file's `expires_at` does
+        not matter: it was live when the job was made, and an unfinished job's input is never swept (pinned,
+        `BatchStore.expired_files`; its owner's delete expires it instead, `delete_file`) - a job keeps its input
+        for its life, as OpenAI's do. A file missing all the same (a store made before the pins, a file deleted
+        just as the job was made) fails the job (`file_not_found`)."""
         now = int(self.clock())
         source = await self.store.get_file(rec.owner, rec.data["input_file_id"])
         lines: list[Line] = []
-        if source is None or not self._live(source):
-            errors = [batch_error("file_not_found", "The input file was deleted or expired before the batch ran.",
+        if source is None:
+            errors = [batch_error("file_not_found", "The input file was deleted before the batch could read it.",
                                   "input_file_id")]
         else:
             content = await self.store.read(source.id)
@@ -196,8 +202,10 @@ class BatchService:
         return await self.store.read((await self.file(owner, file_id)).id)
 
     async def delete_file(self, owner: str, file_id: str) -> dict[str, Any]:
+        """Gone for its owner at once; an unfinished batch's input keeps its bytes until that batch ends
+        (`BatchStore.retire_file`), so the batch still resumes after a restart."""
         await self.file(owner, file_id)
-        await self.store.delete_file(owner, file_id)
+        await self.store.retire_file(owner, file_id, int(self.clock()))
         return {"id": file_id, "object": "file", "deleted": True}
 
     # --- jobs -------------------------------------------------------------------------------------------------

@@ -11,6 +11,11 @@ another's, so the routes answer 404 as for an id never issued.
 `(batch_id, idx)`: a second answer of the same line, from a gateway that lost its lease mid-line, is dropped).
 A runner starting on a job skips every line already recorded, so a restart resumes at the first unanswered one.
 
+**Pins.** A file past its `expires_at` is a 404 to its owner at once, but its bytes stay while an unfinished job
+has it as input (`expired_files` leaves it out): a job holds its input for its whole life, as OpenAI's do, so a
+restart after the file's expiry resumes the job rather than failing it. The sweep deletes it once the job ends.
+Its owner's delete of such a file (`retire_file`) expires it at once instead, with the same effect.
+
 **Leases.** A gateway runs a job while it holds the job's lease (`claim`, renewed every few seconds, given back
 when the gateway stops); a lease that is not renewed runs out (`LEASE_S`) and another gateway takes the job.
 
@@ -58,6 +63,10 @@ CREATE TABLE IF NOT EXISTS results (
 
 # A file's columns and its expiry (the expiry in a table of its own: stores made before it keep working).
 _FILES = "SELECT f.*, e.expires_at FROM files f LEFT JOIN file_expiry e ON e.id = f.id"
+# The input files of unfinished jobs: pinned, never swept (read from the jobs themselves, so jobs made before the
+# pin existed are pinned too; `IS NOT NULL` because one NULL would make every `NOT IN` unknown).
+_PINNED = ("SELECT json_extract(data, '$.input_file_id') FROM batches WHERE status IN ({marks}) AND "
+           "json_extract(data, '$.input_file_id') IS NOT NULL")
 
 
 def default_batch_dir() -> Path:
@@ -146,9 +155,20 @@ class BatchStore(SQLiteOnThread):
             self.path(file_id).unlink(missing_ok=True)
         return gone
 
+    def _retire_file(self, db: sqlite3.Connection, owner: str, file_id: str, now: int) -> bool:
+        if db.execute("SELECT 1 FROM files WHERE id = ? AND owner = ?", (file_id, owner)).fetchone() is None:
+            return False
+        marks = ",".join("?" * len(ACTIVE))
+        if db.execute(f"SELECT 1 WHERE ? IN ({_PINNED.format(marks=marks)})", (file_id, *ACTIVE)).fetchone():
+            db.execute("INSERT OR REPLACE INTO file_expiry VALUES (?, ?)", (file_id, now))
+            return True
+        return self._delete_file(owner, file_id)
+
     def _expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
-        rows = self._conn().execute("SELECT e.id, f.owner FROM file_expiry e JOIN files f ON f.id = e.id WHERE "
-                                    "e.expires_at <= ? ORDER BY e.expires_at LIMIT ?", (now, most)).fetchall()
+        marks = ",".join("?" * len(ACTIVE))
+        rows = self._conn().execute(
+            "SELECT e.id, f.owner FROM file_expiry e JOIN files f ON f.id = e.id WHERE e.expires_at <= ? AND e.id "
+            f"NOT IN ({_PINNED.format(marks=marks)}) ORDER BY e.expires_at LIMIT ?", (now, *ACTIVE, most)).fetchall()
         return [(str(i), str(o)) for i, o in rows]
 
     def _read(self, file_id: str) -> bytes:
@@ -276,8 +296,17 @@ class BatchStore(SQLiteOnThread):
         gone: bool = await self._read_op(False, self._delete_file, owner, file_id)
         return gone
 
+    async def retire_file(self, owner: str, file_id: str, now: int) -> bool:
+        """A delete by the file's owner: the file is deleted, or, while an unfinished job has it as input, expired
+        at `now` (gone for its owner at once; its bytes swept once the job ends, as for any pinned file). False when
+        `owner` has no such file."""
+        gone: bool = await self._read_op(False, self._tx, self._retire_file, owner, file_id, now)
+        return gone
+
     async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
-        """(id, owner) of up to `most` files whose `expires_at` is `now` or before, the longest expired first."""
+        """(id, owner) of up to `most` files whose `expires_at` is `now` or before, the longest expired first; never
+        the input file of an unfinished job (pinned: the job reads it again when it resumes after a restart, and
+        for the custom ids of the lines it never ran when it ends cancelled or expired). Swept once the job ends."""
         found: list[tuple[str, str]] = await self._read_op([], self._expired_files, now, most)
         return found
 

@@ -7,10 +7,11 @@ trusted); the files are large, written once and read whole, so they stay out of 
 
 Keys, under `oag:b:`: `job:ID` (the job as JSON), `jobs:OWNER:KIND` and `files:OWNER` (sorted sets by creation),
 `file:ID` (a file's metadata as JSON), `fexp` (files by `expires_at`), `active` (a sorted set of unfinished jobs)
-and `active:OWNER` (a set: the per-key bound), `lease:ID` (the gateway running it; `SET NX PX`), `res:ID` (line
--> answer, `HSETNX`: the first answer stays), `out:ID` (line -> outcome) and `cnt:ID` (outcome -> lines). Each
-write that must be atomic is one Lua script. A single Redis or a primary, not Redis Cluster (the scripts name keys
-they compute).
+and `active:OWNER` (a set: the per-key bound), `pins` (input file -> how many unfinished jobs read it: never
+swept while pinned, as `stored.batches` explains; jobs made before the pins existed do not pin theirs),
+`lease:ID` (the gateway running it; `SET NX PX`), `res:ID` (line -> answer, `HSETNX`: the first answer stays),
+`out:ID` (line -> outcome) and `cnt:ID` (outcome -> lines). Each write that must be atomic is one Lua script.
+A single Redis or a primary, not Redis Cluster (the scripts name keys they compute).
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ logger = logging.getLogger("openai_api.batches")
 ROOT = "oag:b:"
 TIMEOUT_S = 5.0
 
-# ARGV: root, id, owner, kind, json, created, max_active
+# ARGV: root, id, owner, kind, json, created, max_active, input file id
 _CREATE = r"""
 local root, id, owner = ARGV[1], ARGV[2], ARGV[3]
 if redis.call('SCARD', root .. 'active:' .. owner) >= tonumber(ARGV[7]) then return 0 end
+redis.call('HINCRBY', root .. 'pins', ARGV[8], 1)
 redis.call('SET', root .. 'job:' .. id, ARGV[5])
 redis.call('ZADD', root .. 'jobs:' .. owner .. ':' .. ARGV[4], ARGV[6], id)
 redis.call('ZADD', root .. 'active', ARGV[6], id)
@@ -59,13 +61,67 @@ for k, v in pairs(cjson.decode(ARGV[4])) do rec.data[k] = v end
 if ARGV[3] ~= '' then rec.status = ARGV[3] end
 local active = false
 for _, s in ipairs(cjson.decode(ARGV[6])) do if s == rec.status then active = true end end
-if not active then
-  redis.call('ZREM', root .. 'active', id)
+if not active and redis.call('ZREM', root .. 'active', id) == 1 then  -- the job's end, seen once
   redis.call('SREM', root .. 'active:' .. rec.owner, id)
+  local input = rec.data.input_file_id
+  if type(input) == 'string' and redis.call('HINCRBY', root .. 'pins', input, -1) <= 0 then
+    redis.call('HDEL', root .. 'pins', input)
+  end
 end
 local out = cjson.encode(rec)
 redis.call('SET', root .. 'job:' .. id, out)
 return out
+"""
+
+# ARGV: root, id, input file id: a job that was unfinished and is no more gives back its pin
+_END = r"""
+local root = ARGV[1]
+if redis.call('ZREM', root .. 'active', ARGV[2]) == 1 then
+  if redis.call('HINCRBY', root .. 'pins', ARGV[3], -1) <= 0 then redis.call('HDEL', root .. 'pins', ARGV[3]) end
+end
+return 1
+"""
+
+# ARGV: root, now, most: (id, owner) pairs of expired files no unfinished job pins; forgets deleted ones
+_EXPIRED = r"""
+local root, most = ARGV[1], tonumber(ARGV[3])
+local out, gone = {}, {}
+local pins = root .. 'pins'
+local ids = redis.call('ZRANGEBYSCORE', root .. 'fexp', '-inf', ARGV[2], 'LIMIT', 0, most + redis.call('HLEN', pins))
+for _, id in ipairs(ids) do
+  if #out >= most * 2 then break end
+  if redis.call('HEXISTS', pins, id) == 0 then
+    local raw = redis.call('GET', root .. 'file:' .. id)
+    if raw then
+      table.insert(out, id)
+      table.insert(out, cjson.decode(raw).owner)
+    else
+      table.insert(gone, id)
+    end
+  end
+end
+for _, id in ipairs(gone) do redis.call('ZREM', root .. 'fexp', id) end
+return out
+"""
+
+# ARGV: root, id, owner, now: 0 no such file of the owner; 1 deleted (the caller unlinks the bytes); 2 pinned by an
+# unfinished job, so expired at `now` instead (gone for its owner; swept once the job ends)
+_RETIRE = r"""
+local root, id = ARGV[1], ARGV[2]
+local raw = redis.call('GET', root .. 'file:' .. id)
+if not raw then return 0 end
+local f = cjson.decode(raw)
+if f.owner ~= ARGV[3] then return 0 end
+if redis.call('HEXISTS', root .. 'pins', id) == 1 then
+  f.expires_at = tonumber(ARGV[4])
+  redis.call('SET', root .. 'file:' .. id, cjson.encode(f))
+  redis.call('ZADD', root .. 'fexp', ARGV[4], id)
+  return 2
+end
+redis.call('DEL', root .. 'file:' .. id)
+redis.call('ZREM', root .. 'files:' .. ARGV[3], id)
+redis.call('ZREM', root .. 'fexp', id)
+return 1
 """
 
 # ARGV: root, node, lease_ms, most, ids (a JSON list, in the order to try them)
@@ -199,17 +255,15 @@ class RedisBatchStore(BatchStore):
         await asyncio.to_thread(self.path(file_id).unlink, True)
         return True
 
+    async def retire_file(self, owner: str, file_id: str, now: int) -> bool:
+        done = await self._call(_RETIRE, file_id, owner, now)
+        if done == 1:
+            await asyncio.to_thread(self.path(file_id).unlink, True)
+        return bool(done)
+
     async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
-        try:
-            ids: Any = await self.redis.zrangebyscore(ROOT + "fexp", "-inf", now, start=0, num=most)
-            raws = await self.redis.mget([ROOT + "file:" + i.decode() for i in ids]) if ids else []
-            gone = [i for i, r in zip(ids, raws, strict=True) if r is None]
-            if gone:
-                await self.redis.zrem(ROOT + "fexp", *gone)  # deleted meanwhile
-        except (RedisError, OSError) as e:
-            raise self._down(e) from None
-        recs = [json.loads(r) for r in raws if r is not None]
-        return [(str(d["id"]), str(d["owner"])) for d in recs]
+        flat = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._call(_EXPIRED, now, most)]
+        return list(zip(flat[::2], flat[1::2], strict=True))
 
     async def read(self, file_id: str) -> bytes:
         try:
@@ -229,7 +283,8 @@ class RedisBatchStore(BatchStore):
     async def create_batch(self, rec: BatchRecord, max_active: int) -> bool:
         doc = json.dumps({"id": rec.id, "owner": rec.owner, "kind": rec.kind, "status": rec.status,
                           "created_at": rec.created_at, "data": rec.data})
-        made = await self._call(_CREATE, rec.id, rec.owner, rec.kind, doc, rec.created_at, max_active)
+        made = await self._call(_CREATE, rec.id, rec.owner, rec.kind, doc, rec.created_at, max_active,
+                                str(rec.data.get("input_file_id", "")))
         return bool(made)
 
     async def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
@@ -257,10 +312,10 @@ class RedisBatchStore(BatchStore):
         rec = await self.get_batch(owner, batch_id)
         if rec is None:
             return False
+        await self._call(_END, batch_id, str(rec.data.get("input_file_id", "")))
         try:
             await self.redis.delete(*(ROOT + k + batch_id for k in ("job:", "res:", "out:", "cnt:", "lease:")))
             await self.redis.zrem(f"{ROOT}jobs:{owner}:{rec.kind}", batch_id)
-            await self.redis.zrem(ROOT + "active", batch_id)
             await self.redis.srem(ROOT + "active:" + owner, batch_id)
         except (RedisError, OSError) as e:
             raise self._down(e) from None

@@ -34,8 +34,11 @@ LLM = "smollm2-135m-instruct"
 # A reasoning model: the synthetic LLM with its thinking section on (derived into a temporary repository).
 REASONING = "synthetic-reasoning"
 # A paced copy of the synthetic LLM (a 50 ms sleep per token, no CPU): streams that stay in flight for a known time
-# whatever the machine's load (tests/e2e/test_config_reload.py).
+# whatever the machine's load (tests/e2e/test_config_reload.py). It declares Triton priority levels (the dynamic
+# batcher's priority queue, `PRIORITY_LEVELS`), so the gateway sends it each request's class as Triton's `priority`
+# (tests/e2e/test_batches.py reads what Triton took).
 PACED = "synthetic-llm-paced"
+PRIORITY_LEVELS = "\ndynamic_batching {\n  priority_levels: 3\n  default_priority_level: 2\n}\n"
 # The replay models stream the golden corpus's recorded completions (tests/e2e/test_families.py).
 REPLAY_MODELS = ["replay-llm", "replay-llm-vllm"]
 # Vision: the vLLM interface with its image input (decodes every image, answers with facts from the pixels),
@@ -119,7 +122,8 @@ class _SessionTriton:
             prepare_models()
             extra.mkdir()
             derived_model(extra, "synthetic-llm", REASONING, {"reasoning": "1"})
-            derived_model(extra, "synthetic-llm", PACED, {"delay_ms": "50"})
+            paced = derived_model(extra, "synthetic-llm", PACED, {"delay_ms": "50"}) / "config.pbtxt"
+            paced.write_text(paced.read_text(encoding="utf-8") + PRIORITY_LEVELS, encoding="utf-8")
             derived_model(extra, VISION, VISION_PLACEHOLDER, {"image_placeholder": "<image>"})
             pixels = derived_model(extra, VISION_TRTLLM, VISION_TRTLLM_PIXELS, {
                 "enable_kv_cache_reuse": "false",

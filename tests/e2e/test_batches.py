@@ -7,13 +7,18 @@ Proven here: `files.create` (with `expires_after`) + `batches.create` (with `out
 same batch folder (every line answered exactly once, in order); two gateways sharing one store (Redis and a files
 folder: a job made through one that runs no jobs is run by the other); a job cancelled half-way (its answers so far in
 its output file, the rest never run); and interactive requests admitted at once while a batch holds its share of
-the model's slots and more of its lines wait in the queue. Lines run on the paced synthetic LLM (50 ms a token), so
-a job takes a known few seconds whatever the machine's load. The oracle is what the test sent: its custom ids.
+the model's slots and more of its lines wait in the queue, and reach Triton with the priorities their classes map
+to (the paced model declares priority levels: Triton's own record of each request's priority, its verbose log, shows
+the batch's lines at the lowest level, 3, and the interactive requests at the highest, 1). Lines run on the paced
+synthetic LLM (50 ms a token), so a job takes a known few seconds whatever the machine's load. The oracle is what
+the test sent: its custom ids and request ids.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -170,11 +175,52 @@ def test_cancel_half_way(gw: GatewayServer) -> None:
     assert len(out) == completed
 
 
-def test_interactive_gets_through_while_batch_holds_its_share(gw: GatewayServer) -> None:
+# Triton's verbose log line for each request it takes in (`InferenceRequest::PrepareForInference`): the request's id
+# (the gateway's x-request-id), its model and the priority it carries into the model's scheduler queue.
+_PREPARED = re.compile(r"\] prepared: \[[^]]*\] request id: ([^,]*), model: ([^,]*), .*?, priority: (\d+),")
+
+
+@contextlib.contextmanager
+def triton_priorities(triton: EmbeddedTriton, model: str) -> Iterator[dict[str, int]]:
+    """Request id -> the priority Triton took it at, for the requests to `model` inside the block (filled when it
+    ends): Triton's verbose log, switched on for the block through its logging API (runtime, no restart)."""
+    base = triton.http_url if "://" in triton.http_url else "http://" + triton.http_url
+    log = triton.log_path
+    assert log is not None
+    start = log.stat().st_size
+    found: dict[str, int] = {}
+    assert httpx.post(base + "/v2/logging", json={"log_verbose_level": 1}).status_code == 200
+    try:
+        yield found
+    finally:
+        httpx.post(base + "/v2/logging", json={"log_verbose_level": 0})
+        with open(log, "rb") as fh:
+            fh.seek(start)
+            text = fh.read().decode("utf-8", "replace")
+        found.update((rid, int(level)) for rid, name, level in _PREPARED.findall(text) if name == model)
+
+
+def test_interactive_gets_through_while_batch_holds_its_share(gw: GatewayServer, triton: EmbeddedTriton) -> None:
+    with triton_priorities(triton, PACED) as taken:
+        batch, interactive = _interactive_beside_a_batch(gw)
+    # Triton's priority (synthetic-llm-paced: priority_levels 3): the batch's lines at 3, its lowest; interactive 1.
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY)
+    done = client.batches.retrieve(batch)
+    ran = [json.loads(x)["response"]["request_id"] for x in client.files.content(done.output_file_id).content
+           .splitlines()] if done.output_file_id else []
+    assert {rid: taken.get(rid) for rid in interactive} == dict.fromkeys(interactive, 1), taken
+    assert {rid: taken.get(rid) for rid in ran} == dict.fromkeys(ran, 3), taken
+    others = {rid: level for rid, level in taken.items() if rid not in interactive}
+    assert len(others) >= PER_MODEL // 2 and set(others.values()) == {3}, taken  # every line, done or cut
+
+
+def _interactive_beside_a_batch(gw: GatewayServer) -> tuple[str, list[str]]:
+    """The batch's id and the interactive requests' ids."""
     client = openai.OpenAI(base_url=gw.url + "/v1", api_key=KEY)
     made = client.files.create(file=("in.jsonl", lines(8, PACED_NAME, 40)), purpose="batch")  # 2 s a line
     batch = client.batches.create(input_file_id=made.id, endpoint="/v1/chat/completions", completion_window="24h")
     headers = {"Authorization": f"Bearer {KEY}"}
+    ids = [f"interactive-{i}-{time.monotonic_ns()}" for i in range(PER_MODEL // 2)]
 
     def batch_in_flight() -> float:
         return metric(httpx.get(gw.url + "/metrics", headers=headers).text, "openai_api_model_requests_in_flight",
@@ -184,15 +230,16 @@ def test_interactive_gets_through_while_batch_holds_its_share(gw: GatewayServer)
     seen: list[float] = []
     statuses: list[int] = []
 
-    def interactive() -> None:
-        with httpx.stream("POST", gw.url + "/v1/chat/completions", headers=headers, timeout=30, json={
+    def interactive(request_id: str) -> None:
+        with httpx.stream("POST", gw.url + "/v1/chat/completions", headers={**headers, "x-request-id": request_id},
+                          timeout=30, json={
                 "model": PACED_NAME, "messages": [{"role": "user", "content": "now"}], "max_tokens": 20,
                 "stream": True, "service_tier": "priority"}) as r:
             statuses.append(r.status_code)
             for _ in r.iter_lines():
                 pass
 
-    threads = [threading.Thread(target=interactive) for _ in range(PER_MODEL // 2)]
+    threads = [threading.Thread(target=interactive, args=(rid,)) for rid in ids]
     for t in threads:
         t.start()
     seen.append(poll(batch_in_flight, lambda n: n >= PER_MODEL, timeout=10))
@@ -204,6 +251,7 @@ def test_interactive_gets_through_while_batch_holds_its_share(gw: GatewayServer)
     assert state.request_counts.completed < 8
     client.batches.cancel(batch.id)
     poll(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "cancelled")
+    return batch.id, ids
 
 
 def test_two_gateways_share_one_store(triton: EmbeddedTriton, folder: Path) -> None:

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 
+from openai_api.app import create_app
+from openai_api.config import BUNDLED_CONFIG
 from openai_api.quota.keys import api_key_digest
+from openai_api.services.backends import InstrumentedLLMBackend
+from openai_api.settings import Settings
+from tests.unit.fakes import llm_only_config
 from tests.unit.test_batches import (  # noqa: F401 - fixtures
     MODEL,
     A,
@@ -29,6 +36,7 @@ from tests.unit.test_batches import (  # noqa: F401 - fixtures
     upload,
     wait_status,
 )
+from tests.unit.test_object_stores import redis_url  # noqa: F401 - a real redis-server, as a fixture
 
 
 async def test_fair_slots_alternate_between_keys_and_jobs() -> None:
@@ -211,3 +219,123 @@ async def test_a_bad_file_cancelled_before_it_was_checked_still_ends(app: FastAP
     done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] not in (
         "validating", "cancelling"))
     assert done["status"] == "failed" and done["errors"]["data"][0]["code"] == "invalid_json_line"
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+async def either_app(request: pytest.FixtureRequest, tmp_path: Path, backend: SlowBackend) -> AsyncIterator[FastAPI]:
+    """test_batches.py's `app`, over the embedded SQLite store or over Redis (a fresh database)."""
+    url = None
+    if request.param == "redis":
+        url = request.getfixturevalue("redis_url")
+    settings = Settings(config_file=BUNDLED_CONFIG, api_keys=["key-a", "key-b"], batch_dir=tmp_path / "batches",
+                        batch_store_url=url, batch_max_jobs_per_key=3)
+    made = create_app(llm_only_config(tmp_path, url="127.0.0.1:1"), settings)
+    state = made.state.gateway
+    if url is not None:
+        await state.batches.store.redis.flushdb()
+    state.services.registry.llm(MODEL).backend = InstrumentedLLMBackend(  # type: ignore[arg-type]
+        backend, state.metrics, MODEL)
+    yield made
+    await state.batches.store.close()
+    await state.services.registry.pool.close()
+
+
+async def test_an_input_file_expiring_mid_batch_is_kept_until_the_batch_ends(either_app: FastAPI,
+                                                                             backend: SlowBackend) -> None:
+    """A batch's input file expires while the gateway is down mid-batch: its owner sees a 404 for it at once, but
+    the sweep keeps its bytes (pinned by the unfinished batch, counted per batch: another batch on the same file
+    that ended gives its pin back, not this one's) and sweeps other expired files past it; the restarted runner
+    resumes and answers every line once; the sweep deletes the file once the batch has ended. A fake clock."""
+    app = either_app
+    service = app.state.gateway.batches
+    store = service.store
+    now = [1_700_000_000.0]
+    service.clock = lambda: now[0]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        def hour_file(content: bytes) -> Any:
+            return client.post("/v1/files", headers=A, files={"file": ("in.jsonl", content, "text/plain")},
+                               data={"purpose": "batch", "expires_after[anchor]": "created_at",
+                                     "expires_after[seconds]": "3600"})
+
+        pinned = (await hour_file(jsonl(8))).json()
+        base = {"input_file_id": pinned["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        batch = (await client.post("/v1/batches", headers=A, json=base)).json()
+        ended = (await client.post("/v1/batches", headers=A, json=base)).json()
+        await store.update(ended["id"], "failed", {"failed_at": int(now[0])})  # ended at once: its pin goes
+        now[0] += 1
+        loose = (await hour_file(jsonl(1))).json()  # expires after the pinned one: behind it in the sweep's order
+        backend.gate.clear()
+        backend.free = 3
+        first = runner(app, concurrency=1)
+        await first.start()
+        await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["request_counts"]["completed"] >= 3)
+        await first.close()  # the gateway stops with the 4th line in flight
+        answered = len(await store.done(batch["id"]))
+        assert 3 <= answered < 8
+
+        now[0] += 2 * 3600  # down past the input file's expiry, well inside the batch's 24 h window
+        assert (await client.get(f"/v1/files/{pinned['id']}", headers=A)).status_code == 404  # expired to its owner
+        assert await service.sweep(1) == 1  # the unpinned file, though the pinned one expired first
+        assert await store.get_file(_owner(), loose["id"]) is None
+        assert await service.sweep(10) == 0 and store.path(pinned["id"]).exists()
+
+        backend.gate.set()
+        second = runner(app, concurrency=2)  # the restarted gateway
+        await second.start()
+        try:
+            done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
+        finally:
+            await second.close()
+        assert done["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
+        assert "errors" not in done
+        out = (await client.get(f"/v1/files/{done['output_file_id']}/content", headers=A)).content
+        assert [json.loads(x)["custom_id"] for x in out.splitlines()] == [f"r{i}" for i in range(8)]
+        assert backend.completed == 8  # each line once (the one in flight at the stop never completed)
+        await service.sweep(10)  # the batch ended: its input goes (if the runner's own sweep has not taken it)
+        assert not store.path(pinned["id"]).exists() and await store.get_file(_owner(), pinned["id"]) is None
+        assert (await client.get(f"/v1/files/{done['output_file_id']}", headers=A)).status_code == 200  # 30 days
+
+
+def _owner() -> str:
+    return f"key:api-key:{api_key_digest(b'key-a')}"
+
+
+async def test_an_input_file_deleted_mid_batch_is_kept_until_the_batch_ends(either_app: FastAPI,
+                                                                           backend: SlowBackend) -> None:
+    """Its owner deletes a running batch's input file, then the gateway restarts: the file is gone for the owner at
+    once (`deleted`, then 404, not listed, not deletable twice), the restarted runner still resumes the batch and
+    answers every line once, and the file's bytes go once the batch has ended. A file no batch uses goes at once."""
+    app = either_app
+    service = app.state.gateway.batches
+    store = service.store
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+        file = (await upload(client, jsonl(6))).json()
+        batch = (await client.post("/v1/batches", headers=A, json={
+            "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+        backend.gate.clear()
+        backend.free = 2
+        first = runner(app, concurrency=1)
+        await first.start()
+        await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["request_counts"]["completed"] >= 2)
+        r = await client.delete(f"/v1/files/{file['id']}", headers=A)
+        assert r.status_code == 200 and r.json() == {"id": file["id"], "object": "file", "deleted": True}
+        await first.close()  # the restart, after the delete
+
+        assert (await client.get(f"/v1/files/{file['id']}", headers=A)).status_code == 404
+        assert (await client.delete(f"/v1/files/{file['id']}", headers=A)).status_code == 404
+        assert file["id"] not in [f["id"] for f in (await client.get("/v1/files", headers=A)).json()["data"]]
+        assert await service.sweep(10) == 0 and store.path(file["id"]).exists()
+        backend.gate.set()
+        second = runner(app, concurrency=2)
+        await second.start()
+        try:
+            done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
+        finally:
+            await second.close()
+        assert done["request_counts"] == {"total": 6, "completed": 6, "failed": 0} and backend.completed == 6
+        await service.sweep(10)  # (if the runner's own sweep has not taken it)
+        assert not store.path(file["id"]).exists() and await store.get_file(_owner(), file["id"]) is None
+
+        unused = (await upload(client, jsonl(1))).json()
+        assert (await client.delete(f"/v1/files/{unused['id']}", headers=A)).status_code == 200
+        assert not store.path(unused["id"]).exists() and await store.get_file(_owner(), unused["id"]) is None

@@ -283,8 +283,53 @@ async def test_scheduler_adaptive_share_widens_when_idle_without_a_release() -> 
     await asyncio.sleep(0)
     assert not queued.done()
     clock.now += 11  # no interactive request for idle_s: the next look at the share widens it ...
-    assert sched.refusal("m", 1, "batch", 1.0) is None
+    assert sched.refusal("m", 1, "batch", 1.0) is not None  # (asking is not looking)
+    assert sched.advance("m") and sched.refusal("m", 1, "batch", 1.0) is None
     for _ in range(3):  # ... and starts the waiter, though no slot was given back
+        await asyncio.sleep(0)
+    assert queued.done() and sched.batch_held["m"] == 2
+
+
+async def test_refusal_decides_and_advance_updates() -> None:
+    """Asking (`refusal`) changes nothing, however often and whatever the clock says: the same answer twice, no
+    governor made, no window judged, no share moved, no gauge set, nothing dispatched; `advance` makes the move
+    (here the idle widening) and only then does the answer change."""
+    from openai_api.observability import Metrics
+
+    lim = InFlightLimiter(100, 4, 1, {"m"})
+    lim.metrics = Metrics()
+    clock = Clock()
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, clock=clock,
+                                      adaptive={"floor": 0.25, "idle_s": 10.0})
+    metrics = lim.metrics
+
+    def gauge() -> float | None:
+        return metrics.registry.get_sample_value("openai_api_batch_slot_share", {"model": "m"})
+
+    assert sched.refusal("m", 1, "batch", 1.0) is None  # the floor's one slot of four, before any governor
+    assert not sched.governors and sched.batch_share("m") == 0.25
+    await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job")  # the arrival looks: the governor exists now
+    g = sched.governor("m")
+    assert g is not None
+    queued = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.sleep(0)
+    clock.now += 11  # the share is due to widen (idle), and a waiter would take the slot
+
+    def state() -> tuple[object, ...]:
+        return g.share, g.window_start, list(g.window), g.decisions, gauge(), sched.waiting, \
+            lim.per_model.get("m"), sched.batch_held.get("m")
+
+    before = state()
+    answers = [sched.refusal("m", 1, "batch", 1.0) for _ in range(2)]
+    assert answers[0] is not None and answers[0] == answers[1] and answers[0][0] == "model_limit"
+    assert sched.refusal("m", 1, "interactive", 1.0) is None  # other classes: the share does not apply
+    assert state() == before
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert not queued.done() and state() == before  # nothing was scheduled by asking either
+    assert sched.advance("m") and g.share == 0.5 and gauge() == 0.5
+    assert [sched.refusal("m", 1, "batch", 1.0) for _ in range(2)] == [None, None]
+    for _ in range(3):
         await asyncio.sleep(0)
     assert queued.done() and sched.batch_held["m"] == 2
 
