@@ -108,11 +108,11 @@ def _tiktoken_json(ranks: dict[bytes, int], pattern: str, specials: dict[str, in
     from tokenizers import Tokenizer, normalizers, processors
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
-    class _Converter(TikTokenConverter):
-        def load_tiktoken_bpe(self, tiktoken_url: str) -> dict[bytes, int]:  # type: ignore[override]
+    class _Converter(TikTokenConverter):  # type: ignore[misc]  # transformers is Any to mypy (pyproject)
+        def load_tiktoken_bpe(self, tiktoken_url: str) -> dict[bytes, int]:
             return ranks
 
-    tok: Tokenizer = _Converter(vocab_file="<in memory>", pattern=pattern).converted()  # type: ignore[no-untyped-call]
+    tok: Tokenizer = _Converter(vocab_file="<in memory>", pattern=pattern).converted()
     if nfc:
         tok.normalizer = normalizers.NFC()
     data: dict[str, Any] = json.loads(tok.to_str())
