@@ -6,6 +6,7 @@ config.json) for special tokens, EOS ids and the context length.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
@@ -77,6 +78,7 @@ class TextTokenizer:
     added_tokens: list[str] = field(default_factory=list)
     _plain: Tokenizer | None = field(default=None, repr=False)
     _plain_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _identity: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         specials = sorted({t for t in self.special_tokens if t}, key=len, reverse=True)
@@ -116,6 +118,19 @@ class TextTokenizer:
         return cls(folder=folder, tokenizer=tok, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids,
                    pad_token_id=pad if isinstance(pad, int) else None, context_length=ctx,
                    generation_defaults=defaults, special_tokens=specials, added_tokens=[t.content for t in added])
+
+    def identity(self) -> bytes:
+        """This tokenizer's name across the processes of one gateway (the prompt cache's shared folder,
+        `text.shared_segments`): the SHA-256 of its tokenizer.json as loaded, or of its serialized form when it
+        was built without a file. Same file, same ids: every process loads it the same way (`from_folder`).
+        Computed on first use (a few ms for a large tokenizer), then kept."""
+        if self._identity is None:
+            try:
+                raw = (self.folder / "tokenizer.json").read_bytes()
+            except OSError:
+                raw = self.tokenizer.to_str().encode()
+            self._identity = hashlib.sha256(raw).digest()
+        return self._identity
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         try:
