@@ -10,6 +10,7 @@ file names are hashes whatever the client's text; one worker (no folder) adds no
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import struct
@@ -243,3 +244,13 @@ def test_the_supervisor_names_the_folder_in_its_workers_environment(tmp_path: Pa
     off = Supervisor(config, Settings(workers=2, prompt_cache_mb=0))
     off._run_dir = tmp_path
     assert FOLDER_ENV not in off._command(0, [])[1]
+
+
+def test_a_tokenizer_is_named_by_the_file_bytes_it_was_built_from(tmp_path: Path) -> None:
+    TOK.tokenizer.save(str(tmp_path / "tokenizer.json"))
+    raw = (tmp_path / "tokenizer.json").read_bytes()
+    first, second = TextTokenizer.from_folder(tmp_path), TextTokenizer.from_folder(tmp_path)
+    assert first.identity() == second.identity() == hashlib.sha256(raw).digest()
+    (tmp_path / "tokenizer.json").write_bytes(raw.replace(b'"<unk>"', b'"<unk>" ', 1))  # changed on disk later
+    assert first.identity() == hashlib.sha256(raw).digest()  # still the bytes it was built from
+    assert TextTokenizer.from_folder(tmp_path).identity() != first.identity()
