@@ -32,7 +32,8 @@ The contract:
   (never an error), as is any OSError.
 * **Bounded**: in bytes (`--prompt-cache-mb`, the same budget as each worker's map; a file counts as at least
   one 4 KiB block). Each worker sums what it wrote; past 1/16 of the budget it scans the folder, under a
-  non-blocking `flock` so only one process scans at a time, and unlinks the least recently used files
+  non-blocking `flock` so only one process scans at a time (on a thread of its own: a scan of 30k files
+  takes ~100 ms, which no request should wait for), and unlinks the least recently used files
   (modification time, which a hit renews) down to 3/4 of the budget, and temporary files older than a minute
   (a writer killed mid-write). So the folder holds at most the budget + N/16 of it. Unlinking a file a
   reader has open is safe (it reads the whole old file); one that is already gone is skipped.
@@ -74,9 +75,12 @@ class SharedSegments:
     """One gateway's shared folder of segment ids (module docstring). Thread-safe; every method swallows
     OSError (a lookup is then a miss, a publication is skipped)."""
 
-    def __init__(self, folder: Path, max_bytes: int) -> None:
+    def __init__(self, folder: Path, max_bytes: int, *, background: bool = True) -> None:
         self.folder = folder
         self.max_bytes = max_bytes
+        # Eviction scans the folder: ~100 ms for 30k files here, so not on a request's thread (`background`).
+        self.background = background
+        self._evictor: threading.Thread | None = None
         self._scan_every = max(BLOCK, max_bytes // 16)
         self._written = 0
         self._lock = threading.Lock()
@@ -145,7 +149,20 @@ class SharedSegments:
             if due:
                 self._written = 0
         if due:
-            self.evict()
+            if not self.background:
+                self.evict()
+                return
+            with self._lock:
+                if self._evictor is not None and self._evictor.is_alive():
+                    return  # one at a time; the next due publication starts another
+                self._evictor = threading.Thread(target=self.evict, name="prompt-segments-evict", daemon=True)
+                self._evictor.start()
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Until the background eviction running now, if any, has ended (tests)."""
+        evictor = self._evictor
+        if evictor is not None:
+            evictor.join(timeout)
 
     def evict(self) -> int:
         """Bring the folder within the budget when it is over it: the least recently used files go until 3/4 of

@@ -146,7 +146,7 @@ def test_a_missing_or_unwritable_folder_is_only_a_miss(tmp_path: Path) -> None:
 
 def test_the_folder_keeps_its_budget_least_recently_used_first(tmp_path: Path) -> None:
     budget = 64 * 4096
-    store = SharedSegments(tmp_path, budget)
+    store = SharedSegments(tmp_path, budget, background=False)
     rnd = random.Random(5)
     keep = store.name(b"t", "kept")
     store.put(keep, struct.pack("<i", 7) * 100)
@@ -162,7 +162,7 @@ def test_the_folder_keeps_its_budget_least_recently_used_first(tmp_path: Path) -
 
 
 def test_stale_temporary_files_are_removed(tmp_path: Path) -> None:
-    store = SharedSegments(tmp_path, 4096)
+    store = SharedSegments(tmp_path, 4096, background=False)
     stale = tmp_path / ".abc.1.2.tmp"
     stale.write_bytes(b"partial")
     os.utime(stale, (1, 1))
@@ -203,6 +203,9 @@ def test_concurrent_writers_and_readers_see_whole_files_or_none(tmp_path: Path) 
     for t in threads:
         t.join(60)
     assert not errors and hits[0] > 0
+    for s in stores:  # evictions ran on threads of their own while the others wrote
+        s.wait(30)
+    assert any(s._evictor is not None for s in stores)
     for s in stores:
         s.evict()
     total = sum(max(4096, -(-p.stat().st_size // 4096) * 4096) for p in _published(tmp_path))
