@@ -183,7 +183,10 @@ class Settings(BaseModel):
         "it, a 400", group="limits", metavar="N")] = 32 * 1024 * 1024
     prompt_cache_mb: Annotated[float, Option(
         "memory for the token ids of prompt segments already seen (a long conversation's earlier turns), so each "
-        "turn tokenizes only what it adds; exact, whatever the model. Per worker; 0 = off", group="limits",
+        "turn tokenizes only what it adds; exact, whatever the model. Per worker; with --workers > 1 the workers "
+        "also share the ids they tokenize, up to this much again in files in the supervisor's run directory (the "
+        "system's temporary folder), so a turn that lands on another worker is not tokenized again; 0 = off",
+        group="limits",
         metavar="MB")] = Field(default=128.0, ge=0)
     stream_idle_timeout_s: Annotated[float | None, Option(
         "a generation that had a response from Triton and then none for this long ends with a 504 (or an SSE "

@@ -35,6 +35,8 @@ started (the supervisor), as gunicorn's arbiter or vLLM's `--api-server-count` r
   --shutdown-grace); the supervisor waits for all of them, then returns 0. A second signal is passed on
   (each worker ends its drain at once); a third, or workers still running `KILL_AFTER_S` past the grace,
   get SIGKILL.
+* **The prompt cache's segments** are shared through `RUN_DIR/prompt-segments` (named to the workers in their
+  environment, see `openai_api.text.shared_segments`): a session's next turn may land on any worker.
 * **SIGHUP** is passed to every worker: each reloads the model config (`openai_api.reload`; each also polls
   the file) and the keys file. A worker started later loads the config file as it is then.
 
@@ -64,6 +66,7 @@ from typing import Any
 from openai_api.config import GatewayConfig
 from openai_api.observability import MULTIPROC_ENV, process_ended, write_processes
 from openai_api.settings import Settings
+from openai_api.text.shared_segments import FOLDER_ENV as SEGMENTS_ENV
 
 logger = logging.getLogger("openai_api")
 
@@ -179,6 +182,12 @@ class Supervisor:
         assert self._run_dir is not None, "only while running"
         return self._run_dir / "metrics"
 
+    @property
+    def segments_dir(self) -> Path:
+        """The prompt cache's segments the workers share (`text.shared_segments`), removed with the run directory."""
+        assert self._run_dir is not None, "only while running"
+        return self._run_dir / "prompt-segments"
+
     def run(self) -> int:
         s = self.settings
         # First: a signal from here on stops the gateway in order (one that came before the loop stops it
@@ -201,6 +210,8 @@ class Supervisor:
             # Private (0700): it holds the pickled settings, API keys included.
             self._run_dir = Path(tempfile.mkdtemp(prefix="openai-api-workers-"))
             self.metrics_dir.mkdir()
+            if s.prompt_cache_mb > 0:
+                self.segments_dir.mkdir()
             if s.responses_store and s.responses_store_url is None:
                 # The workers' one Responses store: an SQLite file here, alive while the gateway runs (a URL keeps
                 # it across restarts, or shares it between hosts).
@@ -309,6 +320,9 @@ class Supervisor:
         env[MULTIPROC_ENV] = str(self.metrics_dir)  # a fresh directory, whatever the environment said
         if self._quota is not None:
             env["OPENAI_API_QUOTA_SOCKET"] = str(self._quota.path)
+        env.pop(SEGMENTS_ENV, None)
+        if self.settings.prompt_cache_mb > 0:
+            env[SEGMENTS_ENV] = str(self.segments_dir)
         if not _INSTALLED:
             env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         args = [str(self._run_dir), str(index), fds, str(os.getpid())]

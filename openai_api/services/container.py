@@ -29,6 +29,7 @@ from openai_api.services.tokenize import TokenizeService
 from openai_api.settings import Settings
 from openai_api.stored.factory import build_object_store
 from openai_api.text.prompt_cache import PromptTokenCache
+from openai_api.text.shared_segments import SharedSegments
 from openai_api.text.templates import RenderLimits
 from openai_api.text.workers import CPUWorkers
 from openai_api.triton.client import TritonClientPool
@@ -47,7 +48,12 @@ class ProcessParts:
 
     @classmethod
     def from_settings(cls, settings: Settings, metrics: Metrics) -> ProcessParts:
-        cache = PromptTokenCache(int(settings.prompt_cache_mb * 1024 * 1024)) if settings.prompt_cache_mb > 0 else None
+        budget = int(settings.prompt_cache_mb * 1024 * 1024)
+        cache = None
+        if budget > 0:
+            # With --workers N the supervisor names a folder the workers share (`text.shared_segments`).
+            shared = SharedSegments.from_env(budget) if settings.workers > 1 else None
+            cache = PromptTokenCache(budget, shared=shared)
         pre = Preprocessor(CPUWorkers(settings.cpu_workers),
                            RenderLimits(settings.template_timeout_s, settings.template_max_chars), cache)
         store = ResponseStore(build_object_store(

@@ -194,7 +194,8 @@ class PromptEncoder:
         if self.cache is None:
             return encode_prompt(self.rt, text, self.param)
         tok = self.rt.tokenizer
-        return self.cache.encode(tok.cache_key, self.rt.prompt_boundaries, text, tok.encode_batch, self._check)
+        return self.cache.encode(tok.cache_key, self.rt.prompt_boundaries, text, tok.encode_batch, self._check,
+                                 tok.identity)
 
     def plain(self, text: str) -> Sequence[int]:
         """Client text holding special-token text, read as plain text (one segment, cached under the negated
@@ -203,7 +204,8 @@ class PromptEncoder:
         if self.cache is None:
             return tok.encode_plain(text)
         return self.cache.encode(-tok.cache_key, NO_BOUNDARIES, text,
-                                 lambda texts: [tok.encode_plain(t) for t in texts])
+                                 lambda texts: [tok.encode_plain(t) for t in texts],
+                                 identity=lambda: tok.identity() + b"\0plain")
 
 
 def _render_and_encode(rt: LLMRuntime, messages: list[dict[str, Any]], prefill: str, takes_text: bool,

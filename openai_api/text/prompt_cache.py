@@ -29,6 +29,10 @@ and any earlier message the template rewrote (Qwen3 dropping old reasoning, harm
 which is simply a new segment. A head segment never starts with a marker and every other segment does, so
 the two kinds cannot collide in the map.
 
+With `--workers N` the workers also share the segments they tokenize through a folder (`text.shared_segments`):
+a turn that lands on a worker that has not seen the session's last turns reads their ids there instead of
+tokenizing them again.
+
 What still scales with the whole prompt is string and byte work at memory speed: finding the markers (one
 regular expression scan), hashing the segments, and joining their cached ids. A segment's ids are kept as
 their little-endian int32 bytes (4 bytes a token: what Triton's INT32 `input_ids` tensor holds), so the join
@@ -56,6 +60,8 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 from tokenizers import Tokenizer
+
+from openai_api.text.shared_segments import MIN_CHARS, SharedSegments
 
 # Per entry, beyond its text and its ids: the map's node, the key tuple and the bytes header.
 _ENTRY_OVERHEAD = 160
@@ -212,16 +218,22 @@ class CacheStats:
     hit_tokens: int = 0
     miss_tokens: int = 0
     evicted: int = 0
+    # Of the misses above: segments (and their tokens) found in the workers' shared folder, not tokenized.
+    shared_segments: int = 0
+    shared_tokens: int = 0
 
 
 @dataclass
 class PromptTokenCache:
     """The process-wide map segment text -> token ids, for every tokenizer (module docstring), bounded in
     bytes and evicted least recently used first. Thread-safe: renders run on the CPU workers' threads; the
-    map is only touched under a lock, tokenizing happens outside it."""
+    map is only touched under a lock, tokenizing happens outside it. `shared`: the folder the workers of a
+    `--workers N` gateway share (`text.shared_segments`), looked up for what the map misses and given what is
+    tokenized; None in a single process."""
 
     max_bytes: int
     stats: CacheStats = field(default_factory=CacheStats)
+    shared: SharedSegments | None = None
     # (tokenizer key, segment text) -> its ids as little-endian int32 bytes
     _map: OrderedDict[tuple[int, str], bytes] = field(default_factory=OrderedDict)
     _bytes: int = 0
@@ -236,11 +248,13 @@ class PromptTokenCache:
 
     def encode(self, key: int, boundaries: Boundaries, text: str,
                encode_batch: Callable[[list[str]], list[list[int]]],
-               check: Callable[[list[str], int], None] | None = None) -> TokenIds:
+               check: Callable[[list[str], int], None] | None = None,
+               identity: Callable[[], bytes] | None = None) -> TokenIds:
         """The ids of `text`, equal to `encode_batch([text])[0]`: cut at `boundaries`, cached segments taken
         from the map, the others tokenized together with `encode_batch` (one call) and remembered. `key` names
         the tokenizer (segments of different tokenizers never mix). `check(new segments, tokens already known)`
-        runs before anything is tokenized and may raise (a prompt too long for the model's context)."""
+        runs before anything is tokenized and may raise (a prompt too long for the model's context).
+        `identity()`: the tokenizer's name across processes, for the shared folder (read only with one)."""
         cuts = boundaries.cuts(text)
         cuts.append(len(text))
         segments = [text[a:b] for a, b in itertools.pairwise(cuts) if b > a]
@@ -263,16 +277,36 @@ class PromptTokenCache:
         if not missing:
             return TokenIds(b"".join(found))  # type: ignore[arg-type]  # every entry found
         new = list(missing)
-        if check is not None:
-            check(new, hit_bytes >> 2)
-        fresh = [_int32(ids) for ids in encode_batch(new)]
+        got: dict[str, bytes] = {}
+        names: dict[str, str] = {}
+        shared = self.shared
+        if shared is not None and identity is not None:
+            ident = identity()
+            names = {seg: shared.name(ident, seg) for seg in new if len(seg) >= MIN_CHARS}
+            for seg, name in names.items():
+                entry = shared.get(name)
+                if entry is not None:
+                    got[seg] = entry
+            if got:
+                new = [seg for seg in new if seg not in got]
+        if new and check is not None:
+            check(new, (hit_bytes + sum(map(len, got.values()))) >> 2)
+        fresh = dict(zip(new, [_int32(ids) for ids in encode_batch(new)], strict=True)) if new else {}
+        if shared is not None:
+            for seg, entry in fresh.items():
+                if seg in names:
+                    shared.put(names[seg], entry)
         with self._lock:
-            for seg, entry in zip(new, fresh, strict=True):
+            for seg, entry in itertools.chain(got.items(), fresh.items()):
                 self._put((key, seg), entry)
                 stats.miss_segments += 1
                 stats.miss_tokens += len(entry) >> 2
+            for entry in got.values():
+                stats.shared_segments += 1
+                stats.shared_tokens += len(entry) >> 2
             self._evict()
-        joined = b"".join([f if f is not None else fresh[missing[s]] for f, s in zip(found, segments, strict=True)])
+        fresh.update(got)
+        joined = b"".join([f if f is not None else fresh[s] for f, s in zip(found, segments, strict=True)])
         return TokenIds(joined, frozenset(missing))
 
     def _put(self, k: tuple[int, str], entry: bytes) -> None:

@@ -6,9 +6,11 @@ config.json) for special tokens, EOS ids and the context length.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import logging
+import os
 import re
 import threading
 from dataclasses import dataclass, field
@@ -77,6 +79,7 @@ class TextTokenizer:
     added_tokens: list[str] = field(default_factory=list)
     _plain: Tokenizer | None = field(default=None, repr=False)
     _plain_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _identity: bytes | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         specials = sorted({t for t in self.special_tokens if t}, key=len, reverse=True)
@@ -86,7 +89,9 @@ class TextTokenizer:
 
     @classmethod
     def from_folder(cls, folder: Path) -> TextTokenizer:
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        # Read once: the tokenizer is built from these very bytes, and their hash names it across processes.
+        source = (folder / "tokenizer.json").read_bytes()
+        tok = Tokenizer.from_str(source.decode("utf-8"))
         # Truncation/padding baked into tokenizer.json would silently change token counts.
         tok.no_truncation()
         tok.no_padding()
@@ -115,7 +120,19 @@ class TextTokenizer:
         specials = [t.content for t in added if t.special]
         return cls(folder=folder, tokenizer=tok, bos_token=bos, eos_token=eos, eos_token_ids=eos_ids,
                    pad_token_id=pad if isinstance(pad, int) else None, context_length=ctx,
-                   generation_defaults=defaults, special_tokens=specials, added_tokens=[t.content for t in added])
+                   generation_defaults=defaults, special_tokens=specials, added_tokens=[t.content for t in added],
+                   _identity=hashlib.sha256(source).digest())
+
+    def identity(self) -> bytes:
+        """This tokenizer's name across the processes of one gateway (the prompt cache's shared folder,
+        `text.shared_segments`): the SHA-256 of the tokenizer.json bytes `from_folder` built it from (hashed
+        then, not later: the file may change on disk before a reload). Same bytes, same ids: every process
+        builds it the same way. Not the hash of `to_str()`: that serialization's order differs between
+        processes for some tokenizers (harmony's, seen here). A tokenizer built without `from_folder` (tests)
+        gets a name of its own, unique to this process."""
+        if self._identity is None:
+            self._identity = f"{os.getpid()}:{id(self)}:{self.cache_key}".encode()
+        return self._identity
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         try:

@@ -318,5 +318,23 @@ def test_two_workers_share_the_prefix_map(triton: EmbeddedTriton, tmp_path: Path
                      for reason in ("prefix", "no_match", "imbalance")}
         assert decisions["no_match"] == conversations, decisions  # only each conversation's first turn
         assert decisions["prefix"] + decisions["imbalance"] == conversations * (turns - 1), decisions
+
+        # The prompt cache's segments are shared through a folder of the supervisor's run directory, named in
+        # the workers' environment (text.shared_segments): a long prompt's segments are published there, and
+        # the folder goes with the gateway.
+        folder = Path(psutil.Process(workers(log)[0]).environ()["OPENAI_API_PROMPT_SEGMENTS"])
+        long = [{"role": "system", "content": "Shared segments. " + "a long system prompt " * 500},
+                {"role": "user", "content": "Hi"}]
+        counts = []
+        for _ in range(2):
+            r = httpx.post(f"{url}{CHAT}", headers=AUTH, timeout=60,
+                           json={"model": MODEL, "messages": long, "max_tokens": 1})
+            assert r.status_code == 200, r.text
+            counts.append(r.json()["usage"]["prompt_tokens"])
+        assert counts[0] == counts[1] > 2000
+        assert [p for p in folder.iterdir() if not p.name.startswith(".")], "no segment published"
+        proc.send_signal(signal.SIGTERM)  # nothing in flight: the drain ends at once, the run directory goes
+        assert proc.wait(30) == 0
+        assert not folder.exists()
     finally:
         stop(proc)

@@ -113,10 +113,12 @@ def test_a_worker_that_dies_is_restarted_with_back_off_and_sigterm_drains_all(
             os.kill(proc.pid, signal.SIGKILL)
             until(lambda n=crash: len(started_pids(tmp_path)) == 3 + n)
         seen["first"], seen["all"] = first, started_pids(tmp_path)
+        seen["segments"] = {sup.segments_dir.is_dir()}  # the prompt cache's shared folder (text.shared_segments)
         os.kill(os.getpid(), signal.SIGTERM)
 
     code = run_in_background(sup, script)
     assert code == 0
+    assert seen["segments"] == {True} and not sup.segments_dir.exists()  # made for the run, removed with it
     assert len(seen["all"]) == 5 and sup.slots[0].starts == 1 and sup.slots[1].starts == 4
     text = caplog.text
     assert "worker 1 (pid" in text and "killed by SIGKILL; starting it again in 0.2 s" in text
