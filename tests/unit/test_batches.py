@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -98,12 +99,16 @@ async def upload(client: httpx.AsyncClient, content: bytes, headers: dict[str, s
 
 async def wait_status(client: httpx.AsyncClient, path: str, done: Callable[[dict[str, Any]], bool],
                       headers: dict[str, str] = A) -> dict[str, Any]:
-    for _ in range(400):
+    # A deadline in time, not a count of polls: each poll's own time grows with the machine's load (a Redis
+    # store's round trips too), and 400 polls were once not enough for a job of 8 lines at load 6-13.
+    deadline = time.monotonic() + 30
+    while True:
         got: dict[str, Any] = (await client.get(path, headers=headers)).json()
         if done(got):
             return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path} never got there: {got}")
         await asyncio.sleep(0.02)
-    raise AssertionError(f"{path} never got there: {got}")
 
 
 async def run_until(app: FastAPI, client: httpx.AsyncClient, path: str,
