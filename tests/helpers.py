@@ -8,8 +8,10 @@ import os
 import re
 import shutil
 import socket
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,6 +25,20 @@ MODELS = REPO / "models"
 # Where the launcher and the reference Triton models read them: $OPENAI_API_MODELS_DIR, else MODELS.
 PREPARED_MODELS = Path(os.environ.get("OPENAI_API_MODELS_DIR", MODELS))
 OPENAI_SPEC = REPO / "tests" / "openai_spec"
+
+
+def reference_module(name: str) -> ModuleType:
+    """A module beside the reference SmolLM2 engine (triton_models/smollm2-135m-instruct/1/<name>.py), loaded under
+    its own name, as the Triton models import it, for unit tests of its parts that need no Triton."""
+    import importlib.util
+
+    path = REPO / "triton_models" / "smollm2-135m-instruct" / "1" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault(name, module)
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

@@ -280,12 +280,8 @@ async def test_an_input_file_expiring_mid_batch_is_kept_until_the_batch_ends(eit
         assert await service.sweep(10) == 0 and store.path(pinned["id"]).exists()
 
         backend.gate.set()
-        second = runner(app, concurrency=2)  # the restarted gateway
-        await second.start()
-        try:
-            done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
-        finally:
-            await second.close()
+        # The restarted gateway.
+        done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
         assert done["request_counts"] == {"total": 8, "completed": 8, "failed": 0}
         assert "errors" not in done
         out = (await client.get(f"/v1/files/{done['output_file_id']}/content", headers=A)).content

@@ -112,9 +112,9 @@ async def wait_status(client: httpx.AsyncClient, path: str, done: Callable[[dict
 
 
 async def run_until(app: FastAPI, client: httpx.AsyncClient, path: str,
-                    done: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+                    done: Callable[[dict[str, Any]], bool], concurrency: int = 2) -> dict[str, Any]:
     """Run the app's batch runner until the object at `path` is `done`; that object."""
-    run = runner(app)
+    run = runner(app, concurrency)
     await run.start()
     try:
         return await wait_status(client, path, done)
@@ -244,12 +244,8 @@ async def test_restart_resumes_and_answers_each_line_once(app: FastAPI, client: 
     await first.close()
     assert len(await store.done(batch["id"])) == 5
     backend.gate.set()
-    second = runner(app, concurrency=3)  # a new gateway process on the same store
-    await second.start()
-    try:
-        done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
-    finally:
-        await second.close()
+    # A new gateway process on the same store.
+    done = await run_until(app, client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed", 3)
     assert done["request_counts"] == {"total": 12, "completed": 12, "failed": 0}
     out = (await client.get(f"/v1/files/{done['output_file_id']}/content", headers=A)).content
     assert [json.loads(x)["custom_id"] for x in out.splitlines()] == [f"r{i}" for i in range(12)]

@@ -4,33 +4,20 @@ on its own: chained block keys, longest-run matching, stores, and LRU eviction u
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 
 import pytest
+
+from tests.helpers import reference_module
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-REPO = Path(__file__).resolve().parents[2]
-PATH = REPO / "triton_models" / "smollm2-135m-instruct" / "1" / "smollm2_prefix_cache.py"
 B = 4  # tokens per block in these tests
 LAYERS, HEADS, DIM = 2, 3, 5
 BLOCK_BYTES = LAYERS * 2 * HEADS * B * DIM * 4  # FP32 keys and values of every layer
 
 
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("smollm2_prefix_cache", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("smollm2_prefix_cache", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-pc = _module()
+pc = reference_module("smollm2_prefix_cache")
 
 
 def request_cache(tokens: list[int]) -> transformers.DynamicCache:

@@ -6,30 +6,16 @@ its own forward pass and each job's cache grows by its one token."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.helpers import reference_module
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-PATH = Path(__file__).resolve().parents[2] / "triton_models" / "smollm2-135m-instruct" / "1" / "smollm2_batch.py"
-
-
-def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("smollm2_batch", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("smollm2_batch", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-batch = _module()
+batch = reference_module("smollm2_batch")
 
 
 @pytest.fixture(scope="module")
