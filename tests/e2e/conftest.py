@@ -208,7 +208,9 @@ _SESSION_TRITON = _SessionTriton()
 # every run's per-file record (tests/file_times.py, `python scripts/test_times.py`).
 LONGEST_FIRST = ("test_structured_outputs.py", "test_platform_metrics.py", "test_reliability_soak.py",
                  "test_guided_reference.py", "test_replicas.py", "test_lora.py", "test_launcher_supervision.py",
-                 "test_config_reload.py", "test_workers.py", "test_reliability_faults.py")
+                 "test_config_reload.py", "test_workers.py", "test_reliability_faults.py",
+                 # Last alphabetically and ~20 s: it was the run's tail, one process alone after the other's end.
+                 "test_triton_llm.py")
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
