@@ -80,13 +80,14 @@ torch 2.13.0 CPU, one thread, the machine shared with other work):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -209,6 +210,18 @@ class LoraHooks:
                         continue
                     self.dims[name] = (int(linear.in_features), int(linear.out_features))
                     self.linears.append(((layer_idx, name), linear))
+
+    @contextlib.contextmanager
+    def applied(self, weights: LoraWeights | None) -> Iterator[None]:
+        """``weights`` (or no adapter) active in the forward passes inside; hooks installed on the first adapter.
+        Only the worker thread runs forward passes, so one adapter at a time is all there is."""
+        if weights is not None:
+            self.install()
+        self.active = weights
+        try:
+            yield
+        finally:
+            self.active = None
 
     def install(self) -> None:
         """Hook every projection, once, on the first job with an adapter (called by the worker thread, the
@@ -364,6 +377,11 @@ class Job:
     scheduled_ns: int = 0
     first_token_ns: int = 0
     last_token_ns: int = 0
+
+    @property
+    def decoding(self) -> bool:
+        """Prefilled and one token to feed: the job's next step is the round's batched decode."""
+        return bool(self.scheduled_ns) and len(self.pending) == 1
 
     def __post_init__(self) -> None:
         self.pending = list(self.prompt)
@@ -566,7 +584,7 @@ class SmolLM2Engine:
             # in-flight batching does.
             decoding: dict[int, list[Job]] = {}
             for job in list(active):
-                ready = bool(job.scheduled_ns) and len(job.pending) == 1
+                ready = job.decoding
                 if self._guarded(job, self._prefill_or_end):
                     active.remove(job)
                 elif ready:
@@ -634,17 +652,14 @@ class SmolLM2Engine:
             self._finish(job, "completed")
             self.respond(job, [], final=True)
             return True
-        if job.scheduled_ns and len(job.pending) == 1:
+        if job.decoding:
             return False
         keys: list[bytes] = []
         with torch.inference_mode():
             if not job.scheduled_ns:
                 job.scheduled_ns = time.time_ns()
                 keys = self._reuse(job)
-            if job.lora is not None:
-                self.lora_modules.install()
-            self.lora_modules.active = job.lora
-            try:
+            with self.lora_modules.applied(job.lora):
                 out = self.model(
                     input_ids=torch.tensor([job.pending], dtype=torch.long),
                     past_key_values=job.cache,
@@ -652,8 +667,6 @@ class SmolLM2Engine:
                     # Only the last position is sampled; full prefill logits would be L x 49152 floats.
                     logits_to_keep=1,
                 )
-            finally:
-                self.lora_modules.active = None
             job.cache = out.past_key_values
             if keys:
                 self._store(keys, job, job.reused_blocks)
@@ -663,15 +676,8 @@ class SmolLM2Engine:
         """One forward pass for the pending token of every job in ``jobs`` (which share one adapter or none), each
         against its own KV cache (``smollm2_batch.decode_step``; a batch of one is bit-identical to the model's own
         forward pass); the logits, [len(jobs), vocab]."""
-        lora = jobs[0].lora
-        with torch.inference_mode():
-            if lora is not None:
-                self.lora_modules.install()
-            self.lora_modules.active = lora
-            try:
-                return decode_step(self.model, [job.pending[0] for job in jobs], [job.cache for job in jobs])
-            finally:
-                self.lora_modules.active = None
+        with torch.inference_mode(), self.lora_modules.applied(jobs[0].lora):
+            return decode_step(self.model, [job.pending[0] for job in jobs], [job.cache for job in jobs])
 
     def _advance(self, job: Job, logits: torch.Tensor) -> bool:
         """Sample ``job``'s next token from ``logits`` (its last position) and answer as the protocol asks; returns
