@@ -179,6 +179,17 @@ return 1
 """
 
 
+def _text(value: Any) -> str:
+    """A Lua script's string reply, as bytes or str depending on the client's decode_responses."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _pairs(flat: Any) -> list[tuple[str, str]]:
+    """A script's flat reply `a1, b1, a2, b2, ...` as `[(a1, b1), ...]` (Lua returns no nested tables here)."""
+    items = [_text(x) for x in flat]
+    return list(zip(items[::2], items[1::2], strict=True))
+
+
 class RedisBatchStore(BatchStore):
     """See the module docstring: `BatchStore`'s interface over Redis, file contents in `folder`."""
 
@@ -262,8 +273,7 @@ class RedisBatchStore(BatchStore):
         return bool(done)
 
     async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
-        flat = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._call(_EXPIRED, now, most)]
-        return list(zip(flat[::2], flat[1::2], strict=True))
+        return _pairs(await self._call(_EXPIRED, now, most))
 
     async def read(self, file_id: str) -> bytes:
         try:
@@ -322,18 +332,17 @@ class RedisBatchStore(BatchStore):
         return True
 
     async def candidates(self, most: int) -> list[tuple[str, str]]:
-        flat = [x.decode() if isinstance(x, bytes) else str(x) for x in await self._call(_CANDIDATES, most)]
-        return list(zip(flat[::2], flat[1::2], strict=True))
+        return _pairs(await self._call(_CANDIDATES, most))
 
     async def claim(self, node: str, ids: list[str], most: int) -> list[str]:
         if not ids:
             return []
         got = await self._call(_CLAIM, node, int(LEASE_S * 1000), most, json.dumps(ids))
-        return [i.decode() if isinstance(i, bytes) else str(i) for i in got]
+        return [_text(i) for i in got]
 
     async def renew(self, batch_id: str, node: str) -> str | None:
         status = await self._call(_RENEW, batch_id, node, int(LEASE_S * 1000))
-        return None if status is None else status.decode() if isinstance(status, bytes) else str(status)
+        return None if status is None else _text(status)
 
     async def release(self, batch_id: str, node: str) -> None:
         await self._call(_RELEASE, batch_id, node)
