@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,7 +119,7 @@ def _train(base_dir: Path, out: Path, targets: list[str], steps: int, lr: float)
             loss = torch.nn.functional.cross_entropy(head(hidden[:, :-1][where]), wanted)
             loss.backward()
             optim.step()
-        logger.info("trained %s: %d steps, final loss %.4f", out.name, steps, float(loss))
+        logger.info("trained %s: %d steps, final loss %.4f", out.name, steps, float(loss.detach()))
         peft_model.save_pretrained(str(out))
     finally:
         torch.set_num_threads(threads)
@@ -135,50 +136,53 @@ def _to_trtllm(src: Path, out: Path) -> None:
     np.save(out / "model.lora_config.npy", config[np.newaxis])
 
 
-def prepare_adapters(models_dir: Path | None = None) -> dict[str, Path]:
-    """Train (or find) the reference adapters; returns ``{adapter name: folder}``. Safe to call repeatedly.
-    Needs the prepared base model (``prepare_models``) and peft."""
+def _build_upper(base_dir: Path, out: Path) -> None:
+    """lora-upper: the base model's own answers to PROMPTS (greedy, one torch thread), upper-cased, as targets."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(base_dir))
+        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
+        answers = _base_answers(model, tok)
+    finally:
+        torch.set_num_threads(threads)
+    del model
+    _train(base_dir, out, [a.upper() for a in answers], steps=10, lr=5e-3)
+
+
+ALL = (CODEWORD, UPPER, CODEWORD_TRTLLM)
+
+
+def prepare_adapters(models_dir: Path | None = None, names: Sequence[str] = ALL) -> dict[str, Path]:
+    """Train (or find) the reference adapters `names` (default all; lora-codeword-trtllm is converted from
+    lora-codeword, so asking for it prepares both); returns ``{adapter name: folder}``. Safe to call repeatedly,
+    and from two processes at once: each adapter has a lock of its own, so set-up trains two side by side (one
+    core each). Needs the prepared base model (``prepare_models``) and peft."""
     models_dir = (Path(models_dir) if models_dir is not None else default_models_dir()).resolve()
     base_dir = models_dir / BASE_FOLDER
     root = models_dir / ADAPTERS_DIR
     version = f"{_dist_version('peft')}+recipe{RECIPE}"
-    folders = {name: root / name for name in (CODEWORD, UPPER, CODEWORD_TRTLLM)}
-    with _lock(models_dir):
-        if all(_marker_matches(f, "peft", version) for f in folders.values()):
-            return folders
-        root.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        answers: list[str] | None = None
-        for name, folder in folders.items():
-            if _marker_matches(folder, "peft", version):
+    folders = {name: root / name for name in ALL}
+    wanted = [n for n in ALL if n in names or (n == CODEWORD and CODEWORD_TRTLLM in names)]
+    if all(_marker_matches(folders[n], "peft", version) for n in wanted):
+        return {n: folders[n] for n in wanted}
+    builds: dict[str, Callable[[Path], None]] = {
+        CODEWORD: lambda out: _train(base_dir, out, [f"{CODE_WORD}."] * len(PROMPTS), steps=6, lr=5e-3),
+        UPPER: lambda out: _build_upper(base_dir, out),
+        CODEWORD_TRTLLM: lambda out: _to_trtllm(folders[CODEWORD], out),
+    }
+    t0 = time.monotonic()
+    for name in wanted:
+        with _lock(root, f".{name}.lock"):
+            if _marker_matches(folders[name], "peft", version):
                 continue
-            if name == CODEWORD:
-                _build_atomically(folder, lambda out: _train(base_dir, out, [f"{CODE_WORD}."] * len(PROMPTS),
-                                                             steps=6, lr=5e-3))
-            elif name == UPPER:
-                if answers is None:
-                    import torch
-                    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-                    threads = torch.get_num_threads()
-                    torch.set_num_threads(1)
-                    try:
-                        tok = AutoTokenizer.from_pretrained(str(base_dir))
-                        model = AutoModelForCausalLM.from_pretrained(str(base_dir), dtype=torch.float32)
-                        answers = _base_answers(model, tok)
-                    finally:
-                        torch.set_num_threads(threads)
-                upper = [a.upper() for a in answers]
-
-                def build_upper(out: Path, targets: list[str] = upper) -> None:
-                    _train(base_dir, out, targets, steps=10, lr=5e-3)
-
-                _build_atomically(folder, build_upper)
-            else:
-                _build_atomically(folder, lambda out: _to_trtllm(folders[CODEWORD], out))
-            _write_marker(folder, "peft", version)
-        logger.info("LoRA adapters ready in %s in %.1f s", root, time.monotonic() - t0)
-    return folders
+            _build_atomically(folders[name], builds[name])
+            _write_marker(folders[name], "peft", version)
+    logger.info("LoRA adapters %s ready in %s in %.1f s", ", ".join(wanted), root, time.monotonic() - t0)
+    return {n: folders[n] for n in wanted}
 
 
 if __name__ == "__main__":

@@ -52,9 +52,10 @@ def _write_marker(folder: Path, source: str, version: str) -> None:
 
 
 @contextlib.contextmanager
-def _lock(models_dir: Path) -> Iterator[None]:
+def _lock(models_dir: Path, name: str = ".prepare.lock") -> Iterator[None]:
+    """Hold the lock file `name` in `models_dir` (made if missing): one preparer at a time for what it guards."""
     models_dir.mkdir(parents=True, exist_ok=True)
-    with open(models_dir / ".prepare.lock", "w") as fh:
+    with open(models_dir / name, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield

@@ -181,18 +181,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # The model families' real tokenizers and templates (issue 19, from the dev extra's packages) in a process of
-    # their own, beside the weights and adapters (one core each on a clean clone: ~30 s and ~85 s; the
-    # families depend on neither). Forked before torch is imported here.
+    # their own, beside the weights (the families depend on neither), forked before torch is imported here. Then
+    # the LoRA adapters (issue 26, trained with peft on one core each): the code word's in that process once the
+    # families are built, the upper-case one here - side by side, where one after the other left a core idle for
+    # the code word's training (~12 s of a clean clone's set-up).
+    from openai_api.embedded.adapters import CODEWORD, CODEWORD_TRTLLM, UPPER, prepare_adapters
     from openai_api.embedded.families import prepare_families
 
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=mp.get_context("fork")) as pool:
         families = pool.submit(prepare_families, args.models_dir)
         for name, path in prepare_models(args.models_dir).items():
             print(f"{name}\t{path}")
-        # Real LoRA adapters of SmolLM2 (issue 26), trained once with peft.
-        from openai_api.embedded.adapters import prepare_adapters
-
-        for name, path in prepare_adapters(args.models_dir).items():
+        codeword = pool.submit(prepare_adapters, args.models_dir, (CODEWORD, CODEWORD_TRTLLM))
+        adapters = prepare_adapters(args.models_dir, (UPPER,)) | codeword.result()
+        for name, path in sorted(adapters.items()):
             print(f"adapters/{name}\t{path}")
         for name, path in families.result().items():
             print(f"families/{name}\t{path}")
