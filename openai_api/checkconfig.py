@@ -75,7 +75,8 @@ async def probe_models(config: GatewayConfig, timeout_s: float = PROBE_TIMEOUT_S
             else encoder_backend(entry, pool, metrics)[0])
         at = f"{url}: Triton model {entry.triton_name!r}"
         try:
-            await asyncio.wait_for(backend.check(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await backend.check()
         except GatewayError as e:
             return ConfigError(file, f"{where}.url", f"{at}: {e.message}")
         except TimeoutError:

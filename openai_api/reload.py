@@ -93,7 +93,8 @@ async def check_models(services: Services) -> None:
 
     async def one(name: str, triton_name: str, backend: Any) -> None:
         try:
-            await asyncio.wait_for(backend.check(), CHECK_TIMEOUT_S)
+            async with asyncio.timeout(CHECK_TIMEOUT_S):
+                await backend.check()
             logger.info("model %s: Triton model %s checked", name, triton_name)
         except GatewayError as e:
             logger.warning("model %s: %s", name, e.message)

@@ -90,21 +90,28 @@ class BatchRunner:
         service.wake = self.wake
         service.on_cancel.append(self._cancelled)
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def start(self) -> None:
         """The loop: it sweeps expired files, and claims jobs unless `concurrency` is 0."""
         self._task = asyncio.create_task(self._loop(), name="batch-runner")
 
     async def close(self) -> None:
-        tasks = [t for t in (self._task, *self.jobs.values()) if t is not None]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        """Stop the loop and every job (lines in flight end unrecorded; leases are given back). The loop and the jobs
+        also read `_closing`, not only the cancel: Python 3.11's `asyncio.wait_for` swallows a cancel that arrives as
+        what it waits for completes (a job ending wakes the loop just as close() cancels it), and the loop would poll
+        on for ever with close() waiting for it."""
+        self._closing = True
+        self.wake.set()
+        while tasks := [t for t in (self._task, *self.jobs.values()) if t is not None and not t.done()]:
+            for t in tasks:
+                t.cancel()
+            # gather, not one `await` per task under suppress(CancelledError): a cancel of close() itself
+            # propagates. Again while any is left: a claim the loop was making may have started a job meanwhile.
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _loop(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 if self.service.started():
                     await self.service.sweep(SWEEP_MOST)
@@ -114,9 +121,12 @@ class BatchRunner:
                 pass  # logged by the store; the next poll tries again
             except Exception:  # the loop must outlive any one failure (a file the sweep cannot unlink)
                 logger.exception("the batch runner's poll failed; it polls again")
+            if self._closing:
+                return
             self.wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), POLL_S)
+                async with asyncio.timeout(POLL_S):  # (a cancel always propagates, as it may not from wait_for)
+                    await self.wake.wait()
 
     async def _claim(self) -> None:
         """Take unclaimed jobs into free job slots in the fair order, or give one back for a waiting key."""
@@ -187,7 +197,7 @@ class BatchRunner:
                 t.add_done_callback(running.discard)
             if running:
                 await asyncio.gather(*running)
-            if not state.lost and not state.yielded:
+            if not state.lost and not state.yielded and not self._closing:  # closing: the next runner resumes it
                 await self._finish(rec, lines, state)
         except StoreUnavailableError:
             pass  # the lease runs out; this or another gateway takes the job again
@@ -204,7 +214,7 @@ class BatchRunner:
 
     def _stopped(self, rec: BatchRecord, state: JobState) -> bool:
         state.expired = state.expired or self.service.clock() >= rec.data["expires_at"]
-        return state.stop
+        return state.stop or self._closing
 
     async def _renew(self, job_id: str, state: JobState) -> None:
         while True:

@@ -273,7 +273,8 @@ class RedisStore:
         if time.monotonic() < self._down_until:
             raise RedisDown
         try:
-            result = await asyncio.wait_for(script(args=args), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                result = await script(args=args)
         except (RedisError, OSError, TimeoutError) as e:
             if isinstance(e, TimeoutError | RedisTimeoutError):
                 self._slow_calls += 1
@@ -344,8 +345,8 @@ class RedisStore:
     async def _heartbeat(self) -> None:
         while True:
             try:
-                await asyncio.wait_for(self.redis.set(f"{ROOT}i:{self.instance}", 1, ex=INSTANCE_TTL_S),
-                                       self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    await self.redis.set(f"{ROOT}i:{self.instance}", 1, ex=INSTANCE_TTL_S)
                 while self._unsent:
                     _, args = self._unsent[0]
                     await self._call(self._finish, args)
@@ -363,6 +364,7 @@ class RedisStore:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         with contextlib.suppress(RedisError, OSError, TimeoutError):
-            await asyncio.wait_for(self.redis.delete(f"{ROOT}i:{self.instance}"), self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                await self.redis.delete(f"{ROOT}i:{self.instance}")
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             await self.redis.aclose()

@@ -136,13 +136,15 @@ class SharedStore:
 
     async def _ask(self, msg: list[Any]) -> Any:
         if self._writer is None:
-            await asyncio.wait_for(self._connect(), TIMEOUT_S)
+            async with asyncio.timeout(TIMEOUT_S):
+                await self._connect()
         assert self._writer is not None
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(fut)
         self._writer.write(orjson.dumps(msg) + b"\n")
         # Shielded: a cancelled request must not lose its place in the answers' order.
-        return await asyncio.wait_for(asyncio.shield(fut), TIMEOUT_S)
+        async with asyncio.timeout(TIMEOUT_S):
+            return await asyncio.shield(fut)
 
     async def begin(self, name: str, limits: Limits) -> Decision:
         try:
@@ -178,7 +180,8 @@ class SharedStore:
 
     async def start(self) -> None:
         with contextlib.suppress(OSError, TimeoutError):
-            await asyncio.wait_for(self._connect(), TIMEOUT_S)
+            async with asyncio.timeout(TIMEOUT_S):
+                await self._connect()
 
     async def close(self) -> None:
         if self._reader_task is not None:

@@ -93,7 +93,8 @@ class RedisObjectStore:
 
     async def _call(self, what: str, call: Any) -> Any:
         try:
-            return await asyncio.wait_for(call, self.timeout_s)
+            async with asyncio.timeout(self.timeout_s):
+                return await call
         except (RedisError, OSError, TimeoutError) as e:
             logger.error("the object store (Redis) failed to %s: %s", what, type(e).__name__)
             raise StoreUnavailableError("The gateway's store of responses (Redis) is unreachable; retry shortly.",

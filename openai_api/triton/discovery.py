@@ -65,7 +65,8 @@ async def resolve(dns_url: str, timeout_s: float) -> list[str] | None:
     timeout, a resolver error: the caller keeps what it had rather than retiring every replica)."""
     host, port = split(dns_url)
     try:
-        return await asyncio.wait_for(asyncio.to_thread(_resolver, host, port), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await asyncio.to_thread(_resolver, host, port)
     except NoSuchName:
         return []
     except (OSError, TimeoutError, ValueError) as e:

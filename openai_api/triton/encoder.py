@@ -79,8 +79,8 @@ class EncoderAdapter:
                                                         client_timeout=CONFIG_TIMEOUT_S)
                     cfg = raw.get("config", raw)
                 else:
-                    cfg = await asyncio.wait_for(client.get_model_config(self.triton_model, self.version),
-                                                 CONFIG_TIMEOUT_S)
+                    async with asyncio.timeout(CONFIG_TIMEOUT_S):
+                        cfg = await client.get_model_config(self.triton_model, self.version)
             except Exception as e:  # noqa: BLE001
                 raise map_triton_error(e, self.model) from None
             declared = {i["name"]: str(i.get("data_type", "")).removeprefix("TYPE_") for i in cfg.get("input", [])}
@@ -127,9 +127,10 @@ class EncoderAdapter:
                     client_timeout=self.timeout_s, headers=traced or None)
             else:
                 outputs = [http_mod.InferRequestedOutput(self.output_name, binary_data=True)]
-                result = await asyncio.wait_for(self.pool.http(self.url).infer(
-                    self.triton_model, inputs, model_version=self.version, outputs=outputs,
-                    headers={**_HTTP_HEADERS, **traced}), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):
+                    result = await self.pool.http(self.url).infer(
+                        self.triton_model, inputs, model_version=self.version, outputs=outputs,
+                        headers={**_HTTP_HEADERS, **traced})
         except GatewayError as e:
             error = e
             raise

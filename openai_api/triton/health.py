@@ -12,7 +12,8 @@ PROBE_TIMEOUT_S = 2.0
 async def server_ready(pool: TritonClientPool, transport: str, url: str) -> bool:
     try:
         client = pool.grpc(url) if transport == "grpc" else pool.http(url)
-        return bool(await asyncio.wait_for(client.is_server_ready(), PROBE_TIMEOUT_S))
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            return bool(await client.is_server_ready())
     except Exception:  # noqa: BLE001 - any failure means "not ready"
         return False
 
@@ -20,6 +21,7 @@ async def server_ready(pool: TritonClientPool, transport: str, url: str) -> bool
 async def model_ready(pool: TritonClientPool, transport: str, url: str, model: str, version: str = "") -> bool:
     try:
         client = pool.grpc(url) if transport == "grpc" else pool.http(url)
-        return bool(await asyncio.wait_for(client.is_model_ready(model, version), PROBE_TIMEOUT_S))
+        async with asyncio.timeout(PROBE_TIMEOUT_S):
+            return bool(await client.is_model_ready(model, version))
     except Exception:  # noqa: BLE001
         return False

@@ -217,7 +217,8 @@ class ReplicaSet(Generic[T]):
     async def _ready(self, url: str) -> bool:
         assert self.ready is not None
         try:
-            return await asyncio.wait_for(self.ready(url), self.discovery.ready_timeout_s)
+            async with asyncio.timeout(self.discovery.ready_timeout_s):
+                return await self.ready(url)
         except (TimeoutError, BackendUnavailableError):
             return False
 

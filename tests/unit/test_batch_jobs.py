@@ -335,3 +335,22 @@ async def test_an_input_file_deleted_mid_batch_is_kept_until_the_batch_ends(eith
         unused = (await upload(client, jsonl(1))).json()
         assert (await client.delete(f"/v1/files/{unused['id']}", headers=A)).status_code == 200
         assert not store.path(unused["id"]).exists() and await store.get_file(_owner(), unused["id"]) is None
+
+
+@pytest.mark.parametrize("turns", [0, 1, 2])
+async def test_closing_the_runner_ends_its_loop_when_a_wake_races_the_cancel(app: FastAPI, turns: int) -> None:
+    """close() returns even when the loop's wait for its next poll ends in the same turn as the cancel arrives (a
+    job ending wakes the loop just as close() cancels it): Python 3.11's `asyncio.wait_for` then returns what it
+    waited for and swallows the cancel, so the loop polled on for ever and close() never returned - a full test run
+    hung 25 minutes on it. `turns`: event-loop turns between the wake and the cancel, to meet each interleaving."""
+    for _ in range(5):
+        run = runner(app, concurrency=0)
+        await run.start()
+        await asyncio.sleep(0.01)  # the loop has polled and waits for the next poll
+        run.wake.set()
+        for _ in range(turns):
+            await asyncio.sleep(0)
+        closing = asyncio.ensure_future(run.close())
+        done, _ = await asyncio.wait({closing}, timeout=5)  # (not wait_for: it would return once close() is cancelled)
+        assert done, "close() did not return"
+        assert run._task is not None and run._task.done(), "the runner's loop outlived close()"
