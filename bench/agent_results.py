@@ -43,6 +43,7 @@ ARM_LABELS = {
     "w1-on-keep-stable": "--workers 1, cache on, billing header fixed for the session",
     "w1-off-keep-stream": "--workers 1, cache off, streamed",
     "w1-on-keep-stream": "--workers 1, cache on, streamed",
+    "b1-on-keep": "the base commit's gateway (--sessions-base): --workers 1, cache on, keep-alive",
 }
 PER_TURN = ("prompt_tokens", "cached_tokens", "cpu_ms", "wall_ms", "added_ms", "limit_ms", "ttft_ms")
 
@@ -225,6 +226,9 @@ def render_md(result: dict[str, Any]) -> str:
         lines += ["", f"Check: over all sessions the gateways' CPU by psutil (10 ms ticks, exited threads included) "
                   f"{ps:.2f} s, by the live threads' schedstat {ss:.2f} s. Idle gateway CPU (ms per s, timers and "
                   f"heartbeats; a request's window is its wall + 20 ms): {meta.get('idle_gateway_cpu_ms_per_s')}."]
+    if meta.get("sessions_base"):
+        lines += ["", f"Side by side: every session turn also went to the gateway of {meta['sessions_base']} (arm "
+                  "`b1-on-keep`: `--workers 1`, cache on, keep-alive) in the same rotation, on the same bytes."]
     lines += ["", "## Targets (issue #36)", ""]
     rows = []
     for dialect, arms in tg.items():
