@@ -175,6 +175,9 @@ def words_tensor(words: list[list[int]]) -> NDArray[Any]:
 
 # `ModelInferRequest.raw_input_contents` is field 7, length-delimited: its tag byte on the wire.
 _RAW_TAG = bytes([7 << 3 | 2])
+# Inputs' bytes set aside from the protobuf (`InferRequest`): from the first input at least this big on (a
+# short request's inputs all go into the message, which is serialized as before).
+_ASIDE_BYTES = 64 * 1024
 
 
 def _varint(n: int) -> bytes:
@@ -190,11 +193,11 @@ class InferRequest:
     """One inference request under construction: `pb` is the whole `ModelInferRequest`; `serialized()` its wire
     bytes, as the streamed RPC sends them.
 
-    The inputs' bytes are kept beside the protobuf until something reads `pb` (then moved into it, once), so
-    `serialized()` writes them after the rest of the message itself: an agent turn's ~470 KB `input_ids` is
-    copied once into the wire bytes, where `pb.SerializeToString()` of a message holding it cost ~0.2 ms (copied
-    into the message, then encoded again). Repeated fields may be written in parts, anywhere in the message,
-    so the bytes parse as the same message."""
+    The inputs' bytes from the first big one on (`_ASIDE_BYTES`) are kept beside the protobuf until something
+    reads `pb` (then moved into it, once), so `serialized()` writes them after the rest of the message itself:
+    an agent turn's ~470 KB `input_ids` is copied once into the wire bytes, where `pb.SerializeToString()` of a
+    message holding it cost ~0.2 ms (copied into the message, then encoded again). Repeated fields may be written
+    in parts, anywhere in the message, so the bytes parse as the same message."""
 
     __slots__ = ("_pb", "_raw")
 
@@ -260,8 +263,8 @@ class InferRequest:
         t.name = name
         t.datatype = dtype
         t.shape.extend(shape)
-        if self._raw is None:
-            self._pb.raw_input_contents.append(raw)
+        if self._raw is None or (not self._raw and len(raw) < _ASIDE_BYTES):
+            self._pb.raw_input_contents.append(raw)  # (in order: once one input is set aside, all later ones are)
         else:
             self._raw.append(raw)
 

@@ -93,16 +93,21 @@ def test_a_request_s_wire_bytes_parse_as_its_whole_message() -> None:
 
     ids = TokenIds(_int32(list(range(300_000))))  # a length past two varint bytes
     r = InferRequest("m", request_id="rid", priority=2)
-    r.tensor("input_ids", "INT32", [1, len(ids)], ids)
+    r.tensor("end_id", "INT32", [1, 1], [2])  # small: into the message
+    r.tensor("input_ids", "INT32", [1, len(ids)], ids)  # big: set aside, and so is every later input
     r.tensor("request_output_len", "INT32", [1, 1], [0])  # an empty length-delimited field too
     r.tensor("stop", "BYTES", [1], [b"", b"end"])
     r.output("output_ids")
     r.bool_parameter("triton_enable_empty_final_response", True)
     wire = r.serialized()
     whole = service_pb2.ModelInferRequest.FromString(wire)
-    assert whole.raw_input_contents[0] == ids.int32_le and len(whole.raw_input_contents) == 3
+    assert whole.raw_input_contents[1] == ids.int32_le and len(whole.raw_input_contents) == 4
+    assert [t.name for t in whole.inputs] == ["end_id", "input_ids", "request_output_len", "stop"]
     assert whole == r.pb  # `pb` now holds the inputs' bytes: the same message
     # Once `pb` holds the bytes, the wire bytes are its own serialization (maps serialize in no fixed order).
     assert service_pb2.ModelInferRequest.FromString(r.serialized()) == whole
     r.tensor("late", "INT32", [1], [7])  # added after `pb` was read: goes into it
-    assert service_pb2.ModelInferRequest.FromString(r.serialized()) == r.pb and len(r.pb.raw_input_contents) == 4
+    assert service_pb2.ModelInferRequest.FromString(r.serialized()) == r.pb and len(r.pb.raw_input_contents) == 5
+    small = InferRequest("m")  # a short request: every input in the message, serialized as it is
+    small.tensor("input_ids", "INT32", [1, 3], [1, 2, 3])
+    assert small.serialized() == small.pb.SerializeToString()
