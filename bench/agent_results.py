@@ -43,6 +43,7 @@ ARM_LABELS = {
     "w1-on-keep-stable": "--workers 1, cache on, billing header fixed for the session",
     "w1-off-keep-stream": "--workers 1, cache off, streamed",
     "w1-on-keep-stream": "--workers 1, cache on, streamed",
+    "b1-on-keep": "the base commit's gateway (--sessions-base): --workers 1, cache on, keep-alive",
 }
 PER_TURN = ("prompt_tokens", "cached_tokens", "cpu_ms", "wall_ms", "added_ms", "limit_ms", "ttft_ms")
 
@@ -126,8 +127,22 @@ def targets(records: Sequence[dict[str, Any]], high: int = HIGH_TOKENS, low: int
                 gains = [off[k]["cpu_ms"] / his[k]["cpu_ms"] for k in sorted(off.keys() & his.keys())
                          if his[k].get("cpu_ms")]
                 cell["off_over_on_cpu_high"] = median(gains)
+            cell["cpu_ms_per_10k_tokens"] = growth(records, dialect, arm)
             out.setdefault(dialect, {})[arm] = cell
     return out
+
+
+def growth(records: Sequence[dict[str, Any]], dialect: str, arm: str) -> float | None:
+    """The least-squares slope of an arm's CPU per request against its prompt's tokens, in ms per 10k tokens,
+    over every turn from the second of every repetition: what a turn pays per token of conversation, from all
+    the turns at once (the ratio above rests on two turns per repetition)."""
+    pts = [(r["ids"] / 1e4, r["cpu_ms"]) for r in records if r["dialect"] == dialect and r["arm"] == arm
+           and r.get("status") == 200 and r["turn"] > 1 and r.get("ids")]
+    if len(pts) < 3:
+        return None
+    mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
+    var = sum((x - mx) ** 2 for x, _ in pts)
+    return round(sum((x - mx) * (y - my) for x, y in pts) / var, 3) if var else None
 
 
 def worker_switches(records: Sequence[dict[str, Any]], reference: str = "w2-on-keep") -> dict[str, Any]:
@@ -225,6 +240,9 @@ def render_md(result: dict[str, Any]) -> str:
         lines += ["", f"Check: over all sessions the gateways' CPU by psutil (10 ms ticks, exited threads included) "
                   f"{ps:.2f} s, by the live threads' schedstat {ss:.2f} s. Idle gateway CPU (ms per s, timers and "
                   f"heartbeats; a request's window is its wall + 20 ms): {meta.get('idle_gateway_cpu_ms_per_s')}."]
+    if meta.get("sessions_base"):
+        lines += ["", f"Side by side: every session turn also went to the gateway of {meta['sessions_base']} (arm "
+                  "`b1-on-keep`: `--workers 1`, cache on, keep-alive) in the same rotation, on the same bytes."]
     lines += ["", "## Targets (issue #36)", ""]
     rows = []
     for dialect, arms in tg.items():
@@ -234,9 +252,12 @@ def render_md(result: dict[str, Any]) -> str:
             rows.append([DIALECTS.get(dialect, dialect), ARM_LABELS.get(arm, arm),
                          f"{_fmt(c['cpu_ms_high'])} / {_fmt(c['cpu_ms_low'])}", _fmt(c["cpu_ratio"], 2),
                          _fmt(c.get("cpu_ratio_met")), _fmt(c["added_ms_high"]), _fmt(c.get("added_wall_met")),
-                         _fmt(c.get("off_over_on_cpu_high"), 1) + ("x" if c.get("off_over_on_cpu_high") else "")])
+                         _fmt(c.get("off_over_on_cpu_high"), 1) + ("x" if c.get("off_over_on_cpu_high") else ""),
+                         _fmt(c.get("cpu_ms_per_10k_tokens"), 2)])
     lines += _table(["session", "gateway", "CPU ms at ~117k / ~9k", "ratio (<= 1.5)", "", "added wall ms at ~117k "
-                     "(<= 30)", "", "cache off / on CPU at ~117k"], rows)
+                     "(<= 30)", "", "cache off / on CPU at ~117k", "CPU growth, ms per 10k tokens"], rows)
+    lines += ["", "CPU growth: the least-squares slope of CPU per turn against the prompt's tokens over every turn "
+              "from the second and every repetition (the ratio rests on two turns per repetition)."]
     short = result.get("short")
     if short and "head_over_base" in short:
         lines += ["", f"Short non-streamed chat ({_fmt(short.get('prompt_tokens'))}-token prompt, "

@@ -20,9 +20,11 @@ with the default (128). Cases:
   Connections: one keep-alive connection per session (``-keep``), and with two workers also a new connection
   per turn (``-new``: the kernel spreads new connections over the workers, so a turn may land on the worker
   that has not seen the session). Each repetition replays new sessions (the corpus read on), so no session is
-  ever in a cache before its first turn. Also, once per repetition, a Claude Code session with its billing
-  header fixed for the session (what stripping it, issue #36 item 2, would give the prompt cache), and once
-  per run a streamed session per dialect (time to the first text event).
+  ever in a cache before its first turn. With ``--sessions-base COMMIT``, the gateway of that commit (exported
+  as for ``short``, ``--workers 1``, cache on, keep-alive: arm ``b1-on-keep``) gets every turn too, in the same
+  rotation: old and new side by side in one run, on the same bytes. Also, once per repetition, a Claude Code
+  session with its billing header fixed for the session (what stripping it, issue #36 item 2, would give the
+  prompt cache), and once per run a streamed session per dialect (time to the first text event).
 * ``short``: the bench's own short chat (41 tokens as templated), 16 tokens out, non-streamed: CPU per request
   of this checkout's gateway and of the commit before the prompt cache (``--base``, default 2bfb556, exported
   with ``git archive`` to a temporary folder with ``models/`` linked in), both up together on the same Triton,
@@ -78,6 +80,9 @@ ARMS = ("w1-off-keep", "w1-on-keep", "w2-off-keep", "w2-on-keep", "w2-on-new")
 GATEWAYS = {"w1-off": ["--workers", "1", "--prompt-cache-mb", "0"], "w1-on": ["--workers", "1"],
             "w2-off": ["--workers", "2", "--prompt-cache-mb", "0"], "w2-on": ["--workers", "2"],
             "w2n-on": ["--workers", "2"]}
+# The base commit's gateway (`--sessions-base`) and its arm.
+BASE_GATEWAY = "b1-on"
+BASE_ARM = "b1-on-keep"
 # The first text event of a streamed answer, per dialect.
 TEXT_EVENT = {"claude_code": b'"text_delta"', "codex": b"response.output_text.delta"}
 
@@ -291,6 +296,16 @@ class AgentBench:
             await asyncio.sleep(1.0)
             self.pids[name] = [p.pid for p in gw.processes()]
             self.log(f"gateway {name} ({' '.join(flags)}): pids {self.pids[name]}")
+        if self.a.sessions_base:
+            from bench.relay_ab import CheckoutGateway
+
+            self.base_root = self.base_checkout(self.a.sessions_base)
+            gw = CheckoutGateway(self.base_root, cfg, self.workdir, "gateway-base")  # --workers 1, cache on
+            await asyncio.to_thread(gw.start)
+            self.gws[BASE_GATEWAY] = gw
+            await asyncio.sleep(1.0)
+            self.pids[BASE_GATEWAY] = [p.pid for p in gw.processes()]
+            self.log(f"gateway {BASE_GATEWAY} ({self.a.sessions_base}): pids {self.pids[BASE_GATEWAY]}")
         self.tok = TextTokenizer.from_folder(SMOLLM_TOKENIZER)
         end_id = self.tok.eos_token_ids[0]
         pad_id = self.tok.pad_token_id if self.tok.pad_token_id is not None else end_id
@@ -344,6 +359,8 @@ class AgentBench:
             gw.stop()
         if self.triton is not None:
             self.triton.stop()
+        if getattr(self, "base_root", None) is not None:
+            shutil.rmtree(self.base_root, ignore_errors=True)
         if self.extra_repo is not None:
             shutil.rmtree(self.extra_repo, ignore_errors=True)
 
@@ -461,7 +478,7 @@ class AgentBench:
                 turns = await self.session(dialect, rep)
                 if rep == 0:
                     self.first_sessions[dialect] = turns
-                await self.replay(dialect, rep, turns, ARMS)
+                await self.replay(dialect, rep, turns, ARMS + ((BASE_ARM,) if self.a.sessions_base else ()))
             await self.replay("claude_code", rep, await self.session("claude_code", rep, "stable"),
                               ("w1-on-keep-stable",))
         for dialect in ("claude_code", "codex"):
@@ -469,9 +486,9 @@ class AgentBench:
                               ("w1-off-keep-stream", "w1-on-keep-stream"))
 
     # ------------------------------------------------------------------ short requests, HEAD vs base
-    def base_checkout(self) -> Path:
+    def base_checkout(self, commit: str) -> Path:
         root = Path(tempfile.mkdtemp(prefix="bench-agents-base-"))
-        archive = subprocess.run(["git", "archive", self.a.base], cwd=REPO, capture_output=True, check=True).stdout
+        archive = subprocess.run(["git", "archive", commit], cwd=REPO, capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(root)], input=archive, check=True)
         (root / "models").symlink_to(REPO / "models")
         return root
@@ -479,7 +496,7 @@ class AgentBench:
     async def case_short(self) -> dict[str, Any]:
         from bench.relay_ab import CheckoutGateway
 
-        base = self.base_checkout()
+        base = self.base_checkout(self.a.base)
         sides = {"base": base, "head": REPO}
         gws: dict[str, CheckoutGateway] = {}
         body = json.dumps({"model": SYNTHETIC, "messages": [{"role": "user", "content": SHORT_PROMPT}],
@@ -617,6 +634,7 @@ class AgentBench:
                      "reps": self.sizes.reps, "tokens_per_turn": self.sizes.tokens_per_turn,
                      "system_tokens": self.sizes.system_tokens, "max_tokens": 1, "context": CONTEXT,
                      "loadavg_start": round(os.getloadavg()[0], 2), "base_commit": self.a.base,
+                     "sessions_base": self.a.sessions_base,
                      "cases": self.a.cases}
         started = time.time()
         result: dict[str, Any] = {}
@@ -673,6 +691,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cases", default="sessions,short,profile", help="comma-separated subset of sessions,short,"
                    "profile (profile needs sessions)")
     p.add_argument("--base", default=BASE_COMMIT, help="the commit the short-request case compares against")
+    p.add_argument("--sessions-base", metavar="COMMIT", help="also replay every session turn to this commit's "
+                   "gateway (--workers 1, cache on, keep-alive: arm b1-on-keep), side by side with this checkout's")
     p.add_argument("--out", type=Path, help="results path without suffix (default bench/results/agent-sessions-DATE)")
     p.add_argument("--render", type=Path, metavar="JSON", help="only re-summarise a results file's records and "
                    "rewrite it and its markdown (after a change to bench/agent_results.py)")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from openai_api.errors import InvalidRequestError
-from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage
+from openai_api.schemas.openai import ChatCompletionRequest, ChatMessage, ToolCall, ToolCallFunction
 from openai_api.services.bounds import MAX_JSON_DEPTH, find_excess
 from openai_api.services.context import RequestContext
 from openai_api.services.generation import (
@@ -69,15 +69,15 @@ REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 def template_arguments(arguments: str, index: int, call: int) -> Any:
     """An earlier call's `arguments` (OpenAI's JSON string) as the value it encodes, as transformers and vLLM
     hand it to templates; "" is {} (vLLM's reading). Not JSON: a 400 naming the field."""
-    if not arguments.strip():
+    if not arguments or arguments.isspace():
         return {}
-    param = f"messages[{index}].tool_calls[{call}].function.arguments"
+    # (Every earlier call of an agent turn passes here on every turn: the field's name is only written for an error.)
     try:
         value = json_args.decode(arguments)  # json.loads's value; what it gives is remembered by the text
     except ValueError:
         raise InvalidRequestError(
             f"messages[{index}].tool_calls[{call}].function.arguments is not valid JSON; the model's chat template "
-            "reads it as a JSON object.", param=param) from None
+            "reads it as a JSON object.", param=f"messages[{index}].tool_calls[{call}].function.arguments") from None
     except RecursionError:  # past what Python's parser follows; the depth check below names the limit
         value = None
         too_deep = True
@@ -85,9 +85,19 @@ def template_arguments(arguments: str, index: int, call: int) -> Any:
         too_deep = json_args.nested_deeper_than(  # the template walks it (tojson)
             value, MAX_JSON_DEPTH, lambda v, d: find_excess(v, d) is not None)
     if too_deep:
+        param = f"messages[{index}].tool_calls[{call}].function.arguments"
         raise InvalidRequestError(f"'{param}' is nested too deeply: past the gateway's limit of {MAX_JSON_DEPTH} "
                                   "levels of JSON nesting.", param=param, code="too_deeply_nested")
     return value
+
+
+def _call_dict(tc: ToolCall) -> dict[str, Any]:
+    """`tc.model_dump()`, written out for the usual call with no extra fields (~0.4 us against ~3 us: an agent
+    turn dumps every earlier call again)."""
+    fn = tc.function
+    if tc.__pydantic_extra__ or type(fn) is not ToolCallFunction or fn.__pydantic_extra__:
+        return tc.model_dump()
+    return {"id": tc.id, "type": tc.type, "function": {"name": fn.name, "arguments": fn.arguments}}
 
 
 def template_messages(messages: list[ChatMessage], template: ChatTemplate | None = None,
@@ -117,7 +127,7 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
         if m.name is not None:
             d["name"] = m.name
         if m.tool_calls:
-            d["tool_calls"] = [tc.model_dump() for tc in m.tool_calls]
+            d["tool_calls"] = [_call_dict(tc) for tc in m.tool_calls]
             if decode:
                 for j, tc in enumerate(d["tool_calls"]):
                     tc["function"]["arguments"] = template_arguments(tc["function"]["arguments"], i, j)
@@ -125,11 +135,12 @@ def template_messages(messages: list[ChatMessage], template: ChatTemplate | None
             d["tool_call_id"] = m.tool_call_id
         # An earlier turn's reasoning under any of its names, given to templates under both that they read
         # (Qwen3/GLM `reasoning_content`, gpt-oss `thinking`), as transformers aliases them.
-        extra = m.model_extra or {}
-        reasoning = next((extra[k] for k in REASONING_FIELDS if isinstance(extra.get(k), str)), None)
-        if m.role == "assistant" and reasoning is not None:
-            d["thinking"] = extra["thinking"] if isinstance(extra.get("thinking"), str) else reasoning
-            d["reasoning_content"] = reasoning
+        extra = m.model_extra
+        if extra and m.role == "assistant":
+            reasoning = next((extra[k] for k in REASONING_FIELDS if isinstance(extra.get(k), str)), None)
+            if reasoning is not None:
+                d["thinking"] = extra["thinking"] if isinstance(extra.get("thinking"), str) else reasoning
+                d["reasoning_content"] = reasoning
         out.append(d)
     return out
 

@@ -40,7 +40,10 @@ MAX_BREAKPOINTS = 4  # Anthropic's limit on blocks with cache_control per reques
 TTL_MS = {"5m": 5 * 60_000, "1h": 60 * 60_000}
 _TAG = uuid.uuid4().hex[:8]
 _MARK = re.compile("\ue006" + _TAG + "(5m|1h)\ue007")
-MARK_START = "\ue006" + _TAG  # cheap presence test before the regex
+MARK_START = "\ue006" + _TAG
+# A marker's first character: searched for alone, since CPython finds one character at memchr speed (~30x a
+# regular expression's scan or a multi-character `find` over a ~500k-character agent prompt).
+_FIRST = MARK_START[0]
 
 
 def cache_ttl(block: Any, where: str) -> str | None:
@@ -75,16 +78,24 @@ def mark_block(text: str, ttl: str | None) -> str:
 
 def strip_marks(rendered: str) -> tuple[str, list[tuple[int, str]]]:
     """`rendered` without its breakpoint markers, and each marker's (character offset in the result, TTL)."""
-    if MARK_START not in rendered:
+    at = rendered.find(_FIRST)
+    if at < 0:
         return rendered, []
     out: list[str] = []
     marks: list[tuple[int, str]] = []
     pos = size = 0
-    for m in _MARK.finditer(rendered):
-        out.append(rendered[pos:m.start()])
-        size += m.start() - pos
+    while at >= 0:  # what `_MARK.finditer` finds, one character search per marker
+        m = _MARK.match(rendered, at)
+        if m is None:
+            at = rendered.find(_FIRST, at + 1)
+            continue
+        out.append(rendered[pos:at])
+        size += at - pos
         marks.append((size, m.group(1)))
         pos = m.end()
+        at = rendered.find(_FIRST, pos)
+    if not marks:
+        return rendered, []
     out.append(rendered[pos:])
     return "".join(out), marks
 

@@ -176,8 +176,9 @@ class TritonRPC:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.channel = channel
         serialize = service_pb2.ModelInferRequest.SerializeToString
-        self._stream = channel.stream_stream(_STREAM, request_serializer=serialize,
-                                             response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        # Streamed requests go as the bytes `InferRequest.serialized` writes (no serializer).
+        self._stream: grpc.aio.StreamStreamMultiCallable[bytes, Any] = channel.stream_stream(
+            _STREAM, request_serializer=None, response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
         self._infer = channel.unary_unary(_INFER, request_serializer=serialize,
                                           response_deserializer=service_pb2.ModelInferResponse.FromString)
         self._live = channel.unary_unary(_LIVE, request_serializer=service_pb2.ServerLiveRequest.SerializeToString,
@@ -258,7 +259,8 @@ class TritonRPC:
 
     async def _stream_call(self, request: InferRequest, model: str, timeout_s: float | None, idle_s: float | None,
                            metadata: tuple[tuple[str, str], ...] | None) -> AsyncGenerator[InferResult, None]:
-        request.pb.parameters["triton_enable_empty_final_response"].bool_param = True
+        request.bool_parameter("triton_enable_empty_final_response", True)
+        payload = request.serialized()
         loop = asyncio.get_running_loop()
         call, pooled = self._borrow(metadata)
         expired = False
@@ -274,7 +276,7 @@ class TritonRPC:
             async with StallGuard(idle_s, model, probe=self.live) as guard:
                 while True:
                     try:
-                        await call.write(request.pb)
+                        await call.write(payload)
                         resp = await call.read()
                         if resp is grpc.aio.EOF:
                             raise grpc.aio.UsageError("Triton closed the stream")

@@ -173,15 +173,60 @@ def words_tensor(words: list[list[int]]) -> NDArray[Any]:
     return out
 
 
-class InferRequest:
-    """One inference request under construction; `pb` is the `ModelInferRequest` sent as is."""
+# `ModelInferRequest.raw_input_contents` is field 7, length-delimited: its tag byte on the wire.
+_RAW_TAG = bytes([7 << 3 | 2])
+# Inputs' bytes set aside from the protobuf (`InferRequest`): from the first input at least this big on (a
+# short request's inputs all go into the message, which is serialized as before).
+_ASIDE_BYTES = 64 * 1024
 
-    __slots__ = ("pb",)
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class InferRequest:
+    """One inference request under construction: `pb` is the whole `ModelInferRequest`; `serialized()` its wire
+    bytes, as the streamed RPC sends them.
+
+    The inputs' bytes from the first big one on (`_ASIDE_BYTES`) are kept beside the protobuf until something
+    reads `pb` (then moved into it, once), so `serialized()` writes them after the rest of the message itself:
+    an agent turn's ~470 KB `input_ids` is copied once into the wire bytes, where `pb.SerializeToString()` of a
+    message holding it cost ~0.2 ms (copied into the message, then encoded again). Repeated fields may be written
+    in parts, anywhere in the message, so the bytes parse as the same message."""
+
+    __slots__ = ("_pb", "_raw")
 
     def __init__(self, model_name: str, model_version: str = "", request_id: str = "", priority: int = 0) -> None:
-        self.pb = service_pb2.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
+        self._pb = service_pb2.ModelInferRequest(model_name=model_name, model_version=model_version, id=request_id)
+        self._raw: list[bytes] | None = []  # the inputs' bytes while not in `_pb` (None once they are)
         if priority > 0:
-            self.pb.parameters["priority"].int64_param = priority
+            self._pb.parameters["priority"].int64_param = priority
+
+    @property
+    def pb(self) -> Any:
+        """The whole `ModelInferRequest` (`service_pb2` is untyped), inputs' bytes included."""
+        if self._raw is not None:
+            self._pb.raw_input_contents.extend(self._raw)
+            self._raw = None
+        return self._pb
+
+    def bool_parameter(self, name: str, value: bool) -> None:
+        self._pb.parameters[name].bool_param = value
+
+    def serialized(self) -> bytes:
+        """The request's wire bytes (what `pb.SerializeToString()` gives, up to field order)."""
+        head: bytes = self._pb.SerializeToString()
+        if not self._raw:
+            return head
+        parts = [head]
+        for raw in self._raw:
+            parts += (_RAW_TAG, _varint(len(raw)), raw)
+        return b"".join(parts)
 
     def tensor(self, name: str, dtype: str, shape: Iterable[int], values: Sequence[Any]) -> None:
         """Add an input from flat Python values (row-major). A value `dtype` cannot hold (a negative
@@ -214,15 +259,18 @@ class InferRequest:
         self.tensor(name, dtype, [1, len(values)] if spec.batched else [len(values)], values)
 
     def _add(self, name: str, dtype: str, shape: Iterable[int], raw: bytes) -> None:
-        t = self.pb.inputs.add()
+        t = self._pb.inputs.add()
         t.name = name
         t.datatype = dtype
         t.shape.extend(shape)
-        self.pb.raw_input_contents.append(raw)
+        if self._raw is None or (not self._raw and len(raw) < _ASIDE_BYTES):
+            self._pb.raw_input_contents.append(raw)  # (in order: once one input is set aside, all later ones are)
+        else:
+            self._raw.append(raw)
 
     def output(self, *names: str) -> None:
         for name in names:
-            self.pb.outputs.add().name = name
+            self._pb.outputs.add().name = name
 
     def inputs(self) -> dict[str, tuple[str, list[int], bytes]]:
         """name -> (dtype, shape, raw bytes): what is on the wire, for logs and tests."""

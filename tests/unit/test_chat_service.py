@@ -676,3 +676,22 @@ async def test_response_format_is_sent_as_a_guide_and_refused_where_it_cannot_be
             await svc.create(chat(**kw), RequestContext("r"))
         assert e.value.param == param and e.value.code == "unsupported_parameter", e.value.message
     assert len(fake.requests) == 1
+
+
+@pytest.mark.parametrize("call", [
+    {"id": "c1", "type": "function", "function": {"name": "read", "arguments": "{\"path\": \"a\"}"}},
+    {"function": {"name": "read"}},  # defaults
+    {"id": "c2", "function": {"name": "read", "arguments": "{}", "extra_fn": 1}, "extra": [1, {"a": None}]},
+    {"id": "c3", "function": {"name": "read", "arguments": ""}, "index": 0},
+])
+def test_an_earlier_call_is_given_to_templates_as_its_model_dump(call: dict[str, Any]) -> None:
+    """template_messages writes a tool call out without pydantic's model_dump when it has no extra fields: the
+    same dict, extras or not."""
+    from openai_api.schemas.openai import ChatMessage
+    from openai_api.services.chat import _call_dict, template_messages
+
+    msg = ChatMessage.model_validate({"role": "assistant", "content": None, "tool_calls": [call]})
+    assert msg.tool_calls is not None
+    tc = msg.tool_calls[0]
+    assert _call_dict(tc) == tc.model_dump()
+    assert template_messages([msg])[0]["tool_calls"] == [tc.model_dump()]

@@ -28,7 +28,14 @@ from openai_api.config import BUNDLED_TEMPLATES
 from openai_api.embedded.families import DATA_DIR, has_tokenizer, prepare_families
 from openai_api.schemas.openai import ChatMessage
 from openai_api.services.chat import template_messages
-from openai_api.text.prompt_cache import Boundaries, PromptTokenCache, find_boundaries, template_markers
+from openai_api.text.prompt_cache import (
+    HEAD_SHARE,
+    MAX_HEADS,
+    Boundaries,
+    PromptTokenCache,
+    find_boundaries,
+    template_markers,
+)
 from openai_api.text.templates import ChatTemplate, TemplateError
 from openai_api.text.tokenizer import TextTokenizer
 from tests.helpers import MODELS
@@ -322,3 +329,75 @@ def test_the_ids_are_their_int32_tensor_bytes() -> None:
     spec = ModelSpec("m", {"input_ids": TensorSpec("INT32", (-1,))})
     r.add(spec, "input_ids", ids)
     assert r.inputs()["input_ids"] == ("INT32", [len(whole)], ids.int32_le)
+
+
+def _chain(rnd: random.Random, markers: list[str], added: list[str], text: str) -> str:
+    """A next prompt from `text`: most often all of it but its tail (cut anywhere: before a marker, inside
+    one, inside a word), then new text; sometimes a prompt of its own."""
+    if not text or rnd.random() < 0.1:
+        return _random_text(rnd, markers, added)
+    keep = text[:rnd.randrange(len(text) // 2, len(text) + 1)] if rnd.random() < 0.6 else text
+    return keep + _random_text(rnd, markers, added)
+
+
+def test_prompts_that_extend_earlier_ones_equal_whole_tokenization(folders: dict[str, Path]) -> None:
+    """Prompts that start with an earlier prompt's head (cut anywhere, then anything added) - what a session's
+    next turn is, and what hostile variations of one are - give exactly the whole text's ids, whether or not
+    they start from a remembered head."""
+    for name, tok, template in _cases(folders):
+        b = _boundaries(tok, template)
+        added = [t.content for t in tok.tokenizer.get_added_tokens_decoder().values()][:200]
+        cache = PromptTokenCache(8 * 1024 * 1024)
+        rnd = random.Random(f"chain {name}")
+        texts = [""] * 3  # three interleaved sessions
+        for i in range(120):
+            k = i % 3
+            texts[k] = _chain(rnd, list(b.markers), added, texts[k])
+            assert _encode(cache, tok, b, texts[k]) == tok.encode(texts[k]), (name, texts[k])
+        assert cache.stats.head_hits > 0, name
+
+
+def test_a_session_starts_from_its_last_head_and_heads_are_bounded() -> None:
+    if not (SMOLLM2 / "tokenizer.json").exists():
+        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
+    tok = _tok(SMOLLM2)
+    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
+    b = _boundaries(tok, template)
+    cache = PromptTokenCache(4 * 1024 * 1024)
+    def session(s: int) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": f"Agent {s}. " + "Be brief. " * 50}]
+
+    def turn(msgs: list[dict[str, Any]], label: str) -> str:
+        msgs += [{"role": "user", "content": f"{label}: " + "read the code " * 40},
+                 {"role": "assistant", "content": "ok"}]
+        text = template.render(msgs, add_generation_prompt=True)
+        assert _encode(cache, tok, b, text) == tok.encode(text)
+        count, size = cache.heads
+        assert count <= MAX_HEADS and size <= cache.max_bytes // HEAD_SHARE
+        return text
+
+    # Eight interleaved sessions: every turn after a session's first starts from its last turn's head.
+    few = [session(s) for s in range(8)]
+    for t in range(4):
+        for s, msgs in enumerate(few):
+            hits = cache.stats.head_hits
+            text = turn(msgs, f"{s}/{t}")
+            assert cache.stats.head_hits == hits + (t > 0), (s, t)
+    # More sessions than heads are kept: the oldest heads go (the answers stay exact, from the segments).
+    many = [session(s) for s in range(100, 100 + 2 * MAX_HEADS)]
+    for t in range(2):
+        for s, msgs in enumerate(many):
+            turn(msgs, f"{s}/{t}")
+    assert cache.heads[0] == MAX_HEADS
+    # The same text under another tokenizer key, and a text that goes on inside the head's last segment's
+    # marker position without a marker there, start from no head.
+    hits = cache.stats.head_hits
+    assert cache.encode(tok.cache_key + 10_000, b, text, tok.encode_batch) == tok.encode(text)
+    cut = text.rindex("<|im_start|>")
+    odd = text[:cut] + "<|im_sta" + text[cut:]
+    assert _encode(cache, tok, b, odd) == tok.encode(odd)
+    assert cache.stats.head_hits == hits
+    # A head never outgrows its share: with a budget too small for one, none is kept.
+    small = PromptTokenCache(16 * 1024)
+    assert _encode(small, tok, b, text) == tok.encode(text)
+    assert small.heads == (0, 0)

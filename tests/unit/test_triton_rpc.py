@@ -82,3 +82,32 @@ def test_outputs_are_requested_by_name_and_read_raw() -> None:
     resp.raw_output_contents.append(b"\x01\x00\x00\x00")
     assert raw_output(resp, "output_ids") == b"\x01\x00\x00\x00"
     assert raw_output(resp, "sequence_length") is None
+
+
+def test_a_request_s_wire_bytes_parse_as_its_whole_message() -> None:
+    """`InferRequest.serialized` writes the inputs' bytes after the rest of the message: the same message as
+    `pb.SerializeToString()`, whatever is set before or after, and `pb` still holds every input's bytes."""
+    from tritonclient.grpc import service_pb2
+
+    from openai_api.text.prompt_cache import TokenIds, _int32
+
+    ids = TokenIds(_int32(list(range(300_000))))  # a length past two varint bytes
+    r = InferRequest("m", request_id="rid", priority=2)
+    r.tensor("end_id", "INT32", [1, 1], [2])  # small: into the message
+    r.tensor("input_ids", "INT32", [1, len(ids)], ids)  # big: set aside, and so is every later input
+    r.tensor("request_output_len", "INT32", [1, 1], [0])  # an empty length-delimited field too
+    r.tensor("stop", "BYTES", [1], [b"", b"end"])
+    r.output("output_ids")
+    r.bool_parameter("triton_enable_empty_final_response", True)
+    wire = r.serialized()
+    whole = service_pb2.ModelInferRequest.FromString(wire)
+    assert whole.raw_input_contents[1] == ids.int32_le and len(whole.raw_input_contents) == 4
+    assert [t.name for t in whole.inputs] == ["end_id", "input_ids", "request_output_len", "stop"]
+    assert whole == r.pb  # `pb` now holds the inputs' bytes: the same message
+    # Once `pb` holds the bytes, the wire bytes are its own serialization (maps serialize in no fixed order).
+    assert service_pb2.ModelInferRequest.FromString(r.serialized()) == whole
+    r.tensor("late", "INT32", [1], [7])  # added after `pb` was read: goes into it
+    assert service_pb2.ModelInferRequest.FromString(r.serialized()) == r.pb and len(r.pb.raw_input_contents) == 5
+    small = InferRequest("m")  # a short request: every input in the message, serialized as it is
+    small.tensor("input_ids", "INT32", [1, 3], [1, 2, 3])
+    assert small.serialized() == small.pb.SerializeToString()
