@@ -55,6 +55,23 @@ ENGINE = "synthetic-llm-engine"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
+# Words that SmolLM2's tokenizer keeps as one token each (with their leading space), for prompts of a known size.
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were her she there been one all we their has would when if so no will can more out its who them "
+         "about some time only new could these two may first then do any like my now over such our man me even most "
+         "made after also did many before must through back years where much your way well down should because each "
+         "just those people how too little state good very make world still own see men work long get here between "
+         "both life being under never day same another know while last might us great old year off come since").split()
+
+
+def prompt_text(i: int, tokens: int) -> str:
+    """About `tokens` tokens of text, different for every `i` (no two prompts share more than their first word)."""
+    if tokens <= 0:
+        return f"question {i}"
+    step = 1 + i % (len(WORDS) - 1)
+    return f"{i} " + " ".join(WORDS[(i + k * step) % len(WORDS)] for k in range(tokens - 1))
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -62,13 +79,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def interactive(url: str, rate: float, duration: float, tokens: int) -> dict[str, Any]:
+async def interactive(url: str, rate: float, duration: float, tokens: int, prompt_tokens: int = 0
+                      ) -> dict[str, Any]:
     """Open-loop streamed chat at `rate`/s for `duration` s: TTFTs (ms) and the statuses."""
     ttfts: list[float] = []
     statuses: dict[str, int] = {}
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"model": ENGINE, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": tokens,
+        body = {"model": ENGINE, "messages": [{"role": "user", "content": prompt_text(i, prompt_tokens)}],
+                "max_tokens": tokens,
                 "stream": True, "service_tier": "priority"}
         t0 = time.perf_counter()
         try:
@@ -101,9 +120,10 @@ def ttft_stats(ttfts: list[float]) -> dict[str, float]:
             "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else float("nan"), "samples": len(ttfts)}
 
 
-async def start_batch(url: str, lines: int, tokens: int) -> str:
+async def start_batch(url: str, lines: int, tokens: int, prompt_tokens: int = 0) -> str:
     content = b"".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-        "model": ENGINE, "messages": [{"role": "user", "content": f"document {i}"}], "max_tokens": tokens}}
+        "model": ENGINE, "messages": [{"role": "user", "content": prompt_text(100_000 + i, prompt_tokens)
+                                       if prompt_tokens else f"document {i}"}], "max_tokens": tokens}}
         ).encode() + b"\n" for i in range(lines))
     async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60) as c:
         f = (await c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("job.jsonl", content)})).json()
@@ -123,9 +143,16 @@ async def cancel(url: str, batch_id: str) -> None:
         await c.post(f"/v1/batches/{batch_id}/cancel")
 
 
-async def warm(url: str, tokens: int) -> None:
+async def warm(url: str, tokens: int, prompt_tokens: int) -> None:
     """A few interactive requests first, unmeasured: a fresh gateway's first requests pay one-time costs."""
-    await interactive(url, 10.0, 1.0, tokens)
+    await interactive(url, 10.0, 1.0, tokens, prompt_tokens)
+
+
+async def prompt_size(url: str, prompt_tokens: int) -> int:
+    """The prompt tokens (usage, template included) of a request built as `interactive` builds them."""
+    body = {"model": ENGINE, "messages": [{"role": "user", "content": prompt_text(7, prompt_tokens)}], "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60) as c:
+        return int((await c.post("/v1/chat/completions", json=body)).json()["usage"]["prompt_tokens"])
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -156,10 +183,10 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
     """One phase on `gw`; with the CPU seconds per wall second that the gateway, Triton and this client spent
     while measuring (where the interactive requests' time goes on a machine whose cores they share)."""
     out: dict[str, Any] = {}
-    await warm(gw.url, args.tokens)
+    await warm(gw.url, args.tokens, args.prompt_tokens)
     batch_id = None
     if with_batch:
-        batch_id = await start_batch(gw.url, args.batch_lines, args.batch_tokens)
+        batch_id = await start_batch(gw.url, args.batch_lines, args.batch_tokens, args.batch_prompt_tokens)
         await asyncio.sleep(args.warmup)  # the job's lines in flight (and queued) before measuring
         before = await batch_done(gw.url, batch_id)
     gw_procs = [psutil.Process(gw.pid)]
@@ -168,7 +195,7 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
     shares: list[float] = []
     sampler = asyncio.create_task(sample_share(gw.url, shares))
     if with_interactive:
-        out["interactive"] = await interactive(gw.url, args.rate, args.duration, args.tokens)
+        out["interactive"] = await interactive(gw.url, args.rate, args.duration, args.tokens, args.prompt_tokens)
     else:
         await asyncio.sleep(args.duration)
     elapsed = time.perf_counter() - t0
@@ -188,8 +215,10 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
     return out
 
 
-def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active: int) -> Path:
-    """A model repository holding ENGINE: the synthetic LLM with its engine steps on."""
+def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active: int, prefill_per_token_ms: float = 0.0,
+                      step_token_budget: int = 0) -> Path:
+    """A model repository holding ENGINE: the synthetic LLM with its engine steps on (and its prefill cost model
+    when `prefill_per_token_ms` or `step_token_budget` is set)."""
     dst = work / "models" / ENGINE
     (dst / "1").mkdir(parents=True)
     src = REPO / "triton_models" / SYNTHETIC
@@ -198,7 +227,9 @@ def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active:
     cfg = cfg.replace("parameters: [", "parameters: [\n"
                       f'  {{ key: "step_ms" value: {{ string_value: "{step_ms}" }} }},\n'
                       f'  {{ key: "step_per_seq_ms" value: {{ string_value: "{per_seq_ms}" }} }},\n'
-                      f'  {{ key: "max_active" value: {{ string_value: "{max_active}" }} }},')
+                      f'  {{ key: "max_active" value: {{ string_value: "{max_active}" }} }},\n'
+                      f'  {{ key: "prefill_per_token_ms" value: {{ string_value: "{prefill_per_token_ms}" }} }},\n'
+                      f'  {{ key: "step_token_budget" value: {{ string_value: "{step_token_budget}" }} }},')
     (dst / "config.pbtxt").write_text(cfg)
     return dst.parent
 
@@ -229,7 +260,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     once (the capacity it could use). Alternating puts the neighbours' load on every mode alike; pooling the
     rounds' samples gives the p99 enough of them, and the per-round ratios show the spread."""
     work = Path(tempfile.mkdtemp(prefix="bench-priority-"))
-    repo = engine_repository(work, args.step_ms, args.step_per_seq_ms, args.engine_batch)
+    repo = engine_repository(work, args.step_ms, args.step_per_seq_ms, args.engine_batch, args.prefill_per_token_ms,
+                             args.step_token_budget)
     triton = EmbeddedTriton(models=[ENGINE], extra_args=[f"--model-repository={repo}"])
     triton.start()
     assert triton.pid is not None
@@ -248,6 +280,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             name = mode.replace(":", "-")
             gateways[mode] = Gateway(config, work, ["--api-key", KEY, "--batch-dir", str(work / name),
                                                     *mode_flags(mode, args)], name=name).start()
+        results["prompt_tokens"] = {"interactive": await prompt_size(gateways[capacity].url, args.prompt_tokens),
+                                    "batch": await prompt_size(gateways[capacity].url, args.batch_prompt_tokens)}
         for r in range(args.rounds):
             rnd: dict[str, Any] = {}
             order = modes[r % len(modes):] + modes[:r % len(modes)]
@@ -296,6 +330,17 @@ def summary(rounds: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
     return out
 
 
+def prefill(r: dict[str, Any]) -> str:
+    """The engine's prefill model and the prompt sizes, for the report's first paragraph."""
+    a, sizes = r["args"], r.get("prompt_tokens", {})
+    if not (a.get("prefill_per_token_ms") or a.get("step_token_budget")):
+        return f"; no prefill cost (prompts of {sizes.get('interactive')} / {sizes.get('batch')} tokens)"
+    budget = a["step_token_budget"] or "no"
+    return (f"; prefill {a['prefill_per_token_ms']} ms per prompt token, chunked within {budget} tokens per step "
+            f"(decodes first); prompts (template included): interactive {sizes.get('interactive')} "
+            f"tokens, batch lines {sizes.get('batch')}")
+
+
 def markdown(r: dict[str, Any]) -> str:
     a, s = r["args"], r["summary"]
     base = s["alone"]
@@ -304,8 +349,8 @@ def markdown(r: dict[str, Any]) -> str:
             f"once; scheduler modes: {a['per_model']} slots per model, a static batch share S, or `adaptive`; "
             f"{a['rounds']} rounds of {a['duration']} s phases, modes alternating; engine: the synthetic LLM with "
             f"steps of {a['step_ms']} ms + {a['step_per_seq_ms']} ms per request, at most {a['engine_batch']} "
-            f"requests in its batch (the rest wait first-come-first-served). Load average (1 min) at each phase's "
-            f"end in the JSON; at the end: {r.get('loadavg')}.", "",
+            f"requests in its batch (the rest wait first-come-first-served){prefill(r)}. Load average (1 min) at "
+            f"each phase's end in the JSON; at the end: {r.get('loadavg')}.", "",
             f"Interactive alone (all alone phases pooled, {base['samples']} samples): TTFT p50 "
             f"{base['ttft_p50_ms']:.1f} ms, p90 {base['ttft_p90_ms']:.1f} ms, p99 {base['ttft_p99_ms']:.1f} ms; "
             f"CPU (cores) gateway / Triton / bench client: {s['alone_cpu']['gateway']} / {s['alone_cpu']['triton']}"
@@ -338,6 +383,12 @@ def main() -> None:
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--step-per-seq-ms", type=float, default=0.1)
     p.add_argument("--engine-batch", type=int, default=32, help="requests in the engine's batch; others queue")
+    p.add_argument("--prefill-per-token-ms", type=float, default=0.0,
+                   help="the engine's prefill cost per prompt token (0: prompts cost nothing, the old model)")
+    p.add_argument("--step-token-budget", type=int, default=0,
+                   help="the engine's tokens per step with chunked prefill (vLLM's max_num_batched_tokens); 0: none")
+    p.add_argument("--prompt-tokens", type=int, default=0, help="interactive prompt size (0: a two-word question)")
+    p.add_argument("--batch-prompt-tokens", type=int, default=0, help="batch line prompt size (0: two words)")
     p.add_argument("--out", type=Path, default=Path("bench/results/priority-batch"))
     p.add_argument("--nice", type=int, default=0,
                    help="run the bench (Triton, the gateways, this client) at this niceness, e.g. -10 on a shared "
