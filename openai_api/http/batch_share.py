@@ -16,7 +16,8 @@ share depends on the engine, the model, the prompts and the machine, so the gate
 * **Control** (additive increase, multiplicative decrease, as TCP's congestion window): each window whose median
   is at most `target` x the baseline widens the share by one slot, up to `--batch-slot-share`; one above it cuts the
   share by a quarter, down to `--batch-share-min`. A window without interactive requests for `idle_s` widens it too
-  (nobody to protect); the first window of their return narrows it again.
+  (nobody to protect; the scheduler wakes at that moment while batch work waits, `idle_due`); the first window of
+  their return narrows it again.
 
 Generations in flight cannot be taken back: a narrowed share holds back new batch lines only, so the batch's slots
 shrink as its lines end (a line's length at most). Event-loop only; `clock` is injectable for the unit tests.
@@ -63,6 +64,14 @@ class AdaptiveShare:
             return False
         self.window.append(ttft_s)
         return self.step(now)
+
+    def idle_due(self) -> float | None:
+        """When `step` will widen the share for want of interactive requests if none comes first (`idle_s` after
+        the last one, at the end of a window); None at the ceiling. Nothing else happens then - no request
+        arrives, no slot is freed - so the scheduler wakes itself at this moment (`Scheduler._arm_idle`)."""
+        if self.share >= self.ceiling:
+            return None
+        return max(self.window_start + self.window_s, self.last_sample + self.idle_s)
 
     def step(self, now: float | None = None) -> bool:
         """Judge the window when it is due; True when the share widened."""

@@ -368,3 +368,35 @@ async def test_static_share_does_not_hold_batch_for_interactive() -> None:
     await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "c")
     await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job")  # no adaptive share: no wait, no count
     assert not sched.awaiting
+
+
+def test_adaptive_share_idle_due_is_when_step_widens_for_want_of_interactive_requests() -> None:
+    clock = Clock()
+    g = _share(clock)  # window 2 s, idle 10 s
+    assert g.idle_due() == 1002.0  # never an interactive request: the first window's end
+    g.observe(0.01, unloaded=False)  # one at 1000
+    assert g.idle_due() == 1010.0  # idle_s after it
+    clock.now = 1009.9
+    assert not g.step()
+    clock.now = 1010.0
+    assert g.step() and g.share == 0.375
+    assert g.idle_due() == 1012.0  # the next window after the widening
+    g.share = g.ceiling
+    assert g.idle_due() is None  # nothing left to widen
+
+
+async def test_scheduler_wakes_when_the_idle_share_is_due_with_no_request_and_no_release() -> None:
+    """A batch line holds the floor's slot and another waits; no interactive request, no batch arrival, no slot
+    given back: the scheduler's own wake at `idle_due` widens the share and starts the waiter."""
+    import time
+
+    lim = InFlightLimiter(100, 4, 1, {"m"})
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, clock=time.monotonic,
+                                      adaptive={"floor": 0.25, "window_s": 0.05, "idle_s": 0.05})
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "batch", "job")
+    queued = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.wait_for(queued, timeout=5.0)
+    assert sched.batch_held["m"] == 2 and sched.batch_share("m") == 0.5
+    assert "m" not in sched.idle_timers  # nothing waits: no wake armed
+    holder.release()
