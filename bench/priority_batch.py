@@ -235,8 +235,8 @@ def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active:
 
 
 def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
-    """`fcfs`, a static share (`0.75`), or `adaptive[:ceiling[:target]]` (the adaptive share: its ceiling, default 1,
-    and its `--batch-ttft-target`, default 1.1)."""
+    """`fcfs`, a static share (`0.75`), or `adaptive[:ceiling[:target[:quantile]]]` (the adaptive share: its
+    ceiling, default 1, its `--batch-ttft-target`, default 1.1, and its `--batch-ttft-quantile`, default 0.5)."""
     common = ["--batch-concurrency", str(args.batch_concurrency)]
     if mode == "fcfs":
         return [*common, "--batch-slot-share", "1", "--max-queue-per-model", "0"]
@@ -246,7 +246,8 @@ def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
         parts = mode.split(":")
         ceiling = parts[1] if len(parts) > 1 else "1"
         target = parts[2] if len(parts) > 2 else "1.1"
-        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target]
+        q = ["--batch-ttft-quantile", parts[3]] if len(parts) > 3 else []
+        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target, *q]
     return [*sched, "--batch-slot-share", mode]
 
 
@@ -379,7 +380,8 @@ def main() -> None:
     p.add_argument("--batch-concurrency", type=int, default=64)
     p.add_argument("--per-model", type=int, default=32)
     p.add_argument("--modes", default="fcfs,0.75,adaptive",
-                   help="comma-separated: fcfs, a static batch share (0.5), adaptive[:ceiling[:target]]")
+                   help="comma-separated: fcfs, a static batch share (0.5), "
+                        "adaptive[:ceiling[:target[:quantile]]]")
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--step-per-seq-ms", type=float, default=0.1)
     p.add_argument("--engine-batch", type=int, default=32, help="requests in the engine's batch; others queue")

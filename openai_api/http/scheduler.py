@@ -163,7 +163,7 @@ class Scheduler:
                  shares: dict[str, float] | None = None, clock: Callable[[], float] = time.monotonic,
                  adaptive: dict[str, float] | None = None) -> None:
         """`adaptive`: the adaptive batch share's settings (`floor`, and optionally `target`, `window_s`,
-        `min_samples`, `idle_s` of `AdaptiveShare`), None = the static share."""
+        `min_samples`, `idle_s`, `quantile` of `AdaptiveShare`), None = the static share."""
         self.limiter = limiter
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -190,7 +190,7 @@ class Scheduler:
             g = self.governors[model] = AdaptiveShare(
                 floor, self.shares["batch"], slot, clock=self.clock, target=opts.get("target", 1.1),
                 window_s=opts.get("window_s", 2.0), min_samples=int(opts.get("min_samples", 16)),
-                idle_s=opts.get("idle_s", 10.0))
+                idle_s=opts.get("idle_s", 10.0), quantile=opts.get("quantile", 0.5))
             self._shared(model, g.share)
         return g
 
