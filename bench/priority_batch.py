@@ -5,6 +5,25 @@ One tritonserver (the embedded launcher) serves ``synthetic-llm-engine``: the sy
 requests are in it), so, as with a real engine's in-flight batching, capacity is fixed, a bigger batch gives more
 tokens per second, and every request in flight slows the others' tokens and time to first token, at almost no CPU
 (this 2-core machine is shared, so CPU-bound stand-ins would measure the neighbours).
+
+**Engine costs.** Two models, both at almost no CPU:
+
+* the old one (the defaults: ``--step-ms 10 --step-per-seq-ms 0.1``, no prefill cost, two-word prompts): a step
+  per token, an interactive request's first token after one step - so its TTFT alone is one step and the wait for
+  the step in progress (up to another) is the whole of any ratio: 2.03x with 16 batch requests in flight straight
+  at Triton, no gateway (bench/results/priority-direct-2026-12-07.md). The worst case for a gateway.
+* an engine that costs what real ones cost (``--step-ms 6 --step-per-seq-ms 0.08 --prefill-per-token-ms 0.015
+  --step-token-budget 2048``, chats of ``--prompt-tokens 1500``, batch lines of ``--batch-prompt-tokens 1000``):
+  TensorRT-LLM's published H100 figures (docs/source/performance.md, v0.5-v0.6.1, FP8) give LLaMA 7B a first token
+  in 7 ms for a 128-token prompt and 36 ms for 2,048 at batch 1 - about 5 ms + 0.015 ms per prompt token - and
+  decode steps of ~16 ms at batch 112 (6,818 output tokens/s, 128 in / 2,048 out) and ~39 ms at batch 768 (19,694
+  tokens/s, 128/128): ~6-8 ms + 0.04-0.1 ms per sequence. Both engines batch in flight with chunked prefill: a
+  step holds a token budget (vLLM's ``max_num_batched_tokens``, 2,048 by default in ``SchedulerConfig``;
+  TensorRT-LLM's ``max_num_tokens``) that the running decodes take first and waiting prompts share in arrival
+  order (vLLM's chunked-prefill docs and scheduler; TensorRT-LLM's "Tuning Max Batch Size and Max Num Tokens").
+  So a request's TTFT alone is mostly its own prefill (~30 ms for 1,500 tokens), and what a batch adds is the step
+  it lands in (a batch prompt's chunk makes it ~15-30 ms longer) and batch prompts queued ahead of its own.
+
 One gateway process (the CLI) per mode sits in front of it, all started at once and used one at a time:
 
 * ``fcfs``: today's admission, no classes (``--batch-slot-share 1``, no queue): the job's lines take whatever they
@@ -26,8 +45,8 @@ Batch throughput is the lines the job answered during the phase (read from ``GET
 tokens (each line asks for ``--batch-tokens`` tokens, which the synthetic model always emits).
 
 Run: ``.venv/bin/python -m bench.priority_batch [--rounds 3] [--duration 20] [--rate 10]
-[--modes fcfs,0.5,0.75,adaptive:0.9] [--nice -10] [--out bench/results/priority-batch]``; writes ``<out>.json``
-and ``<out>.md``.
+[--modes fcfs,0.5,0.75,adaptive:0.9,adaptive:0.9:1.1:0.99] [--nice -10] [--out bench/results/priority-batch]``
+plus the engine flags above; writes ``<out>.json`` and ``<out>.md``.
 """
 
 from __future__ import annotations
