@@ -266,7 +266,8 @@ def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
         ceiling = parts[1] if len(parts) > 1 else "1"
         target = parts[2] if len(parts) > 2 else "1.1"
         q = ["--batch-ttft-quantile", parts[3]] if len(parts) > 3 else []
-        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target, *q]
+        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target, *q,
+                "--batch-share-min", str(args.share_min)]
     return [*sched, "--batch-slot-share", mode]
 
 
@@ -366,7 +367,8 @@ def markdown(r: dict[str, Any]) -> str:
     base = s["alone"]
     rows = [f"Interactive: {a['rate']}/s streamed chat, {a['tokens']} tokens each, `service_tier: priority`; batch: "
             f"a {a['batch_lines']}-line job of {a['batch_tokens']}-token chats, {a['batch_concurrency']} lines at "
-            f"once; scheduler modes: {a['per_model']} slots per model, a static batch share S, or `adaptive`; "
+            f"once; scheduler modes: {a['per_model']} slots per model, a static batch share S, or "
+            f"`adaptive[:ceiling[:target[:quantile]]]` from a floor of {a.get('share_min', 0.25)}; "
             f"{a['rounds']} rounds of {a['duration']} s phases, modes alternating; engine: the synthetic LLM with "
             f"steps of {a['step_ms']} ms + {a['step_per_seq_ms']} ms per request, at most {a['engine_batch']} "
             f"requests in its batch (the rest wait first-come-first-served){prefill(r)}. Load average (1 min) at "
@@ -401,6 +403,7 @@ def main() -> None:
     p.add_argument("--modes", default="fcfs,0.75,adaptive",
                    help="comma-separated: fcfs, a static batch share (0.5), "
                         "adaptive[:ceiling[:target[:quantile]]]")
+    p.add_argument("--share-min", type=float, default=0.25, help="the adaptive modes' --batch-share-min")
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--step-per-seq-ms", type=float, default=0.1)
     p.add_argument("--engine-batch", type=int, default=32, help="requests in the engine's batch; others queue")
