@@ -158,8 +158,16 @@ async def batch_done(url: str, batch_id: str) -> int:
 
 
 async def cancel(url: str, batch_id: str) -> None:
+    """Cancel the job and wait until its lines in flight have ended (`cancelled`), at most 120 s: long lines (512
+    tokens, ~5 s) outlived a fixed pause and ran into the next gateway's alone phase."""
     async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60) as c:
         await c.post(f"/v1/batches/{batch_id}/cancel")
+        deadline = time.perf_counter() + 120
+        while time.perf_counter() < deadline:
+            if (await c.get(f"/v1/batches/{batch_id}")).json()["status"] in ("cancelled", "completed", "failed",
+                                                                            "expired"):
+                return
+            await asyncio.sleep(0.2)
 
 
 async def warm(url: str, tokens: int, prompt_tokens: int) -> None:
@@ -229,8 +237,7 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
         answered = await batch_done(gw.url, batch_id) - before
         out["batch"] = {"lines_per_s": answered / elapsed, "tokens_per_s": answered * args.batch_tokens / elapsed,
                         "lines": answered, "seconds": elapsed}
-        await cancel(gw.url, batch_id)
-        await asyncio.sleep(2)  # the cancelled job's lines in flight end before the next phase
+        await cancel(gw.url, batch_id)  # its lines in flight end before the next phase
     return out
 
 
