@@ -5,6 +5,25 @@ One tritonserver (the embedded launcher) serves ``synthetic-llm-engine``: the sy
 requests are in it), so, as with a real engine's in-flight batching, capacity is fixed, a bigger batch gives more
 tokens per second, and every request in flight slows the others' tokens and time to first token, at almost no CPU
 (this 2-core machine is shared, so CPU-bound stand-ins would measure the neighbours).
+
+**Engine costs.** Two models, both at almost no CPU:
+
+* the old one (the defaults: ``--step-ms 10 --step-per-seq-ms 0.1``, no prefill cost, two-word prompts): a step
+  per token, an interactive request's first token after one step - so its TTFT alone is one step and the wait for
+  the step in progress (up to another) is the whole of any ratio: 2.03x with 16 batch requests in flight straight
+  at Triton, no gateway (bench/results/priority-direct-2026-12-07.md). The worst case for a gateway.
+* an engine that costs what real ones cost (``--step-ms 6 --step-per-seq-ms 0.08 --prefill-per-token-ms 0.015
+  --step-token-budget 2048``, chats of ``--prompt-tokens 1500``, batch lines of ``--batch-prompt-tokens 1000``):
+  TensorRT-LLM's published H100 figures (docs/source/performance.md, v0.5-v0.6.1, FP8) give LLaMA 7B a first token
+  in 7 ms for a 128-token prompt and 36 ms for 2,048 at batch 1 - about 5 ms + 0.015 ms per prompt token - and
+  decode steps of ~16 ms at batch 112 (6,818 output tokens/s, 128 in / 2,048 out) and ~39 ms at batch 768 (19,694
+  tokens/s, 128/128): ~6-8 ms + 0.04-0.1 ms per sequence. Both engines batch in flight with chunked prefill: a
+  step holds a token budget (vLLM's ``max_num_batched_tokens``, 2,048 by default in ``SchedulerConfig``;
+  TensorRT-LLM's ``max_num_tokens``) that the running decodes take first and waiting prompts share in arrival
+  order (vLLM's chunked-prefill docs and scheduler; TensorRT-LLM's "Tuning Max Batch Size and Max Num Tokens").
+  So a request's TTFT alone is mostly its own prefill (~30 ms for 1,500 tokens), and what a batch adds is the step
+  it lands in (a batch prompt's chunk makes it ~15-30 ms longer) and batch prompts queued ahead of its own.
+
 One gateway process (the CLI) per mode sits in front of it, all started at once and used one at a time:
 
 * ``fcfs``: today's admission, no classes (``--batch-slot-share 1``, no queue): the job's lines take whatever they
@@ -26,8 +45,8 @@ Batch throughput is the lines the job answered during the phase (read from ``GET
 tokens (each line asks for ``--batch-tokens`` tokens, which the synthetic model always emits).
 
 Run: ``.venv/bin/python -m bench.priority_batch [--rounds 3] [--duration 20] [--rate 10]
-[--modes fcfs,0.5,0.75,adaptive:0.9] [--nice -10] [--out bench/results/priority-batch]``; writes ``<out>.json``
-and ``<out>.md``.
+[--modes fcfs,0.5,0.75,adaptive:0.9,adaptive:0.9:1.1:0.99] [--nice -10] [--out bench/results/priority-batch]``
+plus the engine flags above; writes ``<out>.json`` and ``<out>.md``.
 """
 
 from __future__ import annotations
@@ -55,6 +74,23 @@ ENGINE = "synthetic-llm-engine"
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
+# Words that SmolLM2's tokenizer keeps as one token each (with their leading space), for prompts of a known size.
+WORDS = ("the of and to in is that for it as was with be by on not he this are or his from at which but have an "
+         "they you were her she there been one all we their has would when if so no will can more out its who them "
+         "about some time only new could these two may first then do any like my now over such our man me even most "
+         "made after also did many before must through back years where much your way well down should because each "
+         "just those people how too little state good very make world still own see men work long get here between "
+         "both life being under never day same another know while last might us great old year off come since").split()
+
+
+def prompt_text(i: int, tokens: int) -> str:
+    """About `tokens` tokens of text, different for every `i` (no two prompts share more than their first word)."""
+    if tokens <= 0:
+        return f"question {i}"
+    step = 1 + i % (len(WORDS) - 1)
+    return f"{i} " + " ".join(WORDS[(i + k * step) % len(WORDS)] for k in range(tokens - 1))
+
+
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -62,13 +98,15 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def interactive(url: str, rate: float, duration: float, tokens: int) -> dict[str, Any]:
+async def interactive(url: str, rate: float, duration: float, tokens: int, prompt_tokens: int = 0
+                      ) -> dict[str, Any]:
     """Open-loop streamed chat at `rate`/s for `duration` s: TTFTs (ms) and the statuses."""
     ttfts: list[float] = []
     statuses: dict[str, int] = {}
 
     async def one(client: httpx.AsyncClient, i: int) -> None:
-        body = {"model": ENGINE, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": tokens,
+        body = {"model": ENGINE, "messages": [{"role": "user", "content": prompt_text(i, prompt_tokens)}],
+                "max_tokens": tokens,
                 "stream": True, "service_tier": "priority"}
         t0 = time.perf_counter()
         try:
@@ -101,9 +139,10 @@ def ttft_stats(ttfts: list[float]) -> dict[str, float]:
             "ttft_mean_ms": statistics.fmean(ttfts) if ttfts else float("nan"), "samples": len(ttfts)}
 
 
-async def start_batch(url: str, lines: int, tokens: int) -> str:
+async def start_batch(url: str, lines: int, tokens: int, prompt_tokens: int = 0) -> str:
     content = b"".join(json.dumps({"custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
-        "model": ENGINE, "messages": [{"role": "user", "content": f"document {i}"}], "max_tokens": tokens}}
+        "model": ENGINE, "messages": [{"role": "user", "content": prompt_text(100_000 + i, prompt_tokens)
+                                       if prompt_tokens else f"document {i}"}], "max_tokens": tokens}}
         ).encode() + b"\n" for i in range(lines))
     async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60) as c:
         f = (await c.post("/v1/files", data={"purpose": "batch"}, files={"file": ("job.jsonl", content)})).json()
@@ -119,13 +158,28 @@ async def batch_done(url: str, batch_id: str) -> int:
 
 
 async def cancel(url: str, batch_id: str) -> None:
+    """Cancel the job and wait until its lines in flight have ended (`cancelled`), at most 120 s: long lines (512
+    tokens, ~5 s) outlived a fixed pause and ran into the next gateway's alone phase."""
     async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60) as c:
         await c.post(f"/v1/batches/{batch_id}/cancel")
+        deadline = time.perf_counter() + 120
+        while time.perf_counter() < deadline:
+            if (await c.get(f"/v1/batches/{batch_id}")).json()["status"] in ("cancelled", "completed", "failed",
+                                                                            "expired"):
+                return
+            await asyncio.sleep(0.2)
 
 
-async def warm(url: str, tokens: int) -> None:
+async def warm(url: str, tokens: int, prompt_tokens: int) -> None:
     """A few interactive requests first, unmeasured: a fresh gateway's first requests pay one-time costs."""
-    await interactive(url, 10.0, 1.0, tokens)
+    await interactive(url, 10.0, 1.0, tokens, prompt_tokens)
+
+
+async def prompt_size(url: str, prompt_tokens: int) -> int:
+    """The prompt tokens (usage, template included) of a request built as `interactive` builds them."""
+    body = {"model": ENGINE, "messages": [{"role": "user", "content": prompt_text(7, prompt_tokens)}], "max_tokens": 1}
+    async with httpx.AsyncClient(base_url=url, headers=HEADERS, timeout=60) as c:
+        return int((await c.post("/v1/chat/completions", json=body)).json()["usage"]["prompt_tokens"])
 
 
 def cpu_seconds(procs: list[psutil.Process]) -> float:
@@ -156,10 +210,10 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
     """One phase on `gw`; with the CPU seconds per wall second that the gateway, Triton and this client spent
     while measuring (where the interactive requests' time goes on a machine whose cores they share)."""
     out: dict[str, Any] = {}
-    await warm(gw.url, args.tokens)
+    await warm(gw.url, args.tokens, args.prompt_tokens)
     batch_id = None
     if with_batch:
-        batch_id = await start_batch(gw.url, args.batch_lines, args.batch_tokens)
+        batch_id = await start_batch(gw.url, args.batch_lines, args.batch_tokens, args.batch_prompt_tokens)
         await asyncio.sleep(args.warmup)  # the job's lines in flight (and queued) before measuring
         before = await batch_done(gw.url, batch_id)
     gw_procs = [psutil.Process(gw.pid)]
@@ -168,7 +222,7 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
     shares: list[float] = []
     sampler = asyncio.create_task(sample_share(gw.url, shares))
     if with_interactive:
-        out["interactive"] = await interactive(gw.url, args.rate, args.duration, args.tokens)
+        out["interactive"] = await interactive(gw.url, args.rate, args.duration, args.tokens, args.prompt_tokens)
     else:
         await asyncio.sleep(args.duration)
     elapsed = time.perf_counter() - t0
@@ -183,13 +237,14 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
         answered = await batch_done(gw.url, batch_id) - before
         out["batch"] = {"lines_per_s": answered / elapsed, "tokens_per_s": answered * args.batch_tokens / elapsed,
                         "lines": answered, "seconds": elapsed}
-        await cancel(gw.url, batch_id)
-        await asyncio.sleep(2)  # the cancelled job's lines in flight end before the next phase
+        await cancel(gw.url, batch_id)  # its lines in flight end before the next phase
     return out
 
 
-def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active: int) -> Path:
-    """A model repository holding ENGINE: the synthetic LLM with its engine steps on."""
+def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active: int, prefill_per_token_ms: float = 0.0,
+                      step_token_budget: int = 0) -> Path:
+    """A model repository holding ENGINE: the synthetic LLM with its engine steps on (and its prefill cost model
+    when `prefill_per_token_ms` or `step_token_budget` is set)."""
     dst = work / "models" / ENGINE
     (dst / "1").mkdir(parents=True)
     src = REPO / "triton_models" / SYNTHETIC
@@ -198,14 +253,16 @@ def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active:
     cfg = cfg.replace("parameters: [", "parameters: [\n"
                       f'  {{ key: "step_ms" value: {{ string_value: "{step_ms}" }} }},\n'
                       f'  {{ key: "step_per_seq_ms" value: {{ string_value: "{per_seq_ms}" }} }},\n'
-                      f'  {{ key: "max_active" value: {{ string_value: "{max_active}" }} }},')
+                      f'  {{ key: "max_active" value: {{ string_value: "{max_active}" }} }},\n'
+                      f'  {{ key: "prefill_per_token_ms" value: {{ string_value: "{prefill_per_token_ms}" }} }},\n'
+                      f'  {{ key: "step_token_budget" value: {{ string_value: "{step_token_budget}" }} }},')
     (dst / "config.pbtxt").write_text(cfg)
     return dst.parent
 
 
 def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
-    """`fcfs`, a static share (`0.75`), or `adaptive[:ceiling[:target]]` (the adaptive share: its ceiling, default 1,
-    and its `--batch-ttft-target`, default 1.1)."""
+    """`fcfs`, a static share (`0.75`), or `adaptive[:ceiling[:target[:quantile]]]` (the adaptive share: its
+    ceiling, default 1, its `--batch-ttft-target`, default 1.1, and its `--batch-ttft-quantile`, default 0.5)."""
     common = ["--batch-concurrency", str(args.batch_concurrency)]
     if mode == "fcfs":
         return [*common, "--batch-slot-share", "1", "--max-queue-per-model", "0"]
@@ -215,7 +272,9 @@ def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
         parts = mode.split(":")
         ceiling = parts[1] if len(parts) > 1 else "1"
         target = parts[2] if len(parts) > 2 else "1.1"
-        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target]
+        q = ["--batch-ttft-quantile", parts[3]] if len(parts) > 3 else []
+        return [*sched, "--batch-slot-share", ceiling, "--batch-share-adaptive", "--batch-ttft-target", target, *q,
+                "--batch-share-min", str(args.share_min)]
     return [*sched, "--batch-slot-share", mode]
 
 
@@ -229,7 +288,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     once (the capacity it could use). Alternating puts the neighbours' load on every mode alike; pooling the
     rounds' samples gives the p99 enough of them, and the per-round ratios show the spread."""
     work = Path(tempfile.mkdtemp(prefix="bench-priority-"))
-    repo = engine_repository(work, args.step_ms, args.step_per_seq_ms, args.engine_batch)
+    repo = engine_repository(work, args.step_ms, args.step_per_seq_ms, args.engine_batch, args.prefill_per_token_ms,
+                             args.step_token_budget)
     triton = EmbeddedTriton(models=[ENGINE], extra_args=[f"--model-repository={repo}"])
     triton.start()
     assert triton.pid is not None
@@ -248,6 +308,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             name = mode.replace(":", "-")
             gateways[mode] = Gateway(config, work, ["--api-key", KEY, "--batch-dir", str(work / name),
                                                     *mode_flags(mode, args)], name=name).start()
+        results["prompt_tokens"] = {"interactive": await prompt_size(gateways[capacity].url, args.prompt_tokens),
+                                    "batch": await prompt_size(gateways[capacity].url, args.batch_prompt_tokens)}
         for r in range(args.rounds):
             rnd: dict[str, Any] = {}
             order = modes[r % len(modes):] + modes[:r % len(modes)]
@@ -275,7 +337,11 @@ def summary(rounds: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
     alone_all = [rnd[k] for rnd in rounds for k in rnd if k.startswith("alone (")]
     base = pooled(alone_all)
     capacity = statistics.fmean(rnd["batch alone"]["batch"]["tokens_per_s"] for rnd in rounds)
-    out: dict[str, Any] = {"alone": base, "batch_alone_tokens_per_s": capacity, "modes": {}}
+    # The median of the alone phases' own p99s: one phase hit by the neighbours (a p99 of 300 ms where the others
+    # have 60-80) moves the pooled p99 of every mode's ratio; this reference does not.
+    phase_p99 = statistics.median(p["interactive"]["ttft_p99_ms"] for p in alone_all)
+    out: dict[str, Any] = {"alone": base, "alone_phase_p99_median": phase_p99, "batch_alone_tokens_per_s": capacity,
+                           "modes": {}}
     for mode in modes:
         loaded = [rnd[mode] for rnd in rounds]
         own_alone = pooled([rnd[f"alone ({mode})"] for rnd in rounds])
@@ -287,6 +353,8 @@ def summary(rounds: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
             "ttft": stats, "alone_same_gateway": own_alone,
             "p99_ratio": stats["ttft_p99_ms"] / base["ttft_p99_ms"],
             "p50_ratio": stats["ttft_p50_ms"] / base["ttft_p50_ms"],
+            "p90_ratio": stats["ttft_p90_ms"] / base["ttft_p90_ms"],
+            "p99_vs_phase_median": stats["ttft_p99_ms"] / phase_p99,
             "p99_ratio_per_round": [round(x, 2) for x in ratios],
             "batch_of_batch_alone": statistics.fmean(shares),
             "batch_of_batch_alone_per_round": [round(x, 2) for x in shares],
@@ -296,27 +364,43 @@ def summary(rounds: list[dict[str, Any]], modes: list[str]) -> dict[str, Any]:
     return out
 
 
+def prefill(r: dict[str, Any]) -> str:
+    """The engine's prefill model and the prompt sizes, for the report's first paragraph."""
+    a, sizes = r["args"], r.get("prompt_tokens", {})
+    if not (a.get("prefill_per_token_ms") or a.get("step_token_budget")):
+        return f"; no prefill cost (prompts of {sizes.get('interactive')} / {sizes.get('batch')} tokens)"
+    budget = a["step_token_budget"] or "no"
+    return (f"; prefill {a['prefill_per_token_ms']} ms per prompt token, chunked within {budget} tokens per step "
+            f"(decodes first); prompts (template included): interactive {sizes.get('interactive')} "
+            f"tokens, batch lines {sizes.get('batch')}")
+
+
 def markdown(r: dict[str, Any]) -> str:
     a, s = r["args"], r["summary"]
     base = s["alone"]
     rows = [f"Interactive: {a['rate']}/s streamed chat, {a['tokens']} tokens each, `service_tier: priority`; batch: "
             f"a {a['batch_lines']}-line job of {a['batch_tokens']}-token chats, {a['batch_concurrency']} lines at "
-            f"once; scheduler modes: {a['per_model']} slots per model, a static batch share S, or `adaptive`; "
+            f"once; scheduler modes: {a['per_model']} slots per model, a static batch share S, or "
+            f"`adaptive[:ceiling[:target[:quantile]]]` from a floor of {a.get('share_min', 0.25)}; "
             f"{a['rounds']} rounds of {a['duration']} s phases, modes alternating; engine: the synthetic LLM with "
             f"steps of {a['step_ms']} ms + {a['step_per_seq_ms']} ms per request, at most {a['engine_batch']} "
-            f"requests in its batch (the rest wait first-come-first-served). Load average (1 min) at each phase's "
-            f"end in the JSON; at the end: {r.get('loadavg')}.", "",
+            f"requests in its batch (the rest wait first-come-first-served){prefill(r)}. Load average (1 min) at "
+            f"each phase's end in the JSON; at the end: {r.get('loadavg')}.", "",
             f"Interactive alone (all alone phases pooled, {base['samples']} samples): TTFT p50 "
             f"{base['ttft_p50_ms']:.1f} ms, p90 {base['ttft_p90_ms']:.1f} ms, p99 {base['ttft_p99_ms']:.1f} ms; "
             f"CPU (cores) gateway / Triton / bench client: {s['alone_cpu']['gateway']} / {s['alone_cpu']['triton']}"
             f" / {s['alone_cpu']['client']}. The job alone: {s['batch_alone_tokens_per_s']:.0f} tokens/s.", "",
-            "| mode | TTFT p50 ms | p90 ms | p99 ms | p99 vs alone | per round (vs the alone phase before) | "
-            "alone p99 on this gateway | batch of its throughput alone | per round | CPU gateway / Triton / client |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            f"The alone phases' own p99s: median {s['alone_phase_p99_median']:.1f} ms (a reference one noisy phase "
+            f"does not move).", "",
+            "| mode | TTFT p50 ms | p90 ms | p99 ms | p99 vs alone | p99 vs the alone phases' median | p90 vs alone "
+            "| per round (vs the alone phase before) | alone p99 on this gateway | batch of its throughput alone | "
+            "per round | CPU gateway / Triton / client |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode, m in s["modes"].items():
         t, cpu = m["ttft"], m["cpu"]
         rows.append(f"| {mode} | {t['ttft_p50_ms']:.1f} | {t['ttft_p90_ms']:.1f} | {t['ttft_p99_ms']:.1f} | "
-                    f"{m['p99_ratio']:.2f}x | {m['p99_ratio_per_round']} | "
+                    f"{m['p99_ratio']:.2f}x | {m['p99_vs_phase_median']:.2f}x | {m['p90_ratio']:.2f}x | "
+                    f"{m['p99_ratio_per_round']} | "
                     f"{m['alone_same_gateway']['ttft_p99_ms']:.1f} | {m['batch_of_batch_alone']:.0%} | "
                     f"{m['batch_of_batch_alone_per_round']} | {cpu['gateway']} / {cpu['triton']} / {cpu['client']} |")
     return "\n".join(rows) + "\n"
@@ -334,15 +418,31 @@ def main() -> None:
     p.add_argument("--batch-concurrency", type=int, default=64)
     p.add_argument("--per-model", type=int, default=32)
     p.add_argument("--modes", default="fcfs,0.75,adaptive",
-                   help="comma-separated: fcfs, a static batch share (0.5), adaptive[:ceiling[:target]]")
+                   help="comma-separated: fcfs, a static batch share (0.5), "
+                        "adaptive[:ceiling[:target[:quantile]]]")
+    p.add_argument("--share-min", type=float, default=0.25, help="the adaptive modes' --batch-share-min")
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--step-per-seq-ms", type=float, default=0.1)
     p.add_argument("--engine-batch", type=int, default=32, help="requests in the engine's batch; others queue")
+    p.add_argument("--prefill-per-token-ms", type=float, default=0.0,
+                   help="the engine's prefill cost per prompt token (0: prompts cost nothing, the old model)")
+    p.add_argument("--step-token-budget", type=int, default=0,
+                   help="the engine's tokens per step with chunked prefill (vLLM's max_num_batched_tokens); 0: none")
+    p.add_argument("--prompt-tokens", type=int, default=0, help="interactive prompt size (0: a two-word question)")
+    p.add_argument("--batch-prompt-tokens", type=int, default=0, help="batch line prompt size (0: two words)")
     p.add_argument("--out", type=Path, default=Path("bench/results/priority-batch"))
     p.add_argument("--nice", type=int, default=0,
                    help="run the bench (Triton, the gateways, this client) at this niceness, e.g. -10 on a shared "
                         "machine: the neighbours' load then delays them less (needs the privilege)")
+    p.add_argument("--report", type=Path, help="only write <out>.md again from this run's JSON (its summary anew)")
     args = p.parse_args()
+    if args.report:
+        results = json.loads(args.report.read_text())
+        results["summary"] = summary(results["rounds"], results["args"]["modes"].split(","))
+        args.out.with_suffix(".json").write_text(json.dumps(results, default=str) + "\n")
+        args.out.with_suffix(".md").write_text("# Priority classes and the Batch API (bench/priority_batch.py)\n\n"
+                                               + markdown(results))
+        return
     if args.nice:
         os.setpriority(os.PRIO_PROCESS, 0, args.nice)  # the processes it starts inherit it
     results = asyncio.run(run(args))

@@ -59,7 +59,8 @@ class GatewayProcess:
                                            shares={"standard": settings.standard_slot_share,
                                                    "batch": settings.batch_slot_share},
                                            adaptive={"floor": settings.batch_share_min,
-                                                     "target": settings.batch_ttft_target}
+                                                     "target": settings.batch_ttft_target,
+                                                     "quantile": settings.batch_ttft_quantile}
                                            if settings.batch_share_adaptive else None)
         # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
         store = build_store(settings.redis_url, settings.redis_fail_mode, settings.redis_timeout_s) \

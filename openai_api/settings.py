@@ -144,8 +144,13 @@ class Settings(BaseModel):
         "the adaptive batch share's floor, and where it starts", group="limits", metavar="FRACTION")] = Field(
         default=0.25, gt=0, le=1)
     batch_ttft_target: Annotated[float, Option(
-        "the adaptive batch share keeps the interactive class's median time to first token within this factor "
-        "of its level without batch work", group="limits", metavar="RATIO")] = Field(default=1.1, ge=1)
+        "the adaptive batch share keeps the interactive class's time to first token (its --batch-ttft-quantile) "
+        "within this factor of its level without batch work", group="limits", metavar="RATIO")] = Field(
+        default=1.1, ge=1)
+    batch_ttft_quantile: Annotated[float, Option(
+        "which quantile of the interactive time to first token the adaptive batch share holds to "
+        "--batch-ttft-target: 0.5 the median, 0.99 the tail (any request of a window past the target x the "
+        "unloaded p99 narrows the share)", group="limits", metavar="Q")] = Field(default=0.5, gt=0, le=1)
     retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
                                          metavar="SECONDS")] = 1
     header_timeout_s: Annotated[float, Option(

@@ -29,8 +29,9 @@ moves between `--batch-share-min` and `--batch-slot-share` with the interactive 
 interactive request of a model waits for its first token, no batch work of that model starts (it waits in the
 queue, or gets its 429 without one): a batch line's start is its prompt's prefill in the engine and its template
 and tokenizer in the gateway, work that would delay that first token. Deciding is apart from updating: `refusal`
-only reads (asking twice gives the same answer), the share moves in `advance` (on each batch request's arrival
-and before each batch waiter `dispatch` considers) and in `observe_ttft`.
+only reads (asking twice gives the same answer), the share moves in `advance` (on each batch request's arrival,
+before each batch waiter `dispatch` considers, and at the moment it is due to widen for want of interactive
+requests while batch work waits - a loop timer, `_arm_idle`) and in `observe_ttft`.
 
 Event-loop only (no locks), like the limiter. `clock` is injectable for the unit tests.
 """
@@ -162,7 +163,7 @@ class Scheduler:
                  shares: dict[str, float] | None = None, clock: Callable[[], float] = time.monotonic,
                  adaptive: dict[str, float] | None = None) -> None:
         """`adaptive`: the adaptive batch share's settings (`floor`, and optionally `target`, `window_s`,
-        `min_samples`, `idle_s` of `AdaptiveShare`), None = the static share."""
+        `min_samples`, `idle_s`, `quantile` of `AdaptiveShare`), None = the static share."""
         self.limiter = limiter
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -174,6 +175,7 @@ class Scheduler:
         self.governors: dict[str, AdaptiveShare] = {}
         self.batch_held: dict[str, int] = {}  # the batch class's slots per model (the governors' "unloaded")
         self.awaiting: dict[str, int] = {}  # adaptive: interactive requests per model without a first token yet
+        self.idle_timers: dict[str, asyncio.TimerHandle] = {}  # adaptive: per model, the wake at `idle_due`
 
     # --- the adaptive batch share -----------------------------------------------------------------------------
     def governor(self, model: str) -> AdaptiveShare | None:
@@ -188,7 +190,7 @@ class Scheduler:
             g = self.governors[model] = AdaptiveShare(
                 floor, self.shares["batch"], slot, clock=self.clock, target=opts.get("target", 1.1),
                 window_s=opts.get("window_s", 2.0), min_samples=int(opts.get("min_samples", 16)),
-                idle_s=opts.get("idle_s", 10.0))
+                idle_s=opts.get("idle_s", 10.0), quantile=opts.get("quantile", 0.5))
             self._shared(model, g.share)
         return g
 
@@ -239,6 +241,31 @@ class Scheduler:
         if widened and dispatch and self.waiting:
             asyncio.get_running_loop().call_soon(self.dispatch)
         return widened
+
+    def _arm_idle(self, model: str) -> None:
+        """While batch work of `model` waits, wake the loop once when its adaptive share is due to widen for want of
+        interactive requests (`AdaptiveShare.idle_due`): no request arrives and no slot is freed then (the batch's
+        lines in flight may run for minutes), so without this wake the queued work would wait for the next line's
+        end though the share allows it. One timer per model at most, re-armed only while batch work waits."""
+        g = self.governors.get(model)
+        if g is None or model in self.idle_timers:
+            return
+        due = g.idle_due()
+        if due is None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous caller): the next arrival or release looks instead
+            return
+        self.idle_timers[model] = loop.call_later(max(0.0, due - self.clock()), self._idle_wake, model)
+
+    def _idle_wake(self, model: str) -> None:
+        del self.idle_timers[model]
+        if self.advance(model, dispatch=False):  # widened: start what now fits
+            self.dispatch()
+        queue = self.queues.get(model)
+        if queue is not None and queue.classes["batch"]:
+            self._arm_idle(model)  # an interactive request came meanwhile, or more is due: the next moment
 
     def _shared(self, model: str, share: float) -> None:
         metrics = self.limiter.metrics
@@ -321,6 +348,8 @@ class Scheduler:
         w = Waiter(ticket, model, sequences, cls, key, share, self.clock() + self.timeout_s, loop.create_future())
         queue.push(w)
         self._count(w, 1)
+        if cls == "batch":
+            self._arm_idle(model)
         timer = loop.call_later(self.timeout_s, self._timed_out, queue, w)
         try:
             await w.future
@@ -368,6 +397,8 @@ class Scheduler:
                         self.advance(w.model, dispatch=False)  # this pass starts what a wider share lets in
                     if self.refusal(w.model, w.sequences, w.cls, w.share) is not None:
                         blocked = True
+                        if w.cls == "batch":
+                            self._arm_idle(w.model)
                         break
                     q.popleft()
                     keys.pop(key)

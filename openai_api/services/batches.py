@@ -129,8 +129,9 @@ class BatchService:
         Read again each time a runner takes the job up (a restart resumes it here). The file's `expires_at` does
         not matter: it was live when the job was made, and an unfinished job's input is never swept (pinned,
         `BatchStore.expired_files`; its owner's delete expires it instead, `delete_file`) - a job keeps its input
-        for its life, as OpenAI's do. A file missing all the same (a store made before the pins, a file deleted
-        just as the job was made) fails the job (`file_not_found`)."""
+        for its life, as OpenAI's do; the pin is taken as the job is made, where the file is checked again
+        (`BatchStore.create_batch`). A file missing all the same (a store made before the pins) fails the job
+        (`file_not_found`)."""
         now = int(self.clock())
         source = await self.store.get_file(rec.owner, rec.data["input_file_id"])
         lines: list[Line] = []
@@ -151,8 +152,9 @@ class BatchService:
     async def sweep(self, most: int) -> int:
         """Delete up to `most` expired files (the longest expired first): how many (the runner's loop, each tick)."""
         gone = 0
-        for file_id, owner in await self.store.expired_files(int(self.clock()), most):
-            gone += await self.store.delete_file(owner, file_id)
+        now = int(self.clock())
+        for file_id, owner in await self.store.expired_files(now, most):
+            gone += await self.store.sweep_file(owner, file_id, now)  # unless a job pinned it since the listing
         return gone
 
     def _live(self, rec: FileRecord) -> bool:
@@ -236,7 +238,10 @@ class BatchService:
                                 "metadata": metadata, "expires_at": now + WINDOW_S, "caller": dict(caller),
                                 **(extra or {})}
         job = BatchRecord(job_id, owner, kind, "validating", now, data)
-        if not await self.store.create_batch(job, self.max_jobs):
+        made = await self.store.create_batch(job, self.max_jobs, self.clock())
+        if made == "no_file":  # deleted or expired (and perhaps swept) since the caller looked it up
+            raise NotFoundError(f"No such File object: {file_id}", param="input_file_id")
+        if made == "too_many":
             raise InvalidRequestError(f"This key has {self.max_jobs} unfinished batches, this server's limit; "
                                       "wait for one to end or cancel one.", code="too_many_batches")
         self._poke()

@@ -14,7 +14,10 @@ A runner starting on a job skips every line already recorded, so a restart resum
 **Pins.** A file past its `expires_at` is a 404 to its owner at once, but its bytes stay while an unfinished job
 has it as input (`expired_files` leaves it out): a job holds its input for its whole life, as OpenAI's do, so a
 restart after the file's expiry resumes the job rather than failing it. The sweep deletes it once the job ends.
-Its owner's delete of such a file (`retire_file`) expires it at once instead, with the same effect.
+Its owner's delete of such a file (`retire_file`) expires it at once instead, with the same effect. The pin is
+taken with the job, in the transaction that checks the file is still live (`create_batch`), and the sweep deletes
+a file only if, in its own transaction, it is still expired and unpinned (`sweep_file`): a file deleted or expiring
+just as a job is made gives a 404 to `batches.create` or stays with the job, never a job without its input.
 
 **Leases.** A gateway runs a job while it holds the job's lease (`claim`, renewed every few seconds, given back
 when the gateway stops); a lease that is not renewed runs out (`LEASE_S`) and another gateway takes the job.
@@ -32,7 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from openai_api.stored.sqlite import SQLiteOnThread
 
@@ -42,6 +45,8 @@ LEASE_S = 15.0
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 # A line's outcome as `results` keeps it.
 SUCCEEDED, ERRORED, CANCELED, EXPIRED = 1, 0, 2, 3
+# What `create_batch` did.
+Created = Literal["created", "too_many", "no_file"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS files (
@@ -97,6 +102,11 @@ class BatchRecord:
     status: str
     created_at: int
     data: dict[str, Any]
+
+
+def _live(rec: FileRecord, now: float) -> bool:
+    """Whether a file is still there for its owner at `now` (not past its `expires_at`)."""
+    return rec.expires_at is None or rec.expires_at > now
 
 
 class BatchStore(SQLiteOnThread):
@@ -174,15 +184,27 @@ class BatchStore(SQLiteOnThread):
     def _read(self, file_id: str) -> bytes:
         return self.path(file_id).read_bytes()
 
-    def _create_batch(self, db: sqlite3.Connection, rec: BatchRecord, max_active: int) -> bool:
+    def _sweep_file(self, db: sqlite3.Connection, owner: str, file_id: str, now: int) -> bool:
+        marks = ",".join("?" * len(ACTIVE))
+        if db.execute(f"SELECT 1 FROM file_expiry WHERE id = ? AND expires_at <= ? AND id NOT IN "
+                      f"({_PINNED.format(marks=marks)})", (file_id, now, *ACTIVE)).fetchone() is None:
+            return False
+        return self._delete_file(owner, file_id)
+
+    def _create_batch(self, db: sqlite3.Connection, rec: BatchRecord, max_active: int, now: float) -> Created:
+        file_id = rec.data.get("input_file_id")
+        if file_id is not None:
+            row = db.execute(_FILES + " WHERE f.id = ? AND f.owner = ?", (file_id, rec.owner)).fetchone()
+            if row is None or not _live(FileRecord(*row), now):
+                return "no_file"
         marks = ",".join("?" * len(ACTIVE))
         (active,) = db.execute(f"SELECT count(*) FROM batches WHERE owner = ? AND status IN ({marks})",
                                (rec.owner, *ACTIVE)).fetchone()
         if active >= max_active:
-            return False
+            return "too_many"
         db.execute("INSERT INTO batches (id, owner, kind, status, created_at, data) VALUES (?, ?, ?, ?, ?, ?)",
                    (rec.id, rec.owner, rec.kind, rec.status, rec.created_at, json.dumps(rec.data)))
-        return True
+        return "created"
 
     @staticmethod
     def _batch(row: tuple[Any, ...]) -> BatchRecord:
@@ -314,8 +336,17 @@ class BatchStore(SQLiteOnThread):
         data: bytes = await self._run(self._read, file_id)
         return data
 
-    async def create_batch(self, rec: BatchRecord, max_active: int) -> bool:
-        made: bool = await self._run(self._tx, self._create_batch, rec, max_active)
+    async def sweep_file(self, owner: str, file_id: str, now: int) -> bool:
+        """Delete an expired file, only if it is still expired at `now` and no unfinished job pins it, in one
+        transaction: a job made since `expired_files` listed it (by a gateway whose clock is behind) keeps it."""
+        gone: bool = await self._read_op(False, self._tx, self._sweep_file, owner, file_id, now)
+        return gone
+
+    async def create_batch(self, rec: BatchRecord, max_active: int, now: float) -> Created:
+        """Make the job, pinning its input file (`data["input_file_id"]`), in one transaction: `"no_file"` when that
+        file is not `rec.owner`'s or not live at `now` (deleted or expired since the caller looked: the job would
+        have no input), `"too_many"` when the owner has `max_active` unfinished jobs, else `"created"`."""
+        made: Created = await self._run(self._tx, self._create_batch, rec, max_active, now)
         return made
 
     async def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:

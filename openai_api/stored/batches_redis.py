@@ -28,17 +28,24 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from openai_api.stored.base import StoreUnavailableError
-from openai_api.stored.batches import ACTIVE, LEASE_S, BatchRecord, BatchStore, FileRecord
+from openai_api.stored.batches import ACTIVE, LEASE_S, BatchRecord, BatchStore, Created, FileRecord
 
 logger = logging.getLogger("openai_api.batches")
 ROOT = "oag:b:"
 TIMEOUT_S = 5.0
 
-# ARGV: root, id, owner, kind, json, created, max_active, input file id
+# ARGV: root, id, owner, kind, json, created, max_active, input file id ('' = none), now: 1 made (its input pinned),
+# 0 the owner's unfinished jobs at max_active, 2 the input file is not the owner's or not live at `now`
 _CREATE = r"""
-local root, id, owner = ARGV[1], ARGV[2], ARGV[3]
+local root, id, owner, input = ARGV[1], ARGV[2], ARGV[3], ARGV[8]
+if input ~= '' then
+  local raw = redis.call('GET', root .. 'file:' .. input)
+  if not raw then return 2 end
+  local f = cjson.decode(raw)
+  if f.owner ~= owner or (type(f.expires_at) == 'number' and f.expires_at <= tonumber(ARGV[9])) then return 2 end
+end
 if redis.call('SCARD', root .. 'active:' .. owner) >= tonumber(ARGV[7]) then return 0 end
-redis.call('HINCRBY', root .. 'pins', ARGV[8], 1)
+if input ~= '' then redis.call('HINCRBY', root .. 'pins', input, 1) end
 redis.call('SET', root .. 'job:' .. id, ARGV[5])
 redis.call('ZADD', root .. 'jobs:' .. owner .. ':' .. ARGV[4], ARGV[6], id)
 redis.call('ZADD', root .. 'active', ARGV[6], id)
@@ -102,6 +109,24 @@ for _, id in ipairs(ids) do
 end
 for _, id in ipairs(gone) do redis.call('ZREM', root .. 'fexp', id) end
 return out
+"""
+
+# ARGV: root, id, now: 1 when the file was still expired at `now` and unpinned, and is now deleted (the caller unlinks
+# the bytes); else 0
+_SWEEP = r"""
+local root, id = ARGV[1], ARGV[2]
+local raw = redis.call('GET', root .. 'file:' .. id)
+if not raw then
+  redis.call('ZREM', root .. 'fexp', id)
+  return 0
+end
+local f = cjson.decode(raw)
+if type(f.expires_at) ~= 'number' or f.expires_at > tonumber(ARGV[3]) or
+   redis.call('HEXISTS', root .. 'pins', id) == 1 then return 0 end
+redis.call('DEL', root .. 'file:' .. id)
+redis.call('ZREM', root .. 'files:' .. f.owner, id)
+redis.call('ZREM', root .. 'fexp', id)
+return 1
 """
 
 # ARGV: root, id, owner, now: 0 no such file of the owner; 1 deleted (the caller unlinks the bytes); 2 pinned by an
@@ -275,6 +300,12 @@ class RedisBatchStore(BatchStore):
     async def expired_files(self, now: int, most: int) -> list[tuple[str, str]]:
         return _pairs(await self._call(_EXPIRED, now, most))
 
+    async def sweep_file(self, owner: str, file_id: str, now: int) -> bool:
+        gone = await self._call(_SWEEP, file_id, now)
+        if gone == 1:
+            await asyncio.to_thread(self.path(file_id).unlink, True)
+        return bool(gone)
+
     async def read(self, file_id: str) -> bytes:
         try:
             return await asyncio.to_thread(self.path(file_id).read_bytes)
@@ -290,12 +321,12 @@ class RedisBatchStore(BatchStore):
             data["metadata"] = {}
         return BatchRecord(d["id"], d["owner"], d["kind"], d["status"], int(d["created_at"]), data)
 
-    async def create_batch(self, rec: BatchRecord, max_active: int) -> bool:
+    async def create_batch(self, rec: BatchRecord, max_active: int, now: float) -> Created:
         doc = json.dumps({"id": rec.id, "owner": rec.owner, "kind": rec.kind, "status": rec.status,
                           "created_at": rec.created_at, "data": rec.data})
         made = await self._call(_CREATE, rec.id, rec.owner, rec.kind, doc, rec.created_at, max_active,
-                                str(rec.data.get("input_file_id", "")))
-        return bool(made)
+                                str(rec.data.get("input_file_id", "")), repr(float(now)))
+        return "created" if made == 1 else "no_file" if made == 2 else "too_many"
 
     async def get_batch(self, owner: str | None, batch_id: str) -> BatchRecord | None:
         raw = await self._get("job:" + batch_id)

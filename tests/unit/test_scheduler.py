@@ -180,9 +180,10 @@ async def test_the_queue_is_a_gauge_per_model_and_class() -> None:
 
 # --- the adaptive batch share (openai_api/http/batch_share.py) ----------------------------------------------------
 def _share(clock: Clock, **kw: float) -> AdaptiveShare:
-    opts: dict[str, float] = {"target": 1.1, "window_s": 2.0, "min_samples": 4, "idle_s": 10.0, **kw}
+    opts: dict[str, float] = {"target": 1.1, "window_s": 2.0, "min_samples": 4, "idle_s": 10.0, "quantile": 0.5,
+                              **kw}
     return AdaptiveShare(0.25, 1.0, 0.125, clock=clock, target=opts["target"], window_s=opts["window_s"],
-                         min_samples=int(opts["min_samples"]), idle_s=opts["idle_s"])
+                         min_samples=int(opts["min_samples"]), idle_s=opts["idle_s"], quantile=opts["quantile"])
 
 
 def _window(g: AdaptiveShare, clock: Clock, ttft: float, n: int = 4) -> None:
@@ -368,3 +369,79 @@ async def test_static_share_does_not_hold_batch_for_interactive() -> None:
     await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "c")
     await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job")  # no adaptive share: no wait, no count
     assert not sched.awaiting
+
+
+def test_adaptive_share_idle_due_is_when_step_widens_for_want_of_interactive_requests() -> None:
+    clock = Clock()
+    g = _share(clock)  # window 2 s, idle 10 s
+    assert g.idle_due() == 1002.0  # never an interactive request: the first window's end
+    g.observe(0.01, unloaded=False)  # one at 1000
+    assert g.idle_due() == 1010.0  # idle_s after it
+    clock.now = 1009.9
+    assert not g.step()
+    clock.now = 1010.0
+    assert g.step() and g.share == 0.375
+    assert g.idle_due() == 1012.0  # the next window after the widening
+    g.share = g.ceiling
+    assert g.idle_due() is None  # nothing left to widen
+
+
+async def test_scheduler_wakes_when_the_idle_share_is_due_with_no_request_and_no_release() -> None:
+    """A batch line holds the floor's slot and another waits; no interactive request, no batch arrival, no slot
+    given back: the scheduler's own wake at `idle_due` widens the share and starts the waiter."""
+    import time
+
+    lim = InFlightLimiter(100, 4, 1, {"m"})
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, clock=time.monotonic,
+                                      adaptive={"floor": 0.25, "window_s": 0.05, "idle_s": 0.05})
+    holder = Ticket(lim)
+    await holder.acquire("m", 1, "n", 1.0, "batch", "job")
+    queued = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.wait_for(queued, timeout=5.0)
+    assert sched.batch_held["m"] == 2 and sched.batch_share("m") == 0.5
+    assert "m" not in sched.idle_timers  # nothing waits: no wake armed
+    holder.release()
+
+
+def test_quantile_is_nearest_rank() -> None:
+    from openai_api.http.batch_share import quantile
+
+    values = [5.0, 1.0, 4.0, 2.0, 3.0]
+    assert quantile(values, 0.5) == 3.0
+    assert quantile([1.0, 2.0, 3.0, 4.0], 0.5) == 2.0
+    assert quantile(values, 0.99) == 5.0 and quantile(values, 1.0) == 5.0  # of 5 values: the largest
+    assert quantile(values, 0.01) == 1.0
+    assert quantile([float(i) for i in range(1, 257)], 0.99) == 254.0  # 256 baseline samples: the 3rd largest
+
+
+def test_within_the_median_misses_the_tail_that_the_p99_sees() -> None:
+    from openai_api.http.batch_share import within
+
+    baseline = [0.040] * 90 + [0.060] * 10  # alone: p50 40 ms, p99 60 ms
+    loaded = [0.041] * 19 + [0.150]  # one request of 20 landed behind a batch prompt's prefill
+    assert within(loaded, baseline, 1.1, 0.5)  # the median: fine
+    assert not within(loaded, baseline, 1.1, 0.99)  # the tail: 150 ms > 1.1 x 60 ms
+    assert within([0.041] * 19 + [0.065], baseline, 1.1, 0.99)  # 65 ms <= 66 ms
+
+
+def test_adaptive_share_on_the_tail_narrows_on_one_miss_and_widens_on_clean_windows() -> None:
+    clock = Clock()
+    g = _share(clock, quantile=0.99)
+    for _ in range(MIN_BASELINE):
+        g.observe(0.040, unloaded=True)
+    g.observe(0.060, unloaded=True)  # the baseline's p99: 60 ms
+    _window(g, clock, 0.050)  # all within 1.1 x 60 ms
+    assert g.share == 0.375
+    for _ in range(3):  # one request of four at 80 ms: its median is fine, the window misses
+        clock.now += g.window_s / 4
+        g.observe(0.041, unloaded=False)
+    clock.now += g.window_s / 4
+    g.observe(0.080, unloaded=False)
+    assert g.share == pytest.approx(0.375 * 0.75)
+    median = _share(clock)  # the same windows judged on the median only widen
+    for _ in range(MIN_BASELINE):
+        median.observe(0.040, unloaded=True)
+    for ttft in (0.041, 0.041, 0.041, 0.080):
+        clock.now += median.window_s / 4
+        median.observe(ttft, unloaded=False)
+    assert median.share == 0.375

@@ -43,6 +43,13 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
   ``step_ms + step_per_seq_ms x active requests`` (non-streaming ones too, answered when done); with
   ``max_active`` N > 0 at most N requests are in the batch and the others wait first-come-first-served, as in an
   engine whose batch is full. Capacity is fixed, at almost no CPU (bench/priority_batch.py).
+* prefill (off by default): config parameter ``prefill_per_token_ms`` > 0 makes the prompt cost what a real
+  engine's prefill costs - each prompt token processed in a step adds that much to the step - and
+  ``step_token_budget`` N > 0 is the engine's tokens per step (vLLM's ``max_num_batched_tokens``, TensorRT-LLM's
+  ``max_num_tokens``) with chunked prefill: every decoding request takes one token of it, the prompts still
+  being prefilled share the rest first-come-first-served (a long prompt spans several steps). A step then takes
+  ``step_ms + step_per_seq_ms x requests that emit a token + prefill_per_token_ms x prompt tokens in it``, and its
+  tokens are sent when it ends: a request's first token at the end of the step that finishes its prompt (``plan_step``).
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
   a FINAL response carrying a ``TritonError``, as the reference model does.
 * cancellation: ``is_cancelled()`` is polled at least every ``CANCEL_POLL_S`` seconds and before every
@@ -206,6 +213,27 @@ class Job:
     script: list[int] | None = None
     generated: list[int] = field(default_factory=list)
     next_check: float = 0.0
+    # Prompt tokens not yet prefilled (the prefill cost model only; see `plan_step`).
+    prefill_left: int = 0
+
+
+def plan_step(prefill_left: list[int], budget: int, step_s: float, per_seq_s: float,
+              per_token_s: float) -> tuple[float, list[int]]:
+    """One engine step over the requests in the batch, in their arrival order (`prefill_left`: each one's prompt
+    tokens still to prefill, 0 = decoding): each decoding request takes one token of the step's `budget` (0 = no
+    limit), the prefilling ones share what is left first-come-first-served, as vLLM's and TensorRT-LLM's chunked
+    prefill schedule decodes first. Returns the step's time and each request's prefill chunk; a request emits a
+    token at the step's end when it was decoding or its chunk finishes its prompt."""
+    decoding = sum(1 for left in prefill_left if left == 0)
+    room = budget - decoding if budget > 0 else sum(prefill_left)
+    chunks: list[int] = []
+    emitting = decoding
+    for left in prefill_left:
+        chunk = min(left, max(room, 0))
+        room -= chunk
+        chunks.append(chunk)
+        emitting += 1 if left and chunk == left else 0
+    return step_s + per_seq_s * emitting + per_token_s * sum(chunks), chunks
 
 
 class TritonPythonModel:
@@ -224,6 +252,9 @@ class TritonPythonModel:
         self.step_s = max(0.0, float(param("step_ms", "0")) / 1000.0)
         self.step_per_seq_s = max(0.0, float(param("step_per_seq_ms", "0")) / 1000.0)
         self.max_active = max(0, int(param("max_active", "0")))
+        self.prefill_per_token_s = max(0.0, float(param("prefill_per_token_ms", "0")) / 1000.0)
+        self.step_budget = max(0, int(param("step_token_budget", "0")))
+        self.prefill = bool(self.prefill_per_token_s or self.step_budget)
         self.max_sequence = int(param("max_sequence", str(DEFAULT_MAX_SEQUENCE)))
         # One-token output arrays, built once: the hot path only wraps them in pb_utils.Tensor.
         self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32)
@@ -318,6 +349,7 @@ class TritonPythonModel:
             outputs=requested,
             delay_s=delay_s,
             script=self._script(max_new, end_id, _guided(request)),
+            prefill_left=len(prompt) if self.prefill else 0,
         )
 
     def _script(self, max_new: int, end_id: int, guided: bool) -> list[int] | None:
@@ -346,6 +378,9 @@ class TritonPythonModel:
             if not ready:
                 self.wake.wait(min(paced[0][0] - now, 0.5) if paced else 0.5)
                 continue
+            if self.prefill:
+                self._engine_step(ready, paced, tie)
+                continue
             # One round: every ready job advances by one token (paced ones then go back to the heap).
             stepped = len(ready)
             for _ in range(stepped):
@@ -370,6 +405,38 @@ class TritonPythonModel:
         for job in leftovers:
             self._send_error(job.sender, "model is shutting down", "UNAVAILABLE")
             self._finish("errors")
+
+    def _engine_step(self, ready: deque[Job], paced: list[tuple[float, int, Job]], tie: itertools.count[int]) -> None:
+        """One step of the prefill cost model (module docstring, `plan_step`): the step's time first, then its
+        tokens; a request still prefilling only advances its prompt (and is dropped when cancelled)."""
+        jobs = list(ready)
+        seconds, chunks = plan_step([j.prefill_left for j in jobs], self.step_budget, self.step_s,
+                                    self.step_per_seq_s, self.prefill_per_token_s)
+        self.stopping.wait(seconds)
+        ready.clear()
+        for job, chunk in zip(jobs, chunks, strict=True):
+            if chunk < job.prefill_left:
+                job.prefill_left -= chunk
+                if self._cancelled(job):
+                    self._send_error(job.sender, "request cancelled", "CANCELLED")
+                    self._finish("cancelled")
+                else:
+                    ready.append(job)
+                continue
+            job.prefill_left = 0
+            try:
+                done = self._step(job)
+            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+                self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
+                self._send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
+                self._finish("errors")
+                continue
+            if done:
+                continue
+            if job.delay_s:
+                heapq.heappush(paced, (time.monotonic() + job.delay_s, next(tie), job))
+            else:
+                ready.append(job)
 
     def _cancelled(self, job: Job) -> bool:
         if job.delay_s == 0.0:
