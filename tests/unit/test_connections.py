@@ -280,3 +280,31 @@ def test_rejections_are_counted(server: tuple[str, int]) -> None:
     text = httpx.get(f"http://{server[0]}:{server[1]}/metrics", headers=AUTH, timeout=5).text
     for reason in ("header_timeout", "header_too_large", "body_timeout"):
         assert f'openai_api_rejected_requests_total{{reason="{reason}"}}' in text, reason
+
+
+# --- a body over the size limit: the 413 is readable --------------------------------------------------------------
+
+SMALL_BODY = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]]:
+    """A gateway whose body limit is 64 KiB (the default is 16 MiB: the same code, a cheaper test)."""
+    with serving(tmp_path_factory.mktemp("cfg"), max_body_bytes=SMALL_BODY) as (addr, _):
+        yield addr
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_upload_over_the_body_limit_reads_its_413_through_the_sdks_client(small: tuple[str, int],
+                                                                             chunked: bool) -> None:
+    """An upload well over the limit (a batch file of 8 MiB here, 27 MB against the default 16 MiB) gets the 413 the
+    client can read - not a connection reset while it is still sending (closing a socket with unread input resets
+    it; the SDK then retries the whole upload twice and raises a connection error). Both with the size announced
+    (Content-Length: answered before any of the body is read) and counted while a chunked body streams in."""
+    body = b'{"model": "m", "input": "' + b"a" * (8 << 20) + b'"}'
+    content: Any = (body[i:i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+    with httpx.Client(base_url=f"http://{small[0]}:{small[1]}", headers=AUTH, timeout=30) as client:
+        r = client.post("/v1/embeddings", content=content, headers={"Content-Type": "application/json"})
+        assert r.status_code == 413, r.text
+        assert r.json()["error"]["code"] == "payload_too_large"
+    assert health(small) == 200
