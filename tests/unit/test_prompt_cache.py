@@ -66,6 +66,15 @@ def _boundaries(tok: TextTokenizer, template: ChatTemplate) -> Boundaries:
                                                            (tok.bos_token, tok.eos_token)))
 
 
+def _smollm2() -> tuple[TextTokenizer, ChatTemplate, Boundaries]:
+    """SmolLM2's tokenizer, its bundled template and their boundaries (skips where set-up has not made them)."""
+    if not (SMOLLM2 / "tokenizer.json").exists():
+        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
+    tok = _tok(SMOLLM2)
+    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
+    return tok, template, _boundaries(tok, template)
+
+
 def _encode(cache: PromptTokenCache, tok: TextTokenizer, b: Boundaries, text: str) -> Sequence[int]:
     return cache.encode(tok.cache_key, b, text, tok.encode_batch)
 
@@ -221,11 +230,7 @@ def test_markers_that_cannot_be_cut_points() -> None:
 
 
 def test_a_later_turn_tokenizes_only_what_it_adds() -> None:
-    if not (SMOLLM2 / "tokenizer.json").exists():
-        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
-    tok = _tok(SMOLLM2)
-    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
-    b = _boundaries(tok, template)
+    tok, template, b = _smollm2()
     cache = PromptTokenCache(64 * 1024 * 1024)
     msgs: list[dict[str, Any]] = [{"role": "system", "content": "You are an agent. " * 400}]
     added = []
@@ -245,11 +250,7 @@ def test_a_later_turn_tokenizes_only_what_it_adds() -> None:
 
 
 def test_eviction_keeps_the_budget_and_the_answers() -> None:
-    if not (SMOLLM2 / "tokenizer.json").exists():
-        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
-    tok = _tok(SMOLLM2)
-    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
-    b = _boundaries(tok, template)
+    tok, template, b = _smollm2()
     cache = PromptTokenCache(64 * 1024)
     rnd = random.Random(7)
     for i in range(40):
@@ -304,11 +305,7 @@ def test_the_ids_are_their_int32_tensor_bytes() -> None:
     from openai_api.text.prompt_cache import TokenIds
     from openai_api.triton.wire import InferRequest, ModelSpec, TensorSpec, encode_tensor
 
-    if not (SMOLLM2 / "tokenizer.json").exists():
-        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
-    tok = _tok(SMOLLM2)
-    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
-    b = _boundaries(tok, template)
+    tok, template, b = _smollm2()
     cache = PromptTokenCache(8 * 1024 * 1024)
     for turn in range(3):
         msgs = [{"role": "user", "content": f"{i}: " + "".join(SNIPPETS)} for i in range(turn + 2)]
@@ -358,11 +355,7 @@ def test_prompts_that_extend_earlier_ones_equal_whole_tokenization(folders: dict
 
 
 def test_a_session_starts_from_its_last_head_and_heads_are_bounded() -> None:
-    if not (SMOLLM2 / "tokenizer.json").exists():
-        pytest.skip("SmolLM2's tokenizer is made by scripts/setup.sh")
-    tok = _tok(SMOLLM2)
-    template = ChatTemplate.from_file(BUNDLED_TEMPLATES / "smollm2.jinja")
-    b = _boundaries(tok, template)
+    tok, template, b = _smollm2()
     cache = PromptTokenCache(4 * 1024 * 1024)
     def session(s: int) -> list[dict[str, Any]]:
         return [{"role": "system", "content": f"Agent {s}. " + "Be brief. " * 50}]

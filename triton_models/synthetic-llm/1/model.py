@@ -384,20 +384,7 @@ class TritonPythonModel:
             # One round: every ready job advances by one token (paced ones then go back to the heap).
             stepped = len(ready)
             for _ in range(stepped):
-                job = ready.popleft()
-                try:
-                    done = self._step(job)
-                except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
-                    self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
-                    self._send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
-                    self._finish("errors")
-                    continue
-                if done:
-                    continue
-                if job.delay_s:
-                    heapq.heappush(paced, (time.monotonic() + job.delay_s, next(tie), job))
-                else:
-                    ready.append(job)
+                self._advance(ready.popleft(), ready, paced, tie)
             if self.step_s or self.step_per_seq_s:  # the engine's step time for this batch
                 self.stopping.wait(self.step_s + self.step_per_seq_s * stepped)
         # Shutting down: release whatever is still queued or in flight.
@@ -424,19 +411,24 @@ class TritonPythonModel:
                     ready.append(job)
                 continue
             job.prefill_left = 0
-            try:
-                done = self._step(job)
-            except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
-                self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
-                self._send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
-                self._finish("errors")
-                continue
-            if done:
-                continue
-            if job.delay_s:
-                heapq.heappush(paced, (time.monotonic() + job.delay_s, next(tie), job))
-            else:
-                ready.append(job)
+            self._advance(job, ready, paced, tie)
+
+    def _advance(self, job: Job, ready: deque[Job], paced: list[tuple[float, int, Job]],
+                 tie: itertools.count[int]) -> None:
+        """Give `job` its next token; then, unless it ended, back in line: `ready`, or `paced` until its delay."""
+        try:
+            done = self._step(job)
+        except Exception as exc:  # noqa: BLE001 - one bad request must not stop the others
+            self.logger.log_error(f"{self.model_name}: request failed: {type(exc).__name__}: {exc}")
+            self._send_error(job.sender, f"generation failed: {type(exc).__name__}: {exc}", "INTERNAL")
+            self._finish("errors")
+            return
+        if done:
+            return
+        if job.delay_s:
+            heapq.heappush(paced, (time.monotonic() + job.delay_s, next(tie), job))
+        else:
+            ready.append(job)
 
     def _cancelled(self, job: Job) -> bool:
         if job.delay_s == 0.0:
