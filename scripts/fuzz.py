@@ -1,7 +1,7 @@
 """Property-based fuzzing of the gateway against its own OpenAPI schema (schemathesis), in-process.
 
     python scripts/fuzz.py                 # 300 cases per route
-    python scripts/fuzz.py --examples 50   # what tests/unit/test_limits_fuzz.py runs
+    python scripts/fuzz.py --examples 32   # what tests/unit/test_limits_fuzz.py runs
 
 The app is the real one (routers, middleware, services, tokenizers, templates) with the Triton adapters
 replaced by fakes, so any 5xx is a gateway bug. For every operation in /openapi.json, schemathesis
