@@ -384,7 +384,7 @@ class TritonPythonModel:
             # One round: every ready job advances by one token (paced ones then go back to the heap).
             stepped = len(ready)
             for _ in range(stepped):
-                self._advance(ready.popleft(), ready, paced, tie)
+                self._token_and_requeue(ready.popleft(), ready, paced, tie)
             if self.step_s or self.step_per_seq_s:  # the engine's step time for this batch
                 self.stopping.wait(self.step_s + self.step_per_seq_s * stepped)
         # Shutting down: release whatever is still queued or in flight.
@@ -411,10 +411,10 @@ class TritonPythonModel:
                     ready.append(job)
                 continue
             job.prefill_left = 0
-            self._advance(job, ready, paced, tie)
+            self._token_and_requeue(job, ready, paced, tie)
 
-    def _advance(self, job: Job, ready: deque[Job], paced: list[tuple[float, int, Job]],
-                 tie: itertools.count[int]) -> None:
+    def _token_and_requeue(self, job: Job, ready: deque[Job], paced: list[tuple[float, int, Job]],
+                           tie: itertools.count[int]) -> None:
         """Give `job` its next token; then, unless it ended, back in line: `ready`, or `paced` until its delay."""
         try:
             done = self._step(job)
