@@ -32,7 +32,9 @@ protocol class with these rules added (`EdgeLimits`):
 
 A refusal (431, 408) is written, then the connection is half-closed and what the client still sends is
 read and dropped, for at most `LINGER_S` seconds (nginx's lingering close): closing at once with unread
-bytes would reset the connection, and the client would often never read the status. Every connection
+bytes would reset the connection, and the client would often never read the status. The app's own answers
+that close the connection before the request's body has arrived (the guard's 413 to a `Content-Length` over
+`--max-body-bytes`) close the same way. Every connection
 closed by these rules is counted (`on_reject(reason)`: `header_too_large`, `header_timeout`,
 `body_timeout`, `connection_evicted`, `connection_limit`).
 """
@@ -99,6 +101,7 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
         _oversized = False  # the head just completed is over the cap: refuse it once the parser returns
         _body_start = 0.0
         _body_bytes = 0
+        _body_complete = True  # the current request's body was read in full (or it has none)
 
         # --- connections -------------------------------------------------------------------------------------
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,6 +171,12 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
                 self._oversized = True  # refused once the parser returns; no request reaches the app
                 return
             super().on_headers_complete()
+            self._body_complete = False
+            if self.cycle is not None:
+                # uvicorn closes the connection once a `connection: close` answer is written (the guard's 413
+                # before the body is read); with unread input that close would reset the connection.
+                answer_then_close = _CloseAfterAnswer(self.transport, self.close_after_answer)
+                self.cycle.transport = cast(asyncio.Transport, answer_then_close)
             if body_timeout_s is not None:
                 self._body_start = self.loop.time()
                 self._body_bytes = 0
@@ -182,6 +191,7 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
         def on_message_complete(self) -> None:
             if self._oversized or self._lingering:
                 return
+            self._body_complete = True
             if self._body_timer is not None:
                 self._body_timer.cancel()
                 self._body_timer = None
@@ -190,6 +200,9 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
                 waiting.pop(self, None)  # read in full: being served until its response is done
 
         def on_response_complete(self) -> None:
+            if self._lingering:  # answered before its body arrived: closing (`_close_after_answer`), not kept alive
+                self.server_state.total_requests += 1
+                return
             super().on_response_complete()
             if not self.transport.is_closing():
                 waiting.pop(self, None)
@@ -237,6 +250,23 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
                 f"{min_rate:,.0f} bytes received)."), "body_timeout")
 
         # --- refusals ----------------------------------------------------------------------------------------
+        def close_after_answer(self) -> None:
+            """Close after an answer: at once when the request was read in full, else with a lingering close (the
+            answer written, the write side shut, the rest of the body read and dropped for at most `LINGER_S`), so
+            a client still uploading reads the answer (a 413 to a 27 MB file) instead of a reset."""
+            transport = self.transport
+            if self._body_complete or self._lingering or transport.is_closing() or not transport.can_write_eof():
+                transport.close()
+                return
+            self._disarm()
+            self._lingering = True
+            if self.flow is not None:
+                self.flow.resume_reading()
+            transport.write_eof()  # after what is buffered: the answer first
+            self._linger_timer = self.loop.call_later(LINGER_S, transport.abort)
+            waiting.pop(self, None)
+            waiting[self] = None
+
         def _refuse(self, err: GatewayError, reason: str) -> None:
             """Answer `err` and close: written, half-closed, the rest of the input dropped (see the docstring)."""
             reject(reason)
@@ -266,6 +296,19 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
                 waiting[self] = None
 
     return GuardedHttpToolsProtocol
+
+
+class _CloseAfterAnswer:
+    """The transport uvicorn's request cycle writes to: everything as the connection's own transport, except that
+    `close()` is the guarded protocol's `close_after_answer` (a lingering close while the request's body is still
+    arriving)."""
+
+    def __init__(self, transport: asyncio.Transport, close: Callable[[], None]) -> None:
+        self._transport = transport
+        self.close = close
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._transport, name)
 
 
 def raise_fd_limit(want: int) -> int:
