@@ -37,28 +37,27 @@ over most of the sigmoid: cosine 0.68 -> logit 1.8 -> 0.86, 0.59 -> 0.71, 0.42 -
 
 Malformed requests get an error response of their own; the others in the batch still succeed.
 Weights come from ``$OPENAI_API_MODELS_DIR/all-minilm-l6-v2`` (or the ``model_dir`` config parameter,
-or ``<repo>/models/all-minilm-l6-v2``). The encoder code mirrors ``all-minilm-l6-v2/1/model.py`` so
-each model folder deploys on its own.
+or ``<repo>/models/all-minilm-l6-v2``). The encoder is ``all-minilm-l6-v2/1/minilm_encoder.py``, imported from
+beside that model (as the SmolLM2 family's models import their engine): deploy both folders together.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 import triton_python_backend_utils as pb_utils
-from transformers import AutoModel
+
+# The encoder lives beside all-minilm-l6-v2's model.py (one copy for both models).
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "all-minilm-l6-v2" / "1"))
+from minilm_encoder import DEFAULT_FORWARD_OVERHEAD_TOKENS, DEFAULT_MAX_TOKENS_PER_FORWARD, MiniLMEncoder
 
 MODEL_FOLDER = "all-minilm-l6-v2"
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-DEFAULT_MAX_TOKENS_PER_FORWARD = 8192
-# Fixed cost of one forward pass in padded tokens: ~7 ms against ~0.3 ms per token for this model
-# on one x86 core (OMP_NUM_THREADS=1), measured with batches of 1..64 rows of 20 tokens.
-DEFAULT_FORWARD_OVERHEAD_TOKENS = 24
 CLS_ID = 101
 SEP_ID = 102
 
@@ -76,102 +75,6 @@ def resolve_model_dir(parameters: dict[str, Any]) -> Path:
 
 def string_parameter(parameters: dict[str, Any], key: str, default: str) -> str:
     return parameters.get(key, {}).get("string_value", "") or default
-
-
-def plan_chunks(lengths: list[int], max_tokens: int, overhead_tokens: int) -> list[list[int]]:
-    """Group row indices (rows of length 0 left out) into forward passes, longest rows first.
-
-    A chunk is a run of the rows sorted by length, padded to its first (longest) row. On CPU a
-    forward pass costs about ``overhead_tokens + rows * longest`` padded tokens' worth of time, so
-    the split minimising that sum is found exactly by dynamic programming over the sorted rows
-    (O(rows^2), rows <= max_batch_size: well under a millisecond), with at most ``max_tokens``
-    padded tokens per chunk. Padding a merged batch of 10-30 token texts to its longest row costs
-    ~30% more forward time; many tiny forwards cost their fixed overhead instead.
-    """
-    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
-    # best[end]: cheapest cost of the first `end` sorted rows; start[end]: first row of its last chunk.
-    best = [0] * (len(order) + 1)
-    start = [0] * (len(order) + 1)
-    for end in range(1, len(order) + 1):
-        best[end] = -1
-        for first in range(end - 1, -1, -1):
-            padded = (end - first) * lengths[order[first]]
-            if padded > max_tokens and first < end - 1:
-                break  # padded only grows as the chunk reaches back to longer rows
-            cost = best[first] + overhead_tokens + padded
-            if best[end] < 0 or cost < best[end]:
-                best[end], start[end] = cost, first
-    chunks: list[list[int]] = []
-    end = len(order)
-    while end > 0:
-        chunks.append(order[start[end] : end])
-        end = start[end]
-    chunks.reverse()
-    return chunks
-
-
-class MiniLMEncoder:
-    """Runs the BertModel over many variable-length rows with as little padding as practical."""
-
-    def __init__(
-        self,
-        model_dir: Path,
-        max_tokens_per_forward: int,
-        forward_overhead_tokens: int = DEFAULT_FORWARD_OVERHEAD_TOKENS,
-    ) -> None:
-        # One intra-op thread unless OPENAI_API_REF_TORCH_THREADS says otherwise (as the SmolLM2 engine): with
-        # torch's default (a thread per core), OpenMP's threads spin at every op's barrier whenever another
-        # process holds a core - on a loaded 2-core box the same 300 small forwards took 50 CPU-s instead of 13.
-        torch.set_num_threads(max(1, int(os.environ.get("OPENAI_API_REF_TORCH_THREADS", "1"))))
-        self.model = AutoModel.from_pretrained(str(model_dir)).eval()
-        self.hidden_size = int(self.model.config.hidden_size)
-        self.vocab_size = int(self.model.config.vocab_size)
-        self.type_vocab_size = int(self.model.config.type_vocab_size)
-        self.max_length = int(self.model.config.max_position_embeddings)
-        self.max_tokens_per_forward = max_tokens_per_forward
-        self.forward_overhead_tokens = forward_overhead_tokens
-
-    def check_row_inputs(self, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> str | None:
-        """Return why these [B, L] tensors cannot be encoded, or None when they can."""
-        if ids.ndim != 2:
-            return f"input_ids must be 2-D [batch, seq_len], got shape {list(ids.shape)}"
-        if mask.shape != ids.shape:
-            return f"attention_mask shape {list(mask.shape)} != input_ids shape {list(ids.shape)}"
-        if types is not None and types.shape != ids.shape:
-            return f"token_type_ids shape {list(types.shape)} != input_ids shape {list(ids.shape)}"
-        if ids.shape[1] == 0:
-            return "input_ids has seq_len 0"
-        if ids.shape[1] > self.max_length:
-            return f"seq_len {ids.shape[1]} exceeds the model's maximum of {self.max_length} tokens"
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
-            return f"input_ids must lie in [0, {self.vocab_size})"
-        if types is not None and types.size and (types.min() < 0 or types.max() >= self.type_vocab_size):
-            return f"token_type_ids must lie in [0, {self.type_vocab_size})"
-        return None
-
-    def embed(self, sequences: list[np.ndarray]) -> np.ndarray:
-        """Mean-pooled, L2-normalised embeddings [N, H] of unpadded 1-D id sequences."""
-        pooled = np.zeros((len(sequences), self.hidden_size), dtype=np.float32)
-        lengths = [len(sequence) for sequence in sequences]
-        for chunk in plan_chunks(lengths, self.max_tokens_per_forward, self.forward_overhead_tokens):
-            longest = lengths[chunk[0]]
-            ids = np.zeros((len(chunk), longest), dtype=np.int64)
-            mask = np.zeros_like(ids)
-            for slot, row in enumerate(chunk):
-                ids[slot, : len(sequences[row])] = sequences[row]
-                mask[slot, : len(sequences[row])] = 1
-            mask_t = torch.from_numpy(mask)
-            with torch.inference_mode():
-                states = self.model(
-                    input_ids=torch.from_numpy(ids),
-                    attention_mask=mask_t,
-                    token_type_ids=torch.zeros_like(mask_t),
-                ).last_hidden_state
-                weights = mask_t.unsqueeze(-1).to(states.dtype)
-                states = torch.where(weights > 0, states, torch.zeros((), dtype=states.dtype))
-                summed = states.sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-                pooled[chunk] = torch.nn.functional.normalize(summed, p=2.0, dim=1).float().numpy()
-        return pooled
 
 
 def strip_specials(part: np.ndarray) -> np.ndarray:
