@@ -30,7 +30,7 @@ def json_schema() -> dict[str, Any]:
     schema["title"] = "openai-api-triton model config"
     schema["description"] = (
         "The gateway's model config (--config-file): the models it serves, each with the Triton that serves it "
-        "(url) and its tokenizer folder (path). Generated from openai_api/config.py; start-up also checks that "
+        "(url) and its tokenizer folder (path). Generated from openai_api/config/; start-up also checks that "
         "folders and templates exist and that names and aliases are unique across entries.")
     return {"$schema": SCHEMA_DIALECT, **schema}
 

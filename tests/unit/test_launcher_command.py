@@ -1,4 +1,4 @@
-"""The tritonserver command line the launcher builds (`EmbeddedTriton._command`): config auto-completion off for
+"""The tritonserver command line the launcher builds (`command.command_line`): config auto-completion off for
 this repository's own models, whose configs are complete (checked here against the files themselves), and on
 for any other repository, as Triton has it."""
 
@@ -7,13 +7,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from openai_api.embedded.launcher import DEFAULT_MODEL_REPOSITORY, EmbeddedTriton
+from openai_api.embedded.command import DEFAULT_MODEL_REPOSITORY, command_line
+from openai_api.embedded.launcher import EmbeddedTriton
 
 FLAG = "--disable-auto-complete-config"
 
 
 def _command(server: EmbeddedTriton) -> list[str]:
-    return server._command(Path("/opt/triton"), Path("/opt/triton/backends"))
+    return command_line(server, Path("/opt/triton"), Path("/opt/triton/backends"))
 
 
 def test_auto_completion_is_off_for_this_repository_and_on_for_others(tmp_path: Path) -> None:

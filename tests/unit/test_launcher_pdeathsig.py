@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from openai_api.embedded import launcher, load_watch
+from openai_api.embedded import launcher, load_watch, readiness
 from openai_api.embedded.processes import PRCTL, with_pdeathsig
 
 pytestmark = pytest.mark.skipif(PRCTL is None, reason="no prctl here (not Linux)")
@@ -80,7 +80,7 @@ def test_a_silent_start_whose_processes_are_idle_is_given_up_early_one_that_work
     """A hung start is silent *and* idle (Triton's load thread waits on a stub that waits too); a start whose log
     is silent while a model loads still burns CPU. The kernel's CPU accounting of the process group is the oracle:
     an idle group is given up after IDLE_SILENCE + IDLE_WINDOW, far before `stall_timeout`; a busy one is not."""
-    monkeypatch.setattr(launcher, "IDLE_SILENCE", 0.3)
+    monkeypatch.setattr(readiness, "IDLE_SILENCE", 0.3)
     monkeypatch.setattr(load_watch, "IDLE_SILENCE", 0.3)
     monkeypatch.setattr(load_watch, "IDLE_WINDOW", 1.0)
     log = tmp_path / "tritonserver.log"
