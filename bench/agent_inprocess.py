@@ -3,9 +3,9 @@ Triton, and where a turn's CPU goes.
 
 ``InProcessGateway`` builds the services exactly as the gateway does (``services.container.build_services``
 from the bench's model config and the default settings, so the prompt cache is on at its default size unless
-``prompt_cache_mb`` says otherwise) and runs a request as its route does: ``/v1/messages`` as FastAPI gives it
-(``json.loads`` of the body, then ``MessagesRequest`` validated, ``parse``, ``create``); ``/v1/responses``
-as the JSON fast path does (``model_validate_json`` of the bytes, then ``create``); the answer dumped with
+``prompt_cache_mb`` says otherwise) and runs a request as its route does, through the JSON fast path
+(``http.fastpath``: ``model_validate_json`` of the bytes): ``/v1/messages`` then ``parse`` and ``create``,
+``/v1/responses`` then ``create``; the answer dumped with
 orjson. Only the backend differs: the model's runtime is given one that records the ``GenerationRequest``
 (its ``prompt_ids`` are what the TensorRT-LLM adapter would put in ``input_ids``) and answers one token. CPU
 work the gateway sends to its worker threads runs inline here (``InlineWorkers``), so one thread does it all
@@ -18,7 +18,6 @@ from __future__ import annotations
 import cProfile
 import dataclasses
 import io
-import json
 import pstats
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -92,7 +91,7 @@ class InProcessGateway:
     async def send(self, path: str, raw: bytes) -> dict[str, Any]:
         """One non-streamed request (``path``, body ``raw``) as the gateway's route runs it; the answer."""
         if path == "/v1/messages":
-            m = MessagesRequest.model_validate(json.loads(raw))
+            m = MessagesRequest.model_validate_json(raw)
             svc = self.services.messages
             out = await svc.create(parse(m, svc), RequestContext("bench"))
         elif path == "/v1/responses":
@@ -152,7 +151,7 @@ class InProcessGateway:
         try:
             c0 = clock()
             if path == "/v1/messages":
-                m = MessagesRequest.model_validate(json.loads(body))
+                m = MessagesRequest.model_validate_json(body)
                 c1 = clock()
                 chat_req = parse(m, self.services.messages).chat
             else:

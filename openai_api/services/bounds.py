@@ -37,6 +37,7 @@ import pydantic_core
 from pydantic import BaseModel
 
 from openai_api.errors import InvalidRequestError
+from openai_api.schemas.openai import ChatMessage, ToolCall, ToolCallFunction
 
 # Levels of JSON nesting in a request body, and in a schema of its own. A 50-level object schema
 # (`{"type": "object", "properties": {"a": ...}}` 50 times, 101 levels) fits; OpenAI's own structured
@@ -75,6 +76,51 @@ def _items(node: Any) -> Iterator[tuple[str | int, Any]] | None:
     return None
 
 
+# Levels a plain chat message (`_plain_message`) spans, itself included: the message, its `tool_calls`, a call,
+# the call's `function`.
+_MESSAGE_LEVELS = 4
+
+
+def _plain_message(node: Any) -> bool:
+    """Whether `node` is a `ChatMessage` that spans at most `_MESSAGE_LEVELS` levels by its shape alone: every
+    field a leaf of the walk (a scalar, or typed parts, `TypedContent`) but `tool_calls`, a list of calls
+    (`_plain_call`), and scalar extra fields. Every message a dialect builds from typed parts is one, and an
+    agent turn holds a hundred or more of them: walking each value of each cost ~0.1 ms a turn for nothing.
+    (False only means "walk it".)"""
+    if type(node) is not ChatMessage:
+        return False
+    for name, v in node.__dict__.items():
+        if type(v) in _SCALARS:
+            continue
+        if name == "tool_calls" and type(v) is list:
+            for call in v:
+                if not _plain_call(call):
+                    return False
+        elif _items(v) is not None:
+            return False
+    extra = node.__pydantic_extra__
+    if extra:
+        for v in extra.values():
+            if type(v) not in _SCALARS:
+                return False
+    return True
+
+
+def _plain_call(call: Any) -> bool:
+    """A call of the schema's own types, without extra fields, whose fields and function's fields are scalars."""
+    if type(call) is not ToolCall or call.__pydantic_extra__:
+        return False
+    for name, v in call.__dict__.items():
+        if type(v) in _SCALARS:
+            continue
+        if name != "function" or type(v) is not ToolCallFunction or v.__pydantic_extra__:
+            return False
+        for x in v.__dict__.values():
+            if type(x) not in _SCALARS:
+                return False
+    return True
+
+
 def find_excess(value: Any, max_depth: int, max_values: int | None = None) -> Excess | None:
     """The first place where `value` (JSON, or a pydantic model of JSON) is nested more than `max_depth`
     levels (the value itself, when an object or array, is level 1) or, with `max_values`, where its
@@ -91,6 +137,11 @@ def find_excess(value: Any, max_depth: int, max_values: int | None = None) -> Ex
             if max_values is not None and count > max_values:
                 return "values", [*path, key]
             if type(child) in _SCALARS:
+                continue
+            # A plain chat message within reach of the limit holds no excess: not walked (nor counted, so only
+            # where values are not).
+            if type(child) is ChatMessage and max_values is None and len(stack) + _MESSAGE_LEVELS <= max_depth \
+                    and _plain_message(child):
                 continue
             children = _items(child)
             if children is not None:

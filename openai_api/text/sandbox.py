@@ -36,6 +36,7 @@ import jinja2
 import jinja2.ext
 import jinja2.filters
 import jinja2.utils
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import MAX_RANGE, ImmutableSandboxedEnvironment
 
 
@@ -107,6 +108,11 @@ def _format_width(fmt: Any) -> int:
     return max((int(w) for w in _FORMAT_WIDTH.findall(fmt)), default=0)
 
 
+# The data attributes of a `for` loop's `loop` variable.
+_LOOP_FIELDS = frozenset({"index", "index0", "revindex", "revindex0", "first", "last", "length", "depth",
+                          "depth0", "previtem", "nextitem"})
+
+
 class _BudgetedSandbox(ImmutableSandboxedEnvironment):
     """The immutable sandbox with the render budget checked at every place a template can spend it."""
 
@@ -114,13 +120,17 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         budget = _budget()
-        budget.tick()
         if operator == "+" and type(left) is str and type(right) is str:
             # Most of a chat template's operations (~100 a message): the sum's size is known before it is
             # built, and Jinja's own `+` is `operator.add`. A render of an agent turn of 77 messages spent
-            # ~60% of its time in the general path below.
-            budget.size(len(left) + len(right))
+            # ~60% of its time in the general path below. `tick` and `size`, inline: they only raise.
+            if time.monotonic() > budget.deadline:
+                budget.tick()
+            size = len(left) + len(right)
+            if size > budget.limits.max_chars:
+                budget.size(size)
             return left + right
+        budget.tick()
         if operator == "*":
             seq, times = (left, right) if isinstance(right, int) else (right, left)
             if isinstance(times, int) and not isinstance(times, bool):
@@ -153,6 +163,15 @@ class _BudgetedSandbox(ImmutableSandboxedEnvironment):
 
     def getattr(self, obj: Any, attribute: str) -> Any:
         _budget().tick()
+        if type(obj) is LoopContext and attribute in _LOOP_FIELDS:
+            # `loop.first` and its kin, once a message in most templates: public data of Jinja's own loop,
+            # which the sandbox's checks (not private, not internal, not a mutating method) always pass.
+            try:
+                value = getattr(obj, attribute)
+            except AttributeError:
+                return super().getattr(obj, attribute)
+            fmt = self.wrap_str_format(value)
+            return value if fmt is None else fmt
         return super().getattr(obj, attribute)
 
     def getitem(self, obj: Any, argument: Any) -> Any:
@@ -270,6 +289,9 @@ def environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
 def plain(value: Any) -> Any:
     """Deep-copy `value` into plain JSON types so the template can't reach methods of richer objects.
 
@@ -277,8 +299,14 @@ def plain(value: Any) -> Any:
     that is not JSON-like becomes an inert placeholder naming its type. The copy also means templates
     never observe (or, via the tag used by continue_final_message, alter) the caller's messages.
     """
-    if value is None or type(value) in (str, int, float, bool):
+    kind = type(value)
+    if kind in _PLAIN:
         return value
+    # A dict or list of plain JSON (nearly every message), its scalars copied without a call each.
+    if kind is dict:
+        return {k if type(k) is str else plain(k): v if type(v) in _PLAIN else plain(v) for k, v in value.items()}
+    if kind is list:
+        return [v if type(v) in _PLAIN else plain(v) for v in value]
     if isinstance(value, str):
         return str.__str__(value)
     if isinstance(value, int):

@@ -81,31 +81,27 @@ def test_templates_read_typed_parts_as_text_or_as_parts() -> None:
     assert err.value.param == "messages[0].content[0]"
 
 
-def test_the_lowering_constructor_builds_what_model_construct_builds() -> None:
-    """`parts.constructor` (a faster `model_construct` for the chat messages a dialect lowers) gives the same
-    instance as pydantic's own: fields in order with defaults, the set fields, extras; a model it cannot
-    build as fast (a default factory) gets `model_construct` itself."""
-    from pydantic import BaseModel, ConfigDict, Field
-
+def test_lowered_turns_are_the_chat_messages_they_stand_for() -> None:
+    """`parts.chat_messages` (plain values the chat request's validation types) gives, validated, these messages
+    (written out here): text before a tool result stays before it, calls' arguments as JSON text, reasoning as
+    an extra field, images as typed parts."""
     from openai_api.schemas.openai import ChatMessage, ToolCall, ToolCallFunction
-    from openai_api.services.parts import constructor
+    from openai_api.services.parts import Reasoning, ToolResult, Turn, chat_messages
+    from openai_api.services.parts import ToolCall as PartCall
 
-    def same(a: BaseModel, b: BaseModel) -> None:
-        assert type(a) is type(b) and a == b and list(a.__dict__.items()) == list(b.__dict__.items())
-        assert a.model_fields_set == b.model_fields_set and a.model_extra == b.model_extra
-        assert a.__pydantic_private__ == b.__pydantic_private__ and a.model_dump() == b.model_dump()
-
-    fn = ToolCallFunction.model_construct(name="Read", arguments="{}")
-    for cls, kwargs in ((ChatMessage, {"role": "user", "content": "hi"}), (ChatMessage, {}),
-                        (ChatMessage, {"role": "assistant", "content": None, "reasoning_content": "so"}),
-                        (ChatMessage, {"role": "tool", "tool_call_id": "c1", "content": "out", "name": None}),
-                        (ToolCall, {"id": "c1", "type": "function", "function": fn}),
-                        (ToolCallFunction, {"name": "Read", "arguments": "{}"})):
-        assert constructor(cls) is not cls.model_construct
-        same(constructor(cls)(**kwargs), cls.model_construct(**kwargs))
-
-    class Listed(BaseModel):
-        model_config = ConfigDict(extra="ignore")
-        items: list[int] = Field(default_factory=list)
-
-    assert constructor(Listed) == Listed.model_construct
+    image = Image("https://x/cat.png", "messages[3].content[0]")
+    turns = [Turn("system", (Text("Be brief."),)), Turn("user", (Text("Read "), Text("it."))),
+             Turn("assistant", (Reasoning("Look first."), Text("Reading."), PartCall("c1", "Read", {"path": "a é"}))),
+             Turn("user", (Text("Here:"), ToolResult("c1", "42"), image, Text("and this"))),
+             Turn("assistant", (PartCall("c2", "Read", {}),))]
+    got = ChatCompletionRequest.model_validate({"model": "m", "messages": chat_messages(turns)}).messages
+    call = ToolCall(id="c1", function=ToolCallFunction(name="Read", arguments='{"path": "a é"}'))
+    assert got == [
+        ChatMessage(role="system", content="Be brief."), ChatMessage(role="user", content="Read it."),
+        ChatMessage(role="assistant", content="Reading.", tool_calls=[call], reasoning_content="Look first."),
+        ChatMessage(role="user", content="Here:"), ChatMessage(role="tool", tool_call_id="c1", content="42"),
+        ChatMessage(role="user", content=got[5].content),
+        ChatMessage(role="assistant", content=None,
+                    tool_calls=[ToolCall(id="c2", function=ToolCallFunction(name="Read", arguments="{}"))])]
+    assert isinstance(got[5].content, ChatParts) and got[5].content.parts == (image, Text("and this"))
+    assert got[2].model_extra == {"reasoning_content": "Look first."}

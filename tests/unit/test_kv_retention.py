@@ -18,8 +18,9 @@ from fastapi import FastAPI
 from tokenizers import Tokenizer
 
 from openai_api.app import create_app
-from openai_api.services.retention import retained_ranges, strip_marks, token_offset
+from openai_api.services.retention import MARK_START, mark_block, retained_ranges, strip_marks, token_offset
 from openai_api.settings import Settings
+from openai_api.text.templates import ChatTemplate
 from openai_api.triton.llm import GenerationRequest, RetainedRange
 from openai_api.triton.tensorrt_llm import RETENTION_PRIORITY, TensorRTLLMAdapter
 from tests.unit.fakes import MODEL, FakeBackend, llm_only_config, script
@@ -100,7 +101,7 @@ async def test_a_backend_without_the_retention_inputs_gets_none(app: FastAPI) ->
     r = await messages(app, {"system": [{"type": "text", "text": SYSTEM, "cache_control": marked()}],
                              "messages": [{"role": "user", "content": QUESTION}]})
     assert r.status_code == 200
-    assert fake.requests[0].retention == () and "\ue006" not in fake.requests[0].prompt_text
+    assert fake.requests[0].retention == () and MARK_START not in fake.requests[0].prompt_text
 
 
 @pytest.mark.parametrize(("control", "param"), [
@@ -151,6 +152,24 @@ def test_a_block_whose_last_token_merges_with_what_follows_ends_at_the_token_bef
     ids = [10, 11, 12, 13]
     ranges = retained_ranges([(2, "5m"), (2, "1h"), (4, "1h")], ids, lambda k: ids[:k])
     assert ranges == (RetainedRange(0, 2, FIVE_MINUTES), RetainedRange(2, 4, HOUR))  # an empty range is dropped
+
+
+@pytest.mark.parametrize(("render", "prompt", "marks"), [
+    ("{{ c }}", "Hello world  ", [(11, "1h")]),
+    ("{{ c | trim }}!", "Hello world!", [(11, "1h")]),
+    ("{{ c | tojson }}", '"Hello world  "', [(12, "1h")]),
+    ("{{ c | upper }}", "HELLO WORLD  ", []),  # rewritten: no range, as for any marker not intact
+])
+def test_a_marker_passes_through_what_templates_do_to_content(render: str, prompt: str,
+                                                               marks: list[tuple[int, str]]) -> None:
+    rendered = ChatTemplate.from_string("{% set c = messages[0]['content'] %}" + render).render(
+        [{"role": "user", "content": mark_block("Hello world  ", "1h")}])
+    text, found = strip_marks(rendered)
+    if marks:
+        assert (text, found) == (prompt, marks)
+    else:  # "1h" became "1H": the marker is left as the template wrote it
+        assert found == [] and text.replace(MARK_START.upper() + "1H\x7f", "") == prompt
+    assert text.isascii()  # an ASCII conversation's prompt stays ASCII (one byte a character) all the way
 
 
 RETAINING_CONFIG = {"config": {**TRTLLM_CONFIG["config"], "input": [

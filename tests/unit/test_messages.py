@@ -21,6 +21,7 @@ from openai_api.errors import BackendError, BackendUnavailableError
 from openai_api.http.dialects.anthropic_messages import PING, turns
 from openai_api.http.sse import coalesced
 from openai_api.schemas.anthropic import CountTokensRequest, MessagesRequest
+from openai_api.schemas.openai import ChatMessage
 from openai_api.services import parts
 from openai_api.services.retention import mark_block
 from openai_api.settings import Settings
@@ -64,7 +65,7 @@ def chat_messages(req: CountTokensRequest, images: list[str] | None = None,
     conversation = turns(req, strip_billing)
     if images is not None:
         images += parts.image_paths(conversation)
-    return [m.model_dump(exclude_none=True) for m in parts.chat_messages(conversation)]
+    return [ChatMessage.model_validate(m).model_dump(exclude_none=True) for m in parts.chat_messages(conversation)]
 
 
 def user(text: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from openai_api.config import BUNDLED_TEMPLATES
+from openai_api.text.sandbox import plain
 from openai_api.text.templates import ChatTemplate, RenderLimits, TemplateBudgetError, TemplateError
 from tests.helpers import MODELS, requires_models
 
@@ -464,6 +465,43 @@ def test_sandbox_attribute_walks_reach_nothing(source: str) -> None:
     except TemplateError:
         return
     assert out == ""
+
+
+LOOP_SOURCE = ("{% for m in messages %}{{ loop.index }}/{{ loop.index0 }}/{{ loop.revindex }}/{{ loop.revindex0 }}/"
+               "{{ loop.first }}/{{ loop.last }}/{{ loop.length }}/{{ loop.depth }}/{{ loop.depth0 }}/"
+               "{{ loop.previtem is defined }}/{{ loop.nextitem['role'] if not loop.last else '-' }};{% endfor %}")
+
+
+def test_loop_variable_reads_as_jinja_defines_it() -> None:
+    out = ChatTemplate.from_string(LOOP_SOURCE).render(
+        [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}])
+    assert out == ("1/0/3/2/True/False/3/1/0/False/assistant;2/1/2/1/False/False/3/1/0/True/user;"
+                   "3/2/1/0/False/True/3/1/0/True/-;")
+
+
+@pytest.mark.parametrize("source", ["{% for m in messages %}{{ loop._iterator }}{% endfor %}",
+                                    "{% for m in messages %}{{ loop.__class__.__init__.__globals__ }}{% endfor %}",
+                                    "{% for m in messages %}{{ loop.cycle.__func__.__globals__ }}{% endfor %}"])
+def test_loop_variable_internals_stay_out_of_reach(source: str) -> None:
+    try:
+        out = ChatTemplate.from_string(source).render([{"role": "user", "content": "Hi"}])
+    except TemplateError:
+        return
+    assert out == ""
+
+
+class Text(str):
+    pass
+
+
+def test_plain_copies_json_and_reduces_everything_else() -> None:
+    inner = {"k": [1, 2.5, True, None, Text("sub")], Text("key"): {"deep": ["x"]}, "t": (1, "y")}
+    value = [inner, {"role": "user", "content": "plain"}, Evil()]
+    out = plain(value)
+    assert out == [{"k": [1, 2.5, True, None, "sub"], "key": {"deep": ["x"]}, "t": [1, "y"]},
+                   {"role": "user", "content": "plain"}, "<Evil>"]
+    assert type(out[0]["k"][4]) is str and all(type(k) is str for k in out[0])
+    assert out[0] is not inner and out[0]["k"] is not inner["k"] and out[1] is not value[1]
 
 
 def test_sandbox_error_message_is_generic() -> None:
