@@ -3,11 +3,14 @@
 # the embedded Triton (nvidia-pytriton) and the reference models' dependencies, then the prepared
 # model folders in models/ (both git-ignored). A second run takes seconds.
 #
-# `bash scripts/setup.sh deps` stops after the two venvs (scripts/test.sh then prepares the models while mypy and
-# scripts/setup_tests.sh run beside it: they need the venv, not the weights).
+# Stages (`bash scripts/setup.sh [STAGE]`): all (the default: the venv, the image's venv, the models), deps (the two
+# venvs), venv (.venv alone), image (.venv-image alone; needs .venv), models (the models alone; needs .venv).
+# scripts/test.sh makes .venv, then runs image, models, mypy and scripts/setup_tests.sh side by side: each needs
+# the venv, none needs another's result.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STAGE="${1:-all}"
+case "$STAGE" in all|deps|venv|image|models) ;; *) echo "setup.sh: unknown stage $STAGE" >&2; exit 2 ;; esac
 
 PYTHON="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
@@ -37,15 +40,21 @@ install_torch() {
   fi
 }
 
+want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ "$STAGE" = image ] || [ "$STAGE" = models ]; then
+  # A later stage of a set-up that made .venv already (scripts/test.sh): refuse a stale one rather than mend it here.
+  if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+    echo "setup.sh $STAGE: $VENV is missing or stale; run bash scripts/setup.sh venv first" >&2
+    exit 1
+  fi
 # A venv whose creation was interrupted has a python but no pip: made again.
-if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+elif [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
   echo "setup: creating $VENV with $($PYTHON --version)"
   "$PYTHON" -m venv --clear "$VENV"
 fi
 PY="$VENV/bin/python"
 
-want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+if [ "$STAGE" != image ] && [ "$STAGE" != models ] && [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing dependencies (first run takes a few minutes)"
   "$PY" -m pip install -q --upgrade pip
   # torch first, so that the extras find it installed and pull no CUDA build of their own.
@@ -72,7 +81,9 @@ fi
 # The test re-installs the project alone (--no-deps, from a wheel built offline) so that it is the current code;
 # here its dependencies come from the package index, again whenever pyproject.toml or this script changes.
 IMAGE_VENV="${IMAGE_VENV:-.venv-image}"
-if [ "$(cat "$IMAGE_VENV/.setup-stamp" 2>/dev/null)" != "$want" ] || [ ! -x "$IMAGE_VENV/bin/openai-api" ]; then
+[ "$STAGE" = venv ] && exit 0
+if [ "$STAGE" != models ] && { [ "$(cat "$IMAGE_VENV/.setup-stamp" 2>/dev/null)" != "$want" ] \
+    || [ ! -x "$IMAGE_VENV/bin/openai-api" ]; }; then
   echo "setup: creating $IMAGE_VENV (pip install . with no extras, as docker/Dockerfile does)"
   "$PYTHON" -m venv --clear "$IMAGE_VENV"
   if ! "$PY" -m uv pip install -q --python "$IMAGE_VENV/bin/python" .; then
@@ -82,5 +93,5 @@ if [ "$(cat "$IMAGE_VENV/.setup-stamp" 2>/dev/null)" != "$want" ] || [ ! -x "$IM
   echo "$want" > "$IMAGE_VENV/.setup-stamp"
 fi
 
-[ "$STAGE" = "deps" ] && exit 0
+[ "$STAGE" = deps ] || [ "$STAGE" = image ] && exit 0
 "$PY" -m openai_api.embedded.prepare >/dev/null

@@ -13,20 +13,23 @@
 # the first is up: see tests/e2e/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh deps
-# Then three independent steps side by side, each logging to a file printed once all are done: on a clean
+bash scripts/setup.sh venv
+# Then four independent steps side by side, each logging to a file printed once all are done: on a clean
 # clone they are ~2 min of model preparation (one core: dequantising SmolLM2, training the LoRA adapters, building
-# the family tokenizers), ~1 min of mypy with no cache (one core) and the test services' installs (network and
-# disk: apt, npm ci), ~4 min one after the other. The first failure fails the command after all have ended.
+# the family tokenizers), ~1 min of mypy with no cache (one core), the image's venv (.venv-image: the package
+# installed as docker/Dockerfile installs it, network and disk) and the test services' installs (network and
+# disk: apt, npm ci), ~4.5 min one after the other. The first failure fails the command after all have ended.
 logs="$(mktemp -d)"
 trap 'rm -rf "$logs"' EXIT
 # Whether the model preparation below builds SmolLM2 cold (a clean clone, as CI runs it): then that is the cold
 # path run for real, and tests/unit/test_prepare.py does not build it a second time (~15 s of a CPU-bound run).
 smol_marker="${OPENAI_API_MODELS_DIR:-models}/smollm2-135m-instruct/.prepared"
 [ -e "$smol_marker" ] && built_cold=0 || built_cold=1
-steps=(models tests mypy)
-bash scripts/setup.sh >"$logs/models" 2>&1 &
+steps=(models image tests mypy)
+bash scripts/setup.sh models >"$logs/models" 2>&1 &
 pids=($!)
+bash scripts/setup.sh image >"$logs/image" 2>&1 &
+pids+=($!)
 bash scripts/setup_tests.sh >"$logs/tests" 2>&1 &  # Redis, Prometheus, Chromium, the npm clients: pytest installs nothing
 pids+=($!)
 .venv/bin/python -m mypy >"$logs/mypy" 2>&1 &
