@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import sys
 
 from tritonclient.utils import InferenceServerException
 
@@ -135,8 +136,8 @@ def guide_refusal(message: str) -> str | None:
 
 
 def _is_connection_error(err: BaseException) -> bool:
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - aiohttp comes with tritonclient[http]
+    # aiohttp is loaded with the first HTTP client (`TritonClientPool.http`); without one, no aiohttp error exists.
+    aiohttp = sys.modules.get("aiohttp")
+    if aiohttp is None:
         return isinstance(err, ConnectionError)
     return isinstance(err, ConnectionError | aiohttp.ClientConnectionError | aiohttp.ServerDisconnectedError)
