@@ -251,30 +251,17 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
 
         # --- refusals ----------------------------------------------------------------------------------------
         def close_after_answer(self) -> None:
-            """Close after an answer: at once when the request was read in full, else with a lingering close (the
-            answer written, the write side shut, the rest of the body read and dropped for at most `LINGER_S`), so
-            a client still uploading reads the answer (a 413 to a 27 MB file) instead of a reset."""
-            transport = self.transport
-            if self._body_complete or self._lingering or transport.is_closing() or not transport.can_write_eof():
-                transport.close()
+            """Close after an answer: at once when the request was read in full, else with a lingering close
+            (`_linger`), so a client still uploading reads the answer (a 413 to a 27 MB file) instead of a reset."""
+            if self._body_complete or self._lingering or self.transport.is_closing():
+                self.transport.close()
                 return
-            self._disarm()
-            self._lingering = True
-            if self.flow is not None:
-                self.flow.resume_reading()
-            transport.write_eof()  # after what is buffered: the answer first
-            self._linger_timer = self.loop.call_later(LINGER_S, transport.abort)
-            waiting.pop(self, None)
-            waiting[self] = None
+            self._linger()
 
         def _refuse(self, err: GatewayError, reason: str) -> None:
             """Answer `err` and close: written, half-closed, the rest of the input dropped (see the docstring)."""
             reject(reason)
-            self._disarm()
-            self._lingering = True
             self._in_head = False
-            if self.flow is not None:
-                self.flow.resume_reading()  # read (and drop) what is on its way, so the client can read the status
             cycle = self.cycle
             path = cycle.scope["path"] if cycle is not None else ""  # before the request line: OpenAI's shape
             if cycle is not None and not cycle.response_complete:
@@ -286,6 +273,15 @@ def guarded_protocol(limits: EdgeLimits, on_reject: Callable[[str], None] | None
             head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
                     f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode("ascii")
             self.transport.write(head + body)
+            self._linger()
+
+        def _linger(self) -> None:
+            """nginx's lingering close, once an answer is written: the write side shut after it, what the client
+            still sends read and dropped for at most `LINGER_S`, then the connection aborted."""
+            self._disarm()
+            self._lingering = True
+            if self.flow is not None:
+                self.flow.resume_reading()  # read (and drop) what is on its way, so the client can read the status
             if self.transport.can_write_eof():
                 self.transport.write_eof()
                 self._linger_timer = self.loop.call_later(LINGER_S, self.transport.abort)
