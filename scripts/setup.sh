@@ -41,7 +41,10 @@ install_torch() {
 }
 
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)"
-if [ "$STAGE" = image ] || [ "$STAGE" = models ]; then
+# image and models are later stages: they use .venv as an earlier `venv` stage left it.
+later=0
+case "$STAGE" in image|models) later=1 ;; esac
+if [ "$later" = 1 ]; then
   # A later stage of a set-up that made .venv already (scripts/test.sh): refuse a stale one rather than mend it here.
   if [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
     echo "setup.sh $STAGE: $VENV is missing or stale; run bash scripts/setup.sh venv first" >&2
@@ -55,7 +58,7 @@ elif [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip --version >/dev/
 fi
 PY="$VENV/bin/python"
 
-if [ "$STAGE" != image ] && [ "$STAGE" != models ] && [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
+if [ "$later" = 0 ] && [ "$(cat "$STAMP" 2>/dev/null)" != "$want" ]; then
   echo "setup: installing dependencies (first run takes a few minutes)"
   "$PY" -m pip install -q --upgrade pip
   # torch first, so that the extras find it installed and pull no CUDA build of their own.
