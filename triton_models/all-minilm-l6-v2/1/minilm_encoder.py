@@ -10,6 +10,7 @@ file from beside ``all-minilm-l6-v2/1/model.py``, as the SmolLM2 family's models
   machinery, none used here), and the test command starts these stubs ~16 times.
 * ``plan_chunks``: how rows of different lengths are cut into padded forward passes.
 * ``MiniLMEncoder``: rows in, hidden states and mean-pooled, L2-normalised sentence embeddings out.
+* what both models read alike: the weights' folder (``resolve_model_dir``) and a request's input tensors.
 """
 
 from __future__ import annotations
@@ -17,16 +18,30 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_file
 from torch.nn import functional
 
+MODEL_FOLDER = "all-minilm-l6-v2"
+INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 DEFAULT_MAX_TOKENS_PER_FORWARD = 8192
 # Fixed cost of one forward pass in padded tokens: ~7 ms against ~0.3 ms per token for this model
 # on one x86 core (OMP_NUM_THREADS=1), measured with batches of 1..64 rows of 20 tokens.
 DEFAULT_FORWARD_OVERHEAD_TOKENS = 24
+
+
+def resolve_model_dir(parameters: dict[str, Any]) -> Path:
+    """Folder holding the HF BertModel: config parameter, then the env var, then the repo checkout."""
+    configured = parameters.get("model_dir", {}).get("string_value", "")
+    if configured:
+        return Path(configured)
+    env_dir = os.environ.get("OPENAI_API_MODELS_DIR")
+    if env_dir:
+        return Path(env_dir) / MODEL_FOLDER
+    return Path(__file__).resolve().parents[3] / "models" / MODEL_FOLDER
 
 
 class Bert:
@@ -209,3 +224,26 @@ class MiniLMEncoder:
             summed = states.sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
             normalised = functional.normalize(summed, p=2.0, dim=1)
         return states.float().numpy(), normalised.float().numpy()
+
+
+def read_request(request: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A Triton request's input tensors; raises ValueError. (The Python backend's utilities exist only inside
+    Triton's stub, so they are imported here, not with this module.)"""
+    import triton_python_backend_utils as pb_utils
+
+    tensors = {}
+    for name in INPUT_NAMES:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        tensors[name] = None if tensor is None else tensor.as_numpy()
+    if tensors["input_ids"] is None or tensors["attention_mask"] is None:
+        raise ValueError("input_ids and attention_mask are required")
+    for name, array in tensors.items():
+        if array is not None and array.dtype != np.int64:
+            raise ValueError(f"{name} must be INT64, got {array.dtype}")
+    return tensors["input_ids"], tensors["attention_mask"], tensors["token_type_ids"]
+
+
+def error_response(message: str) -> Any:
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))

@@ -28,49 +28,23 @@ or ``<repo>/models/all-minilm-l6-v2``).
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from minilm_encoder import DEFAULT_FORWARD_OVERHEAD_TOKENS, DEFAULT_MAX_TOKENS_PER_FORWARD, MiniLMEncoder
-
-MODEL_FOLDER = "all-minilm-l6-v2"
-INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def resolve_model_dir(parameters: dict[str, Any]) -> Path:
-    """Folder holding the HF BertModel: config parameter, then the env var, then the repo checkout."""
-    configured = parameters.get("model_dir", {}).get("string_value", "")
-    if configured:
-        return Path(configured)
-    env_dir = os.environ.get("OPENAI_API_MODELS_DIR")
-    if env_dir:
-        return Path(env_dir) / MODEL_FOLDER
-    return Path(__file__).resolve().parents[3] / "models" / MODEL_FOLDER
+from minilm_encoder import (
+    DEFAULT_FORWARD_OVERHEAD_TOKENS,
+    DEFAULT_MAX_TOKENS_PER_FORWARD,
+    MiniLMEncoder,
+    error_response,
+    read_request,
+    resolve_model_dir,
+)
 
 
 def int_parameter(parameters: dict[str, Any], key: str, default: int) -> int:
     raw = parameters.get(key, {}).get("string_value", "")
     return int(raw) if raw else default
-
-
-def read_request(request: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    tensors = {}
-    for name in INPUT_NAMES:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        tensors[name] = None if tensor is None else tensor.as_numpy()
-    if tensors["input_ids"] is None or tensors["attention_mask"] is None:
-        raise ValueError("input_ids and attention_mask are required")
-    for name, array in tensors.items():
-        if array is not None and array.dtype != np.int64:
-            raise ValueError(f"{name} must be INT64, got {array.dtype}")
-    return tensors["input_ids"], tensors["attention_mask"], tensors["token_type_ids"]
-
-
-def error_response(message: str) -> Any:
-    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
 
 
 class TritonPythonModel:
