@@ -54,31 +54,8 @@ stop word) or ``"length"`` on the final call.  An end id is never part of ``job.
 
 Torch runs one intra-op thread unless ``OPENAI_API_REF_TORCH_THREADS`` says otherwise.
 
-Prefix cache, measured with ``bench/prefix_cache_ttft.py`` (tritonserver, TensorRT-LLM tensors over gRPC,
-one torch thread, this 2-core machine shared with other work; medians of 3 rounds), time to first token:
-
-=========================================  ======================  =====================
-request                                    load average 11-16      load average 5-7
-=========================================  ======================  =====================
-fresh 1,500-token prompt                   11.2 s                  4.36 s
-same prompt + a 30-token new turn          0.82 s                  0.39 s
-fresh 1,530-token prompt (the same size)   12.3 s                  7.58 s (4.1-8.1)
-=========================================  ======================  =====================
-
-The warm request reused 46 blocks (1,472 tokens) and prefilled 58. A 32-token block of this model is 1.4 MiB
-(FP32 keys and values of 30 layers).
-
-Guided decoding cost, measured with ``bench/guided_overhead.py`` on this 2-core CPU (xgrammar 0.2.8,
-torch 2.13.0 CPU, one thread, the machine shared with other work):
-
-* per generated token, the guide's work (bitmask fill + apply + accept + the finished check) is
-  about 0.33 ms median (p90 0.42 ms) against a 57 ms unguided decode step (forward pass + sampling):
-  0.6 %.  (The mask is applied with a branch-free numpy add, about 25 us warm; xgrammar's CPU
-  ``apply_token_bitmask_inplace`` took about 150 us for the same 49,152 logits.)
-* compiling a schema: 4.6 ms for a tool-style schema (strings without length bounds, an enum, a
-  bounded integer, a boolean), 178 ms for one with a ``maxLength: 24`` string, a pattern, a nested
-  object and an array; a cached compile (same kind + guide text) takes 1-3 us.  The compiler itself
-  (xgrammar's index of the tokenizer) is built once per model at start-up: 0.4-0.7 s.
+Measured costs: the prefix cache's time to first token in ``smollm2_prefix_cache.py``, guided decoding's per
+token and per compile in ``smollm2_guide.py``.
 """
 
 from __future__ import annotations
