@@ -34,7 +34,7 @@ Wire contract (``max_batch_size: 8``, so every tensor has a leading batch dim th
   ``lora_config`` INT32 [1, N, 3] (module id, layer, r; ids 1-7 = q, k, v, o, gate (mlp_h_to_4h), down
   (mlp_4h_to_h), up (mlp_gate)).  Weights with a task id are cached (an LRU of ``lora_cache_size``
   adapters, the config's parameter; TensorRT-LLM's host cache) and applied in every forward pass of the
-  request (``smollm2_engine.LoraHooks``); a task id alone must be cached, else the request fails with
+  request (``smollm2_lora.LoraHooks``); a task id alone must be cached, else the request fails with
   TensorRT-LLM's words: "LoRA task <id> not found in cache. Please send LoRA weights with request".
   Counters ``lora_loads``, ``lora_hits``, ``lora_misses``, ``lora_evictions`` count each case.
 * KV cache reuse, as TensorRT-LLM's ``enable_kv_cache_reuse`` (``smollm2_prefix_cache.py``): with the config's
@@ -61,8 +61,9 @@ newly queued requests one by one, then advances every other active request by on
 forward pass, each request keeping its own KV cache (attention runs per request).  Concurrent
 requests are therefore served fairly, and N of them cost about one forward pass a token, not N.
 
-The decoding engine (weights, worker, sampling, cancellation, stats) lives in ``smollm2_engine.py``
-beside this file and is shared with ``smollm2-vllm`` and ``smollm2-ft``; this file is the protocol.
+The decoding engine (weights, worker, cancellation, stats) lives in ``smollm2_engine.py`` beside this file, with
+its parts beside it (sampling in ``smollm2_sampling.py``, LoRA in ``smollm2_lora.py``, the request-reading helpers
+in ``smollm2_requests.py``), and is shared with ``smollm2-vllm`` and ``smollm2-ft``; this file is the protocol.
 
 Torch runs one intra-op thread unless ``OPENAI_API_REF_TORCH_THREADS`` says otherwise.
 
@@ -81,10 +82,11 @@ import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # The shared engine is importable once this directory is on sys.path.
-from smollm2_engine import (
-    Job,
+from smollm2_engine import SmolLM2Engine
+from smollm2_guide import trtllm_guide
+from smollm2_job import Job
+from smollm2_requests import (
     RequestError,
-    SmolLM2Engine,
     batched_scalar,
     batched_string,
     checked_temperature,
@@ -92,7 +94,6 @@ from smollm2_engine import (
     seeded_generator,
     word_list,
 )
-from smollm2_guide import trtllm_guide
 
 
 class TritonPythonModel(SmolLM2Engine):

@@ -4,8 +4,9 @@ Three Triton models speak three wire protocols over the same weights and the sam
 ``smollm2-135m-instruct`` (TensorRT-LLM tensors), ``smollm2-vllm`` (the vLLM backend's text interface)
 and ``smollm2-ft`` (the legacy FasterTransformer tensors).  Each ``model.py`` subclasses
 ``SmolLM2Engine`` and implements only its protocol: ``parse`` turns a Triton request into a ``Job``
-(raising ``RequestError`` for the client's mistakes) and ``respond`` turns decoding progress into
-Triton responses.  This module owns everything else:
+(``smollm2_job.py``; read with the helpers of ``smollm2_requests.py``, raising ``RequestError`` for the client's
+mistakes) and ``respond`` turns decoding progress into Triton responses.  This module, with the modules beside
+it that it names, owns everything else:
 
 * loading the weights (``$OPENAI_API_MODELS_DIR/smollm2-135m-instruct``, else ``<repo>/models/...``);
 * one background worker thread that owns the model and batches decoding in flight, as TensorRT-LLM and vLLM
@@ -13,12 +14,14 @@ Triton responses.  This module owns everything else:
   every other active job by one token in one forward pass (``smollm2_batch.py`` beside this file: a batch per
   LoRA adapter, attention per job against its own KV cache; a batch of one is bit-identical to the model's own
   forward pass, a larger one may differ in the last bits, as batch sizes do in the production engines);
-* sampling (greedy when ``temperature == 0`` or ``top_k == 1``; else temperature, top-k, top-p),
-  repetition / presence / frequency penalties, ``min_tokens``, bad words, stop words, end ids; each
-  sampled token's log-prob (``job.log_probs``) and, when ``job.top_logprobs`` is set, its rank and the
-  ``top_logprobs`` most likely alternatives (``job.ranks``, ``job.alternatives``), all read from the one
-  distribution the token was drawn from (``log_softmax`` of the logits after penalties, masks and
+* sampling (``smollm2_sampling.py`` beside this file; greedy when ``temperature == 0`` or ``top_k == 1``; else
+  temperature, top-k, top-p), repetition / presence / frequency penalties, ``min_tokens``, bad words, stop
+  words, end ids; each sampled token's log-prob (``job.log_probs``) and, when ``job.top_logprobs`` is set, its
+  rank and the ``top_logprobs`` most likely alternatives (``job.ranks``, ``job.alternatives``), all read from the
+  one distribution the token was drawn from (``log_softmax`` of the logits after penalties, masks and
   temperature, before top-k / top-p), so the sampled token's value is the same number in both;
+* LoRA (``smollm2_lora.py`` beside this file): a job's adapter (``job.lora``) added to every projection in its
+  forward passes by hooks, installed on the first job with one; ``lora_cache`` keeps ``lora_cache_size`` adapters;
 * cancellation, polled before every token step: the job is dropped, its KV cache freed and a
   CANCELLED error sent with the FINAL flag;
 * guided decoding (``smollm2_guide.py`` beside this file: the wire forms, xgrammar compilation, the
@@ -51,44 +54,18 @@ stop word) or ``"length"`` on the final call.  An end id is never part of ``job.
 
 Torch runs one intra-op thread unless ``OPENAI_API_REF_TORCH_THREADS`` says otherwise.
 
-Prefix cache, measured with ``bench/prefix_cache_ttft.py`` (tritonserver, TensorRT-LLM tensors over gRPC,
-one torch thread, this 2-core machine shared with other work; medians of 3 rounds), time to first token:
-
-=========================================  ======================  =====================
-request                                    load average 11-16      load average 5-7
-=========================================  ======================  =====================
-fresh 1,500-token prompt                   11.2 s                  4.36 s
-same prompt + a 30-token new turn          0.82 s                  0.39 s
-fresh 1,530-token prompt (the same size)   12.3 s                  7.58 s (4.1-8.1)
-=========================================  ======================  =====================
-
-The warm request reused 46 blocks (1,472 tokens) and prefilled 58. A 32-token block of this model is 1.4 MiB
-(FP32 keys and values of 30 layers).
-
-Guided decoding cost, measured with ``bench/guided_overhead.py`` on this 2-core CPU (xgrammar 0.2.8,
-torch 2.13.0 CPU, one thread, the machine shared with other work):
-
-* per generated token, the guide's work (bitmask fill + apply + accept + the finished check) is
-  about 0.33 ms median (p90 0.42 ms) against a 57 ms unguided decode step (forward pass + sampling):
-  0.6 %.  (The mask is applied with a branch-free numpy add, about 25 us warm; xgrammar's CPU
-  ``apply_token_bitmask_inplace`` took about 150 us for the same 49,152 logits.)
-* compiling a schema: 4.6 ms for a tool-style schema (strings without length bounds, an enum, a
-  bounded integer, a boolean), 178 ms for one with a ``maxLength: 24`` string, a pattern, a nested
-  object and an array; a cached compile (same kind + guide text) takes 1-3 us.  The compiler itself
-  (xgrammar's index of the tokenizer) is built once per model at start-up: 0.4-0.7 s.
+Measured costs: the prefix cache's time to first token in ``smollm2_prefix_cache.py``, guided decoding's per
+token and per compile in ``smollm2_guide.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -96,8 +73,12 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 from smollm2_batch import decode_step
-from smollm2_guide import GuideCompiler, GuideEnded, GuideError, GuideSpec, GuideUnavailable
+from smollm2_guide import GuideCompiler, GuideEnded, GuideError, GuideUnavailable
+from smollm2_job import Job
+from smollm2_lora import LoraCache, LoraHooks
 from smollm2_prefix_cache import PrefixCache
+from smollm2_requests import RequestError, config_parameter, triton_error
+from smollm2_sampling import sample
 from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
@@ -105,288 +86,6 @@ MODEL_FOLDER = "smollm2-135m-instruct"
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 # Never make a KV cache longer than the checkpoint's position range (config.json says 8192).
 DEFAULT_MAX_SEQUENCE = 8192
-
-
-class RequestError(ValueError):
-    """Invalid request; the message goes back to the client verbatim."""
-
-
-def checked_temperature(value: float, name: str = "temperature") -> float:
-    """A sampling temperature, refused when negative (0 is greedy)."""
-    if value < 0:
-        raise RequestError(f"{name} must be >= 0")
-    return value
-
-
-def triton_error(message: str, code_name: str = "INVALID_ARG") -> Any:
-    code = getattr(pb_utils.TritonError, code_name, None)
-    return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
-
-
-def input_array(request: Any, name: str) -> np.ndarray | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def batched_scalar(request: Any, name: str, default: Any) -> Any:
-    """A scalar sent as [1, 1] (batch dim) or [1] (no batch dim); a batch of more than one is refused."""
-    arr = input_array(request, name)
-    if arr is None or arr.size == 0:
-        return default
-    if arr.shape[0] != 1:
-        raise RequestError(f"{name}: batch size {arr.shape[0]} not supported, send one sequence per request")
-    return arr.reshape(-1)[0].item()
-
-
-def batched_string(request: Any, name: str) -> str | None:
-    """A BYTES scalar sent as [1, 1] (batch dim) or [1], decoded as UTF-8; None when absent."""
-    arr = input_array(request, name)
-    if arr is None or arr.size == 0:
-        return None
-    if arr.shape[0] != 1 or arr.size != 1:
-        raise RequestError(f"{name}: expected one string (shape [1, 1]), got shape {list(arr.shape)}")
-    raw = arr.reshape(-1)[0]
-    if isinstance(raw, bytes):
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RequestError(f"{name}: not valid UTF-8 ({exc})") from None
-    return str(raw)
-
-
-def word_list(request: Any, name: str) -> list[list[int]]:
-    """Decode a words list ([1, 2, N] or [2, N]: ids, cumulative end offsets -1-padded) into id sequences."""
-    arr = input_array(request, name)
-    if arr is None or arr.size == 0:
-        return []
-    if arr.ndim == 2:  # tolerate a client that dropped the batch dim
-        arr = arr[None]
-    if arr.ndim != 3 or arr.shape[0] != 1 or arr.shape[1] != 2:
-        raise RequestError(f"{name}: expected shape [1, 2, N], got {list(arr.shape)}")
-    ids, offsets = arr[0, 0].tolist(), arr[0, 1].tolist()
-    words: list[list[int]] = []
-    start = 0
-    for end in offsets:
-        if end < 0:
-            break
-        if end <= start or end > len(ids):
-            if end == start:
-                continue
-            raise RequestError(f"{name}: bad offset {end}")
-        words.append([int(t) for t in ids[start:end]])
-        start = end
-    return words
-
-
-def seeded_generator(seed: int | None) -> torch.Generator | None:
-    if seed is None:
-        return None
-    return torch.Generator().manual_seed(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
-
-
-LoraWeights = dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
-# TensorRT-LLM's LoRA module ids (LoraModule::ModuleType) and the Llama projections they adapt, as its
-# hf_lora_convert.py maps them.
-LORA_MODULE_IDS = {1: "q_proj", 2: "k_proj", 3: "v_proj", 4: "o_proj", 5: "gate_proj", 6: "down_proj", 7: "up_proj"}
-
-
-class LoraHooks:
-    """LoRA in the forward pass: a hook on every attention and MLP projection adds ``(x @ A^T) @ B^T`` of the
-    active adapter (``active``: (layer, module) -> (A^T, B^T), set by the worker around each job's forward
-    pass) to the projection's output; with no adapter active a hook returns at once."""
-
-    def __init__(self, model: Any) -> None:
-        self.active: LoraWeights | None = None
-        self.dims: dict[str, tuple[int, int]] = {}
-        self.layers = 0
-        self.linears: list[tuple[tuple[int, str], Any]] = []
-        self.installed = False
-        for layer_idx, layer in enumerate(model.model.layers):
-            self.layers = layer_idx + 1
-            for part in (layer.self_attn, layer.mlp):
-                for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):
-                    linear = getattr(part, name, None)
-                    if linear is None:
-                        continue
-                    self.dims[name] = (int(linear.in_features), int(linear.out_features))
-                    self.linears.append(((layer_idx, name), linear))
-
-    @contextlib.contextmanager
-    def applied(self, weights: LoraWeights | None) -> Iterator[None]:
-        """``weights`` (or no adapter) active in the forward passes inside; hooks installed on the first adapter.
-        Only the worker thread runs forward passes, so one adapter at a time is all there is."""
-        if weights is not None:
-            self.install()
-        self.active = weights
-        try:
-            yield
-        finally:
-            self.active = None
-
-    def install(self) -> None:
-        """Hook every projection, once, on the first job with an adapter (called by the worker thread, the
-        only one running forward passes): a model never asked for LoRA keeps PyTorch's hook-free fast path."""
-        if not self.installed:
-            for key, linear in self.linears:
-                linear.register_forward_hook(self._hook(key))
-            self.installed = True
-
-    def _hook(self, key: tuple[int, str]) -> Any:
-        def hook(_module: Any, inputs: Any, output: torch.Tensor) -> torch.Tensor | None:
-            active = self.active
-            if active is None:
-                return None
-            ab = active.get(key)
-            if ab is None:
-                return None
-            return output + (inputs[0] @ ab[0]) @ ab[1]
-
-        return hook
-
-    def from_trtllm(self, weights: np.ndarray, config: np.ndarray) -> LoraWeights:
-        """TensorRT-LLM's ``lora_weights`` [N, W] and ``lora_config`` [N, 3] (module id, layer, rank): each row
-        A [r, in] flattened, then B [out, r] (scale folded in), zero-padded to W."""
-        if weights.ndim != 2 or config.ndim != 2 or config.shape[1] < 3 or config.shape[0] != weights.shape[0]:
-            raise RequestError(f"lora_weights {list(weights.shape)} and lora_config {list(config.shape)}: expected "
-                               "[1, N, W] and [1, N, 3]")
-        out: LoraWeights = {}
-        for row, (module_id, layer, rank) in zip(weights, config[:, :3].tolist(), strict=True):
-            name = LORA_MODULE_IDS.get(int(module_id))
-            if name is None or name not in self.dims:
-                raise RequestError(f"lora_config: module id {module_id} is not supported by this model")
-            if not 0 <= layer < self.layers:
-                raise RequestError(f"lora_config: layer {layer} is outside 0..{self.layers - 1}")
-            d_in, d_out = self.dims[name]
-            if rank < 1 or rank * (d_in + d_out) > row.shape[0]:
-                raise RequestError(f"lora_config: adapter size {rank} of module {module_id} does not fit "
-                                   f"lora_weights rows of {row.shape[0]} values")
-            a = torch.from_numpy(np.ascontiguousarray(row[: rank * d_in], dtype=np.float32)).reshape(rank, d_in)
-            b = torch.from_numpy(np.ascontiguousarray(row[rank * d_in: rank * (d_in + d_out)],
-                                                      dtype=np.float32)).reshape(d_out, rank)
-            out[(int(layer), name)] = (a.t().contiguous(), b.t().contiguous())
-        return out
-
-    def from_peft(self, folder: Path) -> LoraWeights:
-        """A PEFT adapter folder (adapter_config.json + adapter_model.safetensors), scale alpha / r folded in."""
-        import re
-
-        from safetensors.torch import load_file
-
-        cfg = json.loads((folder / "adapter_config.json").read_text())
-        rank, alpha = int(cfg["r"]), float(cfg.get("lora_alpha", cfg["r"]))
-        scale = alpha / rank ** 0.5 if cfg.get("use_rslora") else alpha / rank
-        pattern = re.compile(r".*\.layers\.(\d+)\.(?:self_attn|mlp)\.([a-z_]+)\.lora_([AB])\.weight$")
-        parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
-        for key, tensor in load_file(str(folder / "adapter_model.safetensors")).items():
-            m = pattern.match(key)
-            if m is None:
-                raise RequestError(f"{folder.name}: unsupported tensor {key}")
-            parts.setdefault((int(m.group(1)), m.group(2)), {})[m.group(3)] = tensor.float()
-        return {k: (ab["A"].t().contiguous(), (ab["B"] * scale).t().contiguous()) for k, ab in parts.items()}
-
-
-class LoraCache:
-    """A bounded LRU of adapters, as TensorRT-LLM's host cache (``lora_cache_size`` adapters): ``put`` evicts the
-    least recently used one beyond it; a running job keeps its own reference, so eviction never affects it."""
-
-    def __init__(self, capacity: int) -> None:
-        from collections import OrderedDict
-
-        self.capacity = max(1, capacity)
-        self.items: OrderedDict[Any, LoraWeights] = OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: Any) -> LoraWeights | None:
-        with self.lock:
-            found = self.items.get(key)
-            if found is not None:
-                self.items.move_to_end(key)
-            return found
-
-    def put(self, key: Any, weights: LoraWeights) -> int:
-        """Store ``weights``; returns how many adapters were evicted."""
-        with self.lock:
-            self.items[key] = weights
-            self.items.move_to_end(key)
-            evicted = 0
-            while len(self.items) > self.capacity:
-                self.items.popitem(last=False)
-                evicted += 1
-            return evicted
-
-
-def config_parameter(args: dict[str, str], key: str, default: str) -> str:
-    """A string parameter of the model's config.pbtxt (``parameters { key: ... }``), else ``default``."""
-    try:
-        params = json.loads(args.get("model_config", "{}")).get("parameters", {})
-        value = params.get(key, {}).get("string_value")
-    except (ValueError, AttributeError):
-        return default
-    return str(value) if value not in (None, "") else default
-
-
-@dataclass
-class Job:
-    """One generation request and its decoding state (owned by the worker thread once queued).
-
-    ``state`` is the protocol's own per-request data (a detokenizer, flags for optional outputs).
-    """
-
-    request: Any
-    sender: Any
-    prompt: list[int]
-    max_new: int
-    end_id: int
-    streaming: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    # Token sequences that end generation and stay in the output (TensorRT-LLM stop words).
-    stop_words: list[list[int]] = field(default_factory=list)
-    # Extra ids that end generation like end_id and are not emitted (vLLM stop_token_ids).
-    stop_ids: frozenset[int] = frozenset()
-    bad_words: list[list[int]] = field(default_factory=list)
-    generator: torch.Generator | None = None
-    # Guided decoding: the spec from ``parse``; the matcher state, made by the grammar thread.
-    guide: GuideSpec | None = None
-    guide_state: Any = None
-    state: dict[str, Any] = field(default_factory=dict)
-    cache: Any = None
-    pending: list[int] = field(default_factory=list)
-    generated: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    # Alternatives (vLLM's `logprobs: k`): None = not asked for; else k, and per generated token its rank
-    # in the distribution it was sampled from and that distribution's k most likely (id, log-prob).
-    top_logprobs: int | None = None
-    ranks: list[int] = field(default_factory=list)
-    alternatives: list[list[tuple[int, float]]] = field(default_factory=list)
-    counts: Counter[int] = field(default_factory=Counter)
-    # LoRA: the adapter's weights applied in every forward pass of this job ((layer, module) -> (A^T, B^T), the
-    # scale folded into B); held by the job, so evicting the adapter from a cache never touches a running job.
-    lora: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] | None = None
-    finish_reason: str | None = None
-    started: float = field(default_factory=time.monotonic)
-    # TensorRT-LLM's request perf metrics (``perf_metric_tensors``): the prefix cache's blocks this request
-    # reused, and its times in ns since the epoch (0: not reached yet).
-    reused_blocks: int = 0
-    arrival_ns: int = field(default_factory=time.time_ns)
-    scheduled_ns: int = 0
-    first_token_ns: int = 0
-    last_token_ns: int = 0
-
-    @property
-    def decoding(self) -> bool:
-        """Prefilled and one token to feed: the job's next step is the round's batched decode."""
-        return bool(self.scheduled_ns) and len(self.pending) == 1
-
-    def __post_init__(self) -> None:
-        self.pending = list(self.prompt)
-        self.bad_single = [w[0] for w in self.bad_words if len(w) == 1]
-        self.bad_multi = [w for w in self.bad_words if len(w) > 1]
 
 
 class SmolLM2Engine:
@@ -684,7 +383,7 @@ class SmolLM2Engine:
         True when the job is finished (and answered)."""
         with torch.inference_mode():
             try:
-                token, log_prob, ranked = self._sample(job, logits)
+                token, log_prob, ranked = sample(job, logits)
             except GuideEnded:  # the grammar is complete and every end id is masked (min_tokens, no end id)
                 token, log_prob, ranked = job.end_id, 0.0, None
         if token == job.end_id or token in job.stop_ids:
@@ -785,61 +484,6 @@ class SmolLM2Engine:
                  "first_token_time_ns": job.first_token_ns, "last_token_time_ns": job.last_token_ns}
         return ([pb_utils.Tensor(k, np.asarray([[v]], dtype=np.int32)) for k, v in ints.items()]
                 + [pb_utils.Tensor(k, np.asarray([[v]], dtype=np.int64)) for k, v in times.items()])
-
-    @staticmethod
-    def _ranked(job: Job, log_probs: torch.Tensor, token: int) -> tuple[int, list[tuple[int, float]]] | None:
-        """With alternatives asked for: the sampled token's rank (1 = most likely) in `log_probs`, the
-        distribution it was sampled from (after penalties, masks and temperature; before top-k / top-p), and
-        that distribution's `job.top_logprobs` most likely tokens, most likely first (masked ones left out)."""
-        if job.top_logprobs is None:
-            return None
-        rank = int((log_probs > log_probs[token]).sum()) + 1
-        if job.top_logprobs <= 0:
-            return rank, []
-        values, ids = torch.topk(log_probs, min(job.top_logprobs, log_probs.numel()))
-        return rank, [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)
-                      if v != float("-inf")]
-
-    def _sample(self, job: Job, logits: torch.Tensor) -> tuple[int, float, tuple[int, list[tuple[int, float]]] | None]:
-        if job.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(job.prompt) | set(job.generated)), dtype=torch.long)
-            vals = logits[seen]
-            logits[seen] = torch.where(vals > 0, vals / job.repetition_penalty, vals * job.repetition_penalty)
-        if job.counts and (job.presence_penalty or job.frequency_penalty):
-            toks = torch.tensor(list(job.counts), dtype=torch.long)
-            cnt = torch.tensor([job.counts[t] for t in job.counts], dtype=logits.dtype)
-            logits[toks] -= job.presence_penalty + job.frequency_penalty * cnt
-        masked = [t for t in job.bad_single if 0 <= t < logits.numel()]
-        for word in job.bad_multi:
-            prefix = word[:-1]
-            if len(prefix) <= len(job.generated) and job.generated[len(job.generated) - len(prefix) :] == prefix:
-                masked.append(word[-1])
-        if len(job.generated) < job.min_tokens:
-            masked += [t for t in (job.end_id, *job.stop_ids) if 0 <= t < logits.numel()]
-        if masked:
-            logits[torch.tensor(masked, dtype=torch.long)] = float("-inf")
-        if job.guide_state is not None:
-            job.guide_state.mask(logits, [job.end_id, *job.stop_ids])
-
-        greedy = job.temperature == 0.0 or job.top_k == 1
-        scaled = logits if greedy else logits / job.temperature
-        log_probs = torch.log_softmax(scaled, dim=-1)
-        if greedy:
-            token = int(torch.argmax(scaled))
-            return token, float(log_probs[token]), self._ranked(job, log_probs, token)
-        filtered = scaled.clone()
-        if job.top_k > 0 and job.top_k < filtered.numel():
-            kth = torch.topk(filtered, job.top_k).values[-1]
-            filtered[filtered < kth] = float("-inf")
-        if 0.0 < job.top_p < 1.0:
-            sorted_logits, order = torch.sort(filtered, descending=True)
-            cum = torch.cumsum(torch.softmax(sorted_logits, dim=-1), dim=-1)
-            # Drop tokens once the mass before them already reaches top_p (the first always stays).
-            drop = (cum - torch.softmax(sorted_logits, dim=-1)) >= job.top_p
-            filtered[order[drop]] = float("-inf")
-        probs = torch.softmax(filtered, dim=-1)
-        token = int(torch.multinomial(probs, 1, generator=job.generator))
-        return token, float(log_probs[token]), self._ranked(job, log_probs, token)
 
     # ------------------------------------------------------------------ responses and stats
     def send(self, job: Job, outputs: list[Any], final: bool) -> None:

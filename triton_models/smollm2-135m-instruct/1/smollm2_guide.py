@@ -45,6 +45,18 @@ request's end ids (``end_id``, vLLM ``stop_token_ids``) are allowed only where t
 so EOS is masked while the output is incomplete.  After each accepted token the next bitmask is filled
 at once; when it allows nothing but a stop token the grammar is finished and the engine ends the
 request with "stop" without another forward pass (the end id would be the only choice).
+
+Guided decoding cost, measured with ``bench/guided_overhead.py`` on this 2-core CPU (xgrammar 0.2.8,
+torch 2.13.0 CPU, one thread, the machine shared with other work):
+
+* per generated token, the guide's work (bitmask fill + apply + accept + the finished check) is
+  about 0.33 ms median (p90 0.42 ms) against a 57 ms unguided decode step (forward pass + sampling):
+  0.6 %.  (The mask is applied with a branch-free numpy add, about 25 us warm; xgrammar's CPU
+  ``apply_token_bitmask_inplace`` took about 150 us for the same 49,152 logits.)
+* compiling a schema: 4.6 ms for a tool-style schema (strings without length bounds, an enum, a
+  bounded integer, a boolean), 178 ms for one with a ``maxLength: 24`` string, a pattern, a nested
+  object and an array; a cached compile (same kind + guide text) takes 1-3 us.  The compiler itself
+  (xgrammar's index of the tokenizer) is built once per model at start-up: 0.4-0.7 s.
 """
 
 from __future__ import annotations

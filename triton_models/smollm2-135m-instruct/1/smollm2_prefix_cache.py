@@ -33,6 +33,20 @@ Imports neither Triton nor the engine, so it is tested on its own (``tests/unit/
   tail: a block whose parent is gone could never be matched again, and is never the one left behind.
 
 Not thread-safe: the engine's decode thread is its only user.
+
+Prefix cache, measured with ``bench/prefix_cache_ttft.py`` (tritonserver, TensorRT-LLM tensors over gRPC,
+one torch thread, this 2-core machine shared with other work; medians of 3 rounds), time to first token:
+
+=========================================  ======================  =====================
+request                                    load average 11-16      load average 5-7
+=========================================  ======================  =====================
+fresh 1,500-token prompt                   11.2 s                  4.36 s
+same prompt + a 30-token new turn          0.82 s                  0.39 s
+fresh 1,530-token prompt (the same size)   12.3 s                  7.58 s (4.1-8.1)
+=========================================  ======================  =====================
+
+The warm request reused 46 blocks (1,472 tokens) and prefilled 58. A 32-token block of this model is 1.4 MiB
+(FP32 keys and values of 30 layers).
 """
 
 from __future__ import annotations

@@ -53,17 +53,17 @@ import triton_python_backend_utils as pb_utils
 # The engine lives in the TensorRT-LLM reference model's version folder (a top-level folder of its
 # own would be taken for a model by Triton).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
-from smollm2_engine import (
-    Job,
+from smollm2_engine import SmolLM2Engine
+from smollm2_guide import trtllm_guide
+from smollm2_job import Job
+from smollm2_requests import (
     RequestError,
-    SmolLM2Engine,
     batched_scalar,
     batched_string,
     checked_temperature,
     input_array,
     seeded_generator,
 )
-from smollm2_guide import trtllm_guide
 
 _FLAGS = ("exclude_input_in_output", "return_log_probs", "return_num_input_tokens", "return_num_output_tokens",
           "return_perf_metrics")

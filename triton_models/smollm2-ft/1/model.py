@@ -36,15 +36,9 @@ import triton_python_backend_utils as pb_utils
 # The engine lives in the TensorRT-LLM reference model's version folder (a top-level folder of its
 # own would be taken for a model by Triton).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
-from smollm2_engine import (
-    Job,
-    RequestError,
-    SmolLM2Engine,
-    batched_scalar,
-    input_array,
-    seeded_generator,
-    word_list,
-)
+from smollm2_engine import SmolLM2Engine
+from smollm2_job import Job
+from smollm2_requests import RequestError, batched_scalar, input_array, seeded_generator, word_list
 
 
 class TritonPythonModel(SmolLM2Engine):

@@ -31,15 +31,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
-from smollm2_engine import (
-    Job,
-    RequestError,
-    SmolLM2Engine,
-    batched_scalar,
-    batched_string,
-    checked_temperature,
-    seeded_generator,
-)
+from smollm2_engine import SmolLM2Engine
+from smollm2_job import Job
+from smollm2_requests import RequestError, batched_scalar, batched_string, checked_temperature, seeded_generator
 
 
 class TritonPythonModel(SmolLM2Engine):

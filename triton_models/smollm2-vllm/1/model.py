@@ -34,7 +34,7 @@ Wire contract (``max_batch_size: 0``: no batch dim), as the Triton vLLM backend 
 * LoRA, as the vLLM backend takes it: ``sampling_parameters.lora_name`` names an adapter of
   ``multi_lora.json`` beside this file (name -> PEFT folder, relative paths read from the prepared models
   folder); it is loaded from its folder on first use into an LRU of ``lora_cache_size`` adapters and
-  applied in every forward pass (``smollm2_engine.LoraHooks``).  Another name fails with the backend's
+  applied in every forward pass (``smollm2_lora.LoraHooks``).  Another name fails with the backend's
   words: "LoRA <name> is not supported, we currently support [...]".
 * the end-of-sequence token and ``stop_token_ids`` end generation and are neither emitted as text nor
   counted in ``num_output_tokens`` (the TensorRT-LLM reference counts the same way, so usage agrees
@@ -60,8 +60,10 @@ from tokenizers.decoders import DecodeStream
 # The engine lives in the TensorRT-LLM reference model's version folder (a top-level folder of its
 # own would be taken for a model by Triton).
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "smollm2-135m-instruct" / "1"))
-from smollm2_engine import Job, RequestError, SmolLM2Engine, checked_temperature, input_array, seeded_generator
+from smollm2_engine import SmolLM2Engine
 from smollm2_guide import vllm_guide
+from smollm2_job import Job
+from smollm2_requests import RequestError, checked_temperature, input_array, seeded_generator
 
 # Priming the decoder with the prompt's tail gives the same leading-space handling as decoding the
 # whole sequence (the gateway's own detokenizer does the same).
