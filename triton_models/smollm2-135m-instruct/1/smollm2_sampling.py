@@ -31,6 +31,7 @@ def ranked(job: Job, log_probs: torch.Tensor, token: int) -> tuple[int, list[tup
     return rank, [(int(i), float(v)) for v, i in zip(values.tolist(), ids.tolist(), strict=True)
                   if v != float("-inf")]
 
+
 def sample(job: Job, logits: torch.Tensor) -> tuple[int, float, tuple[int, list[tuple[int, float]]] | None]:
     """``job``'s next token from ``logits`` (its last position, 1-D over the vocabulary; changed in place): the
     token, its log-prob and, with alternatives asked for, ``ranked``'s rank and alternatives (else None)."""
