@@ -306,8 +306,9 @@ def render_md(result: dict[str, Any]) -> str:
         if len(streamed) == 2:
             last = max(streamed["w1-on-keep-stream"])
             off_r, on_r = streamed["w1-off-keep-stream"].get(last, {}), streamed["w1-on-keep-stream"][last]
-            lines += ["", f"Streamed (its own session, `--workers 1`), turn {last} ({_fmt(on_r['prompt_tokens'])} "
-                      f"tokens): time to the first text event {_fmt(off_r.get('ttft_ms'))} ms with the cache off, "
+            lines += ["", f"Streamed (sessions of their own, `--workers 1`, medians over repetitions), turn {last} "
+                      f"({_fmt(on_r['prompt_tokens'])} tokens): time to the first text event "
+                      f"{_fmt(off_r.get('ttft_ms'))} ms with the cache off, "
                       f"{_fmt(on_r.get('ttft_ms'))} ms on (the bare client's whole request: "
                       f"{_fmt(on_r.get('limit_ms'))} ms); CPU {_fmt(off_r.get('cpu_ms'))} / {_fmt(on_r.get('cpu_ms'))} "
                       "ms."]

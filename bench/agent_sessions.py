@@ -24,7 +24,8 @@ with the default (128). Cases:
   as for ``short``, ``--workers 1``, cache on, keep-alive: arm ``b1-on-keep``) gets every turn too, in the same
   rotation: old and new side by side in one run, on the same bytes. Also, once per repetition, a Claude Code
   session with its billing header fixed for the session (what stripping it, issue #36 item 2, would give the
-  prompt cache), and once per run a streamed session per dialect (time to the first text event).
+  prompt cache), and a streamed session per dialect (time to the first text event). ``--reps N`` sets the
+  repetitions (default 3).
 * ``short``: the bench's own short chat (41 tokens as templated), 16 tokens out, non-streamed: CPU per request
   of this checkout's gateway and of the commit before the prompt cache (``--base``, default 2bfb556, exported
   with ``git archive`` to a temporary folder with ``models/`` linked in), both up together on the same Triton,
@@ -249,6 +250,8 @@ class AgentBench:
     def __init__(self, a: argparse.Namespace) -> None:
         self.a = a
         self.sizes = Sizes.of(a.quick)
+        if a.reps:
+            self.sizes.reps = a.reps
         self.workdir = Path(tempfile.mkdtemp(prefix="bench-agents-"))
         self.triton: Any = None
         self.extra_repo: Path | None = None
@@ -481,9 +484,10 @@ class AgentBench:
                 await self.replay(dialect, rep, turns, ARMS + ((BASE_ARM,) if self.a.sessions_base else ()))
             await self.replay("claude_code", rep, await self.session("claude_code", rep, "stable"),
                               ("w1-on-keep-stable",))
-        for dialect in ("claude_code", "codex"):
-            await self.replay(dialect, 0, await self.session(dialect, 0, "stream"),
-                              ("w1-off-keep-stream", "w1-on-keep-stream"))
+            # Streamed sessions in every repetition too: with one, its ratio rested on two single turns.
+            for dialect in ("claude_code", "codex"):
+                await self.replay(dialect, rep, await self.session(dialect, rep, "stream"),
+                                  ("w1-off-keep-stream", "w1-on-keep-stream"))
 
     # ------------------------------------------------------------------ short requests, HEAD vs base
     def base_checkout(self, commit: str) -> Path:
@@ -688,6 +692,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.agent_sessions", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run: 6 turns, one repetition, short A/B of 2 rounds")
+    p.add_argument("--reps", type=int, help="repetitions of every session (default: 3, --quick 1)")
     p.add_argument("--cases", default="sessions,short,profile", help="comma-separated subset of sessions,short,"
                    "profile (profile needs sessions)")
     p.add_argument("--base", default=BASE_COMMIT, help="the commit the short-request case compares against")
