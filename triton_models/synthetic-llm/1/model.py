@@ -49,7 +49,8 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
   ``max_num_tokens``) with chunked prefill: every decoding request takes one token of it, the prompts still
   being prefilled share the rest first-come-first-served (a long prompt spans several steps). A step then takes
   ``step_ms + step_per_seq_ms x requests that emit a token + prefill_per_token_ms x prompt tokens in it``, and its
-  tokens are sent when it ends: a request's first token at the end of the step that finishes its prompt (``plan_step``).
+  tokens are sent when it ends: a request's first token at the end of the step that finishes its prompt (``plan_step``
+  in ``synthetic_engine.py`` beside this file).
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
   a FINAL response carrying a ``TritonError``, as the reference model does.
 * cancellation: ``is_cancelled()`` is polled at least every ``CANCEL_POLL_S`` seconds and before every
@@ -69,6 +70,7 @@ import heapq
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -78,6 +80,11 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+# The engine-step cost model lives beside this file; this folder first on sys.path makes it importable wherever
+# model.py runs (Triton's stub, a copied repository), as the SmolLM2 models import theirs.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_engine import plan_step
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 VOCAB_SIZE = 49152  # SmolLM2's vocabulary: prompt ids outside it are refused, as the reference does
@@ -215,25 +222,6 @@ class Job:
     next_check: float = 0.0
     # Prompt tokens not yet prefilled (the prefill cost model only; see `plan_step`).
     prefill_left: int = 0
-
-
-def plan_step(prefill_left: list[int], budget: int, step_s: float, per_seq_s: float,
-              per_token_s: float) -> tuple[float, list[int]]:
-    """One engine step over the requests in the batch, in their arrival order (`prefill_left`: each one's prompt
-    tokens still to prefill, 0 = decoding): each decoding request takes one token of the step's `budget` (0 = no
-    limit), the prefilling ones share what is left first-come-first-served, as vLLM's and TensorRT-LLM's chunked
-    prefill schedule decodes first. Returns the step's time and each request's prefill chunk; a request emits a
-    token at the step's end when it was decoding or its chunk finishes its prompt."""
-    decoding = sum(1 for left in prefill_left if left == 0)
-    room = budget - decoding if budget > 0 else sum(prefill_left)
-    chunks: list[int] = []
-    emitting = decoding
-    for left in prefill_left:
-        chunk = min(left, max(room, 0))
-        room -= chunk
-        chunks.append(chunk)
-        emitting += 1 if left and chunk == left else 0
-    return step_s + per_seq_s * emitting + per_token_s * sum(chunks), chunks
 
 
 class TritonPythonModel:
