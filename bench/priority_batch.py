@@ -246,9 +246,9 @@ def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active:
     """A model repository holding ENGINE: the synthetic LLM with its engine steps on (and its prefill cost model
     when `prefill_per_token_ms` or `step_token_budget` is set)."""
     dst = work / "models" / ENGINE
-    (dst / "1").mkdir(parents=True)
     src = REPO / "triton_models" / SYNTHETIC
-    shutil.copy2(src / "1" / "model.py", dst / "1" / "model.py")
+    # The whole version folder: model.py imports the modules beside it (synthetic_engine.py).
+    shutil.copytree(src / "1", dst / "1", ignore=shutil.ignore_patterns("__pycache__"))
     cfg = (src / "config.pbtxt").read_text().replace(f'name: "{SYNTHETIC}"', f'name: "{ENGINE}"')
     cfg = cfg.replace("parameters: [", "parameters: [\n"
                       f'  {{ key: "step_ms" value: {{ string_value: "{step_ms}" }} }},\n'

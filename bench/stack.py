@@ -92,8 +92,8 @@ def slow_model_repository(delay_ms: int) -> Path:
     src = REPO / "triton_models" / SYNTHETIC
     for name, delay in ((SYNTHETIC_SLOW, delay_ms), (SYNTHETIC_PACED, PACED_DELAY_MS)):
         dst = root / name
-        (dst / "1").mkdir(parents=True)
-        shutil.copy2(src / "1" / "model.py", dst / "1" / "model.py")
+        # The whole version folder: model.py imports the modules beside it (synthetic_engine.py).
+        shutil.copytree(src / "1", dst / "1", ignore=shutil.ignore_patterns("__pycache__"))
         cfg = (src / "config.pbtxt").read_text()
         cfg = cfg.replace(f'name: "{SYNTHETIC}"', f'name: "{name}"')
         cfg = cfg.replace(

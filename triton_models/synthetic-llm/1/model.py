@@ -49,7 +49,8 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
   ``max_num_tokens``) with chunked prefill: every decoding request takes one token of it, the prompts still
   being prefilled share the rest first-come-first-served (a long prompt spans several steps). A step then takes
   ``step_ms + step_per_seq_ms x requests that emit a token + prefill_per_token_ms x prompt tokens in it``, and its
-  tokens are sent when it ends: a request's first token at the end of the step that finishes its prompt (``plan_step``).
+  tokens are sent when it ends: a request's first token at the end of the step that finishes its prompt (``plan_step``
+  in ``synthetic_engine.py`` beside this file).
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
   a FINAL response carrying a ``TritonError``, as the reference model does.
 * cancellation: ``is_cancelled()`` is polled at least every ``CANCEL_POLL_S`` seconds and before every
@@ -69,6 +70,7 @@ import heapq
 import itertools
 import json
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -78,6 +80,18 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+# The engine-step cost model and the request readers live beside this file; this folder first on sys.path makes
+# them importable wherever model.py runs (Triton's stub, a copied repository), as the SmolLM2 models import theirs.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from synthetic_engine import plan_step
+from synthetic_requests import (
+    RequestError,
+    batched_scalar,
+    guided,
+    input_array,
+    word_list,
+)
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 VOCAB_SIZE = 49152  # SmolLM2's vocabulary: prompt ids outside it are refused, as the reference does
@@ -101,64 +115,11 @@ REASONING_PREAMBLE = (44, 17400, 46, 198, 504, 2914, 5988, 354, 2988, 43, 1303, 
 # (the concatenation is also the canonical tokenization of the whole object).
 JSON_PREFIX = (39428, 2692, 1799, 476)
 JSON_SUFFIX = (23597,)
-GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
-
-
-class RequestError(ValueError):
-    """Invalid request; the message goes back to the client verbatim."""
 
 
 def _error(message: str, code_name: str = "INVALID_ARG") -> Any:
     code = getattr(pb_utils.TritonError, code_name, None)
     return pb_utils.TritonError(message, code) if code is not None else pb_utils.TritonError(message)
-
-
-def _tensor(request: Any, name: str) -> np.ndarray | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _scalar(request: Any, name: str, default: Any) -> Any:
-    arr = _tensor(request, name)
-    if arr is None or arr.size == 0:
-        return default
-    if arr.shape[0] != 1:
-        raise RequestError(f"{name}: batch size {arr.shape[0]} not supported, send one sequence per request")
-    return arr.reshape(-1)[0].item()
-
-
-def _string(request: Any, name: str) -> str | None:
-    arr = _tensor(request, name)
-    if arr is None or arr.size == 0:
-        return None
-    if arr.shape[0] != 1 or arr.size != 1:
-        raise RequestError(f"{name}: expected one string (shape [1, 1]), got shape {list(arr.shape)}")
-    raw = arr.reshape(-1)[0]
-    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-
-
-def _guided(request: Any) -> bool:
-    """Whether the request carries a guide, checked as smollm2-135m-instruct checks it (not compiled)."""
-    guide_type = _string(request, "guided_decoding_guide_type")
-    guide = _string(request, "guided_decoding_guide")
-    if guide_type is None:
-        if guide:
-            raise RequestError("guided_decoding_guide was sent without guided_decoding_guide_type "
-                               f"(one of {', '.join(GUIDE_TYPES)})")
-        return False
-    if guide_type not in GUIDE_TYPES:
-        raise RequestError(f"guided_decoding_guide_type {guide_type!r} is not supported; "
-                           f"use one of {', '.join(GUIDE_TYPES)}")
-    if guide_type != "json" and not guide:
-        raise RequestError(f"guided_decoding_guide is required with guided_decoding_guide_type {guide_type!r}")
-    if guide_type == "json_schema":
-        try:
-            schema = json.loads(guide or "")
-        except ValueError as exc:
-            raise RequestError(f"guided_decoding_guide: the JSON schema is not valid JSON ({exc})") from None
-        if not isinstance(schema, dict | bool):
-            raise RequestError("guided_decoding_guide: a JSON schema must be a JSON object")
-    return True
 
 
 def _json_script(max_new: int, end_id: int) -> list[int]:
@@ -169,30 +130,6 @@ def _json_script(max_new: int, end_id: int) -> list[int]:
         return list(JSON_PREFIX + JSON_SUFFIX)[:max_new]
     body = [TOKEN_CYCLE[i % len(TOKEN_CYCLE)] for i in range(budget - shortest)]
     return [*JSON_PREFIX, *body, *JSON_SUFFIX]
-
-
-def _word_list(request: Any, name: str) -> list[list[int]]:
-    """Decode a TensorRT-LLM words list ([1, 2, N]: ids, cumulative end offsets) into id sequences."""
-    arr = _tensor(request, name)
-    if arr is None or arr.size == 0:
-        return []
-    if arr.ndim == 2:  # tolerate a client that dropped the batch dim
-        arr = arr[None]
-    if arr.ndim != 3 or arr.shape[0] != 1 or arr.shape[1] != 2:
-        raise RequestError(f"{name}: expected shape [1, 2, N], got {list(arr.shape)}")
-    ids, offsets = arr[0, 0].tolist(), arr[0, 1].tolist()
-    words: list[list[int]] = []
-    start = 0
-    for end in offsets:
-        if end < 0:
-            break
-        if end <= start or end > len(ids):
-            if end == start:
-                continue
-            raise RequestError(f"{name}: bad offset {end}")
-        words.append([int(t) for t in ids[start:end]])
-        start = end
-    return words
 
 
 @dataclass(eq=False)
@@ -215,25 +152,6 @@ class Job:
     next_check: float = 0.0
     # Prompt tokens not yet prefilled (the prefill cost model only; see `plan_step`).
     prefill_left: int = 0
-
-
-def plan_step(prefill_left: list[int], budget: int, step_s: float, per_seq_s: float,
-              per_token_s: float) -> tuple[float, list[int]]:
-    """One engine step over the requests in the batch, in their arrival order (`prefill_left`: each one's prompt
-    tokens still to prefill, 0 = decoding): each decoding request takes one token of the step's `budget` (0 = no
-    limit), the prefilling ones share what is left first-come-first-served, as vLLM's and TensorRT-LLM's chunked
-    prefill schedule decodes first. Returns the step's time and each request's prefill chunk; a request emits a
-    token at the step's end when it was decoding or its chunk finishes its prompt."""
-    decoding = sum(1 for left in prefill_left if left == 0)
-    room = budget - decoding if budget > 0 else sum(prefill_left)
-    chunks: list[int] = []
-    emitting = decoding
-    for left in prefill_left:
-        chunk = min(left, max(room, 0))
-        room -= chunk
-        chunks.append(chunk)
-        emitting += 1 if left and chunk == left else 0
-    return step_s + per_seq_s * emitting + per_token_s * sum(chunks), chunks
 
 
 class TritonPythonModel:
@@ -294,7 +212,7 @@ class TritonPythonModel:
         self.wake.set()
 
     def _parse(self, request: Any, sender: Any) -> Job:
-        ids = _tensor(request, "input_ids")
+        ids = input_array(request, "input_ids")
         if ids is None:
             raise RequestError("input_ids is required")
         if ids.ndim == 1:  # tolerate a client that dropped the batch dim
@@ -306,16 +224,16 @@ class TritonPythonModel:
                 f"input_ids: batch size {ids.shape[0]} not supported, send one sequence per request "
                 f"(shape [1, L]), got {list(ids.shape)}"
             )
-        if _tensor(request, "request_output_len") is None:
+        if input_array(request, "request_output_len") is None:
             raise RequestError("request_output_len is required")
         prompt = ids[0].tolist()
-        length = int(_scalar(request, "input_lengths", len(prompt)))
+        length = int(batched_scalar(request, "input_lengths", len(prompt)))
         if length < 1 or length > len(prompt):
             raise RequestError(f"input_lengths {length} does not fit input_ids of length {len(prompt)}")
         prompt = prompt[:length]
         if min(prompt) < 0 or max(prompt) >= VOCAB_SIZE:
             raise RequestError(f"input_ids: token ids must be in [0, {VOCAB_SIZE})")
-        max_new = int(_scalar(request, "request_output_len", 16))
+        max_new = int(batched_scalar(request, "request_output_len", 16))
         if max_new < 0:
             raise RequestError("request_output_len must be >= 0")
         if len(prompt) + max_new > self.max_sequence:
@@ -323,7 +241,7 @@ class TritonPythonModel:
                 f"prompt ({len(prompt)} tokens) + request_output_len ({max_new}) exceeds the maximum "
                 f"sequence length {self.max_sequence}"
             )
-        temperature = float(_scalar(request, "temperature", 1.0))
+        temperature = float(batched_scalar(request, "temperature", 1.0))
         if temperature < 0:
             raise RequestError("temperature must be >= 0")
         delay_s = self.delay_s
@@ -336,19 +254,19 @@ class TritonPythonModel:
             requested = frozenset(request.requested_output_names()) or frozenset(OUTPUT_NAMES)
         except AttributeError:  # older stubs: send everything
             requested = frozenset(OUTPUT_NAMES)
-        end_id = int(_scalar(request, "end_id", -1))
+        end_id = int(batched_scalar(request, "end_id", -1))
         return Job(
             sender=sender,
             prompt=prompt,
             max_new=max_new,
             end_id=end_id,
-            min_tokens=int(_scalar(request, "min_tokens", 0)),
-            streaming=bool(_scalar(request, "streaming", False)),
-            exclude_input=bool(_scalar(request, "exclude_input_in_output", False)),
-            stop_words=_word_list(request, "stop_words_list"),
+            min_tokens=int(batched_scalar(request, "min_tokens", 0)),
+            streaming=bool(batched_scalar(request, "streaming", False)),
+            exclude_input=bool(batched_scalar(request, "exclude_input_in_output", False)),
+            stop_words=word_list(request, "stop_words_list"),
             outputs=requested,
             delay_s=delay_s,
-            script=self._script(max_new, end_id, _guided(request)),
+            script=self._script(max_new, end_id, guided(request)),
             prefill_left=len(prompt) if self.prefill else 0,
         )
 
