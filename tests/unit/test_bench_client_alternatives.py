@@ -1,4 +1,4 @@
-"""The client-alternatives bench's arithmetic (bench/client_alternatives.py: CPU per token, medians over
+"""The client-alternatives bench's arithmetic (bench/client_alternatives_stats.py: CPU per token, medians over
 repetitions, paired ratios to our client, what a switch would save of the gateway's CPU per token) on
 recorded-shaped runs; the expected values are worked out by hand below each case."""
 
@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.client_alternatives import cheapest, per_token_us, render_md, summarise
+from bench.client_alternatives import render_md
+from bench.client_alternatives_stats import cheapest, per_token_us, summarise
 
 
 def run(client: str, rep: int, cpu_s: float, c: int = 16, tokens: int = 1000, **extra: Any) -> dict[str, Any]:
