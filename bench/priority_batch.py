@@ -56,6 +56,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -71,6 +72,7 @@ from openai_api.embedded.launcher import EmbeddedTriton
 
 KEY = "bench-key"
 ENGINE = "synthetic-llm-engine"
+POISSON_SEED = 39  # --arrivals poisson: one seed, so every phase replays the same arrival times
 HEADERS = {"Authorization": f"Bearer {KEY}"}
 
 
@@ -98,9 +100,12 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def interactive(url: str, rate: float, duration: float, tokens: int, prompt_tokens: int = 0
-                      ) -> dict[str, Any]:
-    """Open-loop streamed chat at `rate`/s for `duration` s: TTFTs (ms) and the statuses."""
+async def interactive(url: str, rate: float, duration: float, tokens: int, prompt_tokens: int = 0,
+                      poisson: bool = False) -> dict[str, Any]:
+    """Open-loop streamed chat at `rate`/s for `duration` s: TTFTs (ms) and the statuses. Every 1/`rate` s, or with
+    `poisson` at random (exponential gaps of mean 1/`rate`, as vLLM's and aiperf's rate-based loads send; the same
+    seed in every phase, so the alone and loaded phases see the same arrivals)."""
+    gaps = random.Random(POISSON_SEED)
     ttfts: list[float] = []
     statuses: dict[str, int] = {}
 
@@ -126,10 +131,12 @@ async def interactive(url: str, rate: float, duration: float, tokens: int, promp
         tasks = []
         start = time.perf_counter()
         i = 0
+        due = 0.0
         while time.perf_counter() - start < duration:
             tasks.append(asyncio.create_task(one(client, i)))
             i += 1
-            await asyncio.sleep(max(0.0, start + i / rate - time.perf_counter()))
+            due += gaps.expovariate(rate) if poisson else 1 / rate
+            await asyncio.sleep(max(0.0, start + due - time.perf_counter()))
         await asyncio.gather(*tasks)
     return {"requests": i, "statuses": statuses, **ttft_stats(ttfts), "ttfts": [round(t, 2) for t in ttfts]}
 
@@ -222,7 +229,8 @@ async def phase(gw: Gateway, triton: psutil.Process, args: argparse.Namespace, *
     shares: list[float] = []
     sampler = asyncio.create_task(sample_share(gw.url, shares))
     if with_interactive:
-        out["interactive"] = await interactive(gw.url, args.rate, args.duration, args.tokens, args.prompt_tokens)
+        out["interactive"] = await interactive(gw.url, args.rate, args.duration, args.tokens, args.prompt_tokens,
+                                               args.arrivals == "poisson")
     else:
         await asyncio.sleep(args.duration)
     elapsed = time.perf_counter() - t0
@@ -378,7 +386,10 @@ def prefill(r: dict[str, Any]) -> str:
 def markdown(r: dict[str, Any]) -> str:
     a, s = r["args"], r["summary"]
     base = s["alone"]
-    rows = [f"Interactive: {a['rate']}/s streamed chat, {a['tokens']} tokens each, `service_tier: priority`; batch: "
+    arrivals = "at random (Poisson, the same arrivals in every phase)" if a.get("arrivals") == "poisson" else \
+        "evenly spaced"
+    rows = [f"Interactive: {a['rate']}/s streamed chat ({arrivals}), {a['tokens']} tokens each, "
+            "`service_tier: priority`; batch: "
             f"a {a['batch_lines']}-line job of {a['batch_tokens']}-token chats, {a['batch_concurrency']} lines at "
             f"once; scheduler modes: {a['per_model']} slots per model, a static batch share S, or "
             f"`adaptive[:ceiling[:target[:quantile]]]` from a floor of {a.get('share_min', 0.25)}; "
@@ -412,6 +423,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup", type=float, default=5.0)
     p.add_argument("--rate", type=float, default=10.0)
+    p.add_argument("--arrivals", choices=("fixed", "poisson"), default="fixed",
+                   help="the chats every 1/rate s, or at random (Poisson, the same arrivals in every phase)")
     p.add_argument("--tokens", type=int, default=16)
     p.add_argument("--batch-lines", type=int, default=5000)
     p.add_argument("--batch-tokens", type=int, default=64)

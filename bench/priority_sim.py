@@ -91,13 +91,14 @@ class Result:
 
 
 def simulate(engine: Engine, load: Load, k: int, seconds: float, *, hold: bool = False, priority: bool = False,
-             chats: bool = True, seed: int = 1) -> Result:
-    """Step the engine for `seconds` of simulated time with the chats (if `chats`) and `k` batch lines in flight."""
+             chats: bool = True, seed: int = 1, poisson: bool = True) -> Result:
+    """Step the engine for `seconds` of simulated time with the chats (if `chats`; at random, or every 1/rate s
+    when not `poisson`) and `k` batch lines in flight."""
     rnd = random.Random(seed)
     arrivals: list[float] = []
     t = 0.0
     while chats and t < seconds:
-        t += rnd.expovariate(load.rate)
+        t += rnd.expovariate(load.rate) if poisson else 1 / load.rate
         arrivals.append(t)
     res = Result()
     queue: list[Request] = []
