@@ -5,7 +5,8 @@ gateway, Triton, the engine's Python stub and the client share the CPUs: its rat
 the policy. This is the same engine's arithmetic alone (``plan_step`` of ``triton_models/synthetic-llm/1/
 synthetic_engine.py``, the very function its steps run: decodes first, then prompts in arrival order within the
 step's token budget; at most ``--engine-batch`` requests in the batch, the rest queued first come first served),
-stepped in simulated time: interactive chats arriving at random (Poisson, ``--rate`` per second), and a batch job
+stepped in simulated time: interactive chats arriving at random (Poisson, ``--rate`` per second; ``--arrivals
+fixed``: evenly spaced, as ``bench.priority_batch`` sends them by default), and a batch job
 that keeps ``K`` lines in flight (a line's next one starts ``--rtt-ms`` after it ends). Per policy and ``K``: the
 interactive time to first token (p50, p90, p99) over its level alone, and the job's output tokens per second over
 what the job gets with the engine to itself (``K`` = ``--engine-batch``, no chats).
@@ -148,20 +149,21 @@ def simulate(engine: Engine, load: Load, k: int, seconds: float, *, hold: bool =
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     engine, load = Engine(), Load(rate=args.rate)
-    alone = simulate(engine, load, 0, args.seconds)
+    poisson = args.arrivals == "poisson"
+    alone = simulate(engine, load, 0, args.seconds, poisson=poisson)
     job_alone = simulate(engine, load, engine.max_active, args.seconds / 4, chats=False).batch_tokens / (
         args.seconds / 4)
     rows = []
     for priority in (False, True):
         for hold in (False, True):
             for k in args.k:
-                r = simulate(engine, load, k, args.seconds, hold=hold, priority=priority)
+                r = simulate(engine, load, k, args.seconds, hold=hold, priority=priority, poisson=poisson)
                 rows.append({"k": k, "share": round(k / engine.max_active, 3), "hold": hold,
                              "engine_priority": priority,
                              **{f"{p}_ratio": round(r.q(q) / alone.q(q), 3)
                                 for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
                              "batch_of_alone": round(r.batch_tokens / args.seconds / job_alone, 3)})
-    return {"engine": vars(engine), "load": vars(load), "seconds": args.seconds,
+    return {"engine": vars(engine), "load": vars(load), "seconds": args.seconds, "arrivals": args.arrivals,
             "alone_ms": {p: round(alone.q(q) * 1e3, 1) for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
             "job_alone_tokens_s": round(job_alone), "rows": rows}
 
@@ -169,7 +171,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def markdown(res: dict[str, Any]) -> str:
     a = res["alone_ms"]
     lines = [f"# Priority policies on the modelled engine ({res['seconds']:g} s simulated per row)", "",
-             f"Chats at {res['load']['rate']:g}/s of {res['load']['prompt']} prompt tokens; batch lines of "
+             f"Chats at {res['load']['rate']:g}/s ({res.get('arrivals', 'poisson')} arrivals) of "
+             f"{res['load']['prompt']} prompt tokens; batch lines of "
              f"{res['load']['batch_prompt']} prompt / {res['load']['batch_out']} output tokens; engine "
              f"{res['engine']}. Chats alone: TTFT p50 {a['p50']} / p90 {a['p90']} / p99 {a['p99']} ms; the job alone "
              f"{res['job_alone_tokens_s']:,} tokens/s. A model (`bench/priority_sim.py`), not a measurement.", "",
@@ -186,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seconds", type=float, default=300.0, help="simulated seconds per row")
     p.add_argument("--rate", type=float, default=10.0, help="interactive chats per second")
+    p.add_argument("--arrivals", choices=("poisson", "fixed"), default="poisson",
+                   help="the chats at random (Poisson) or every 1/rate s")
     p.add_argument("--k", type=int, nargs="+", default=[4, 8, 12, 16, 24], help="batch lines in flight")
     p.add_argument("--out", type=Path, help="results path without suffix")
     args = p.parse_args(argv)
