@@ -21,8 +21,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -215,6 +216,22 @@ def _pairs(flat: Any) -> list[tuple[str, str]]:
     return list(zip(items[::2], items[1::2], strict=True))
 
 
+T = TypeVar("T")
+
+
+async def _whole(aw: Awaitable[T]) -> T:
+    """`aw` run to its end even when the caller is cancelled meanwhile: a file's record leaves Redis first and its
+    bytes leave the disk after, so a cancel in between (the runner's close() cancels its sweep) would leave bytes
+    that nothing would ever look for again. Run as a task of its own, shielded; a cancelled caller waits for it (a
+    Redis call and a syscall) and then re-raises the cancel."""
+    task = asyncio.ensure_future(aw)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await asyncio.wait([task])
+        raise
+
+
 class RedisBatchStore(BatchStore):
     """See the module docstring: `BatchStore`'s interface over Redis, file contents in `folder`."""
 
@@ -280,6 +297,9 @@ class RedisBatchStore(BatchStore):
         return [r for r in recs if purpose is None or r.purpose == purpose][:limit]
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
+        return await _whole(self._deleted(owner, file_id))
+
+    async def _deleted(self, owner: str, file_id: str) -> bool:
         if await self.get_file(owner, file_id) is None:
             return False
         try:
@@ -292,6 +312,9 @@ class RedisBatchStore(BatchStore):
         return True
 
     async def retire_file(self, owner: str, file_id: str, now: int) -> bool:
+        return await _whole(self._retired(owner, file_id, now))
+
+    async def _retired(self, owner: str, file_id: str, now: int) -> bool:
         done = await self._call(_RETIRE, file_id, owner, now)
         if done == 1:
             await asyncio.to_thread(self.path(file_id).unlink, True)
@@ -301,6 +324,9 @@ class RedisBatchStore(BatchStore):
         return _pairs(await self._call(_EXPIRED, now, most))
 
     async def sweep_file(self, owner: str, file_id: str, now: int) -> bool:
+        return await _whole(self._swept(file_id, now))
+
+    async def _swept(self, file_id: str, now: int) -> bool:
         gone = await self._call(_SWEEP, file_id, now)
         if gone == 1:
             await asyncio.to_thread(self.path(file_id).unlink, True)

@@ -354,3 +354,46 @@ async def test_closing_the_runner_ends_its_loop_when_a_wake_races_the_cancel(app
         done, _ = await asyncio.wait({closing}, timeout=5)  # (not wait_for: it would return once close() is cancelled)
         assert done, "close() did not return"
         assert run._task is not None and run._task.done(), "the runner's loop outlived close()"
+
+
+class _SlowUnlink:
+    """A file path whose `unlink` takes a while (in the store's thread), so a cancel lands while it runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.real = path
+
+    def unlink(self, missing_ok: bool = False) -> None:
+        import time
+
+        time.sleep(0.3)
+        self.real.unlink(missing_ok=missing_ok)
+
+
+@pytest.mark.parametrize("either_app", ["redis"], indirect=True)
+async def test_a_sweep_cancelled_between_record_and_bytes_still_removes_the_bytes(either_app: FastAPI) -> None:
+    """The Redis store drops a file's record, then unlinks its bytes; the runner's close() cancels its sweep at any
+    moment. Cancelled in between, the sweep still removes the bytes before the cancel reaches its caller: nothing
+    would look for them again (the record is gone). Without that, the close left them on disk for good."""
+    service = either_app.state.gateway.batches
+    store = service.store
+    now = [1_700_000_000.0]
+    service.clock = lambda: now[0]
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=either_app), base_url="http://gateway") as client:
+        r = await client.post("/v1/files", headers=A, files={"file": ("in.jsonl", jsonl(1), "text/plain")},
+                              data={"purpose": "batch", "expires_after[anchor]": "created_at",
+                                    "expires_after[seconds]": "3600"})
+        file_id = r.json()["id"]
+    real = store.path(file_id)
+    assert real.exists()
+    now[0] += 7200
+    store.path = lambda fid: _SlowUnlink(real) if fid == file_id else Path(real.parent / fid)
+    sweep = asyncio.create_task(service.sweep(1))
+    for _ in range(200):  # until the record is gone and the unlink has started
+        if await store.get_file(_owner(), file_id) is None:
+            break
+        await asyncio.sleep(0.005)
+    await asyncio.sleep(0.05)
+    sweep.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await sweep
+    assert not real.exists()
