@@ -33,9 +33,14 @@ DEFAULT_MAX_TOKENS_PER_FORWARD = 8192
 DEFAULT_FORWARD_OVERHEAD_TOKENS = 24
 
 
+def config_string(parameters: dict[str, Any], key: str, default: str = "") -> str:
+    """The model config parameter `key`'s `string_value`; `default` when it is unset or empty."""
+    return parameters.get(key, {}).get("string_value", "") or default
+
+
 def resolve_model_dir(parameters: dict[str, Any]) -> Path:
     """Folder holding the HF BertModel: config parameter, then the env var, then the repo checkout."""
-    configured = parameters.get("model_dir", {}).get("string_value", "")
+    configured = config_string(parameters, "model_dir")
     if configured:
         return Path(configured)
     env_dir = os.environ.get("OPENAI_API_MODELS_DIR")

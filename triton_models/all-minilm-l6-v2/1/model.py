@@ -36,15 +36,11 @@ from minilm_encoder import (
     DEFAULT_FORWARD_OVERHEAD_TOKENS,
     DEFAULT_MAX_TOKENS_PER_FORWARD,
     MiniLMEncoder,
+    config_string,
     error_response,
     read_request,
     resolve_model_dir,
 )
-
-
-def int_parameter(parameters: dict[str, Any], key: str, default: int) -> int:
-    raw = parameters.get(key, {}).get("string_value", "")
-    return int(raw) if raw else default
 
 
 class TritonPythonModel:
@@ -54,8 +50,8 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         parameters = config.get("parameters", {})
         model_dir = resolve_model_dir(parameters)
-        budget = int_parameter(parameters, "max_tokens_per_forward", DEFAULT_MAX_TOKENS_PER_FORWARD)
-        overhead = int_parameter(parameters, "forward_overhead_tokens", DEFAULT_FORWARD_OVERHEAD_TOKENS)
+        budget = int(config_string(parameters, "max_tokens_per_forward", str(DEFAULT_MAX_TOKENS_PER_FORWARD)))
+        overhead = int(config_string(parameters, "forward_overhead_tokens", str(DEFAULT_FORWARD_OVERHEAD_TOKENS)))
         self.encoder = MiniLMEncoder(model_dir, budget, overhead)
         pb_utils.Logger.log_info(
             f"{config['name']}: loaded {model_dir} (max_tokens_per_forward={budget}, "

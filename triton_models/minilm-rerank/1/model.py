@@ -57,6 +57,7 @@ from minilm_encoder import (
     DEFAULT_FORWARD_OVERHEAD_TOKENS,
     DEFAULT_MAX_TOKENS_PER_FORWARD,
     MiniLMEncoder,
+    config_string,
     error_response,
     read_request,
     resolve_model_dir,
@@ -64,10 +65,6 @@ from minilm_encoder import (
 
 CLS_ID = 101
 SEP_ID = 102
-
-
-def string_parameter(parameters: dict[str, Any], key: str, default: str) -> str:
-    return parameters.get(key, {}).get("string_value", "") or default
 
 
 def strip_specials(part: np.ndarray) -> np.ndarray:
@@ -101,12 +98,12 @@ class TritonPythonModel:
         parameters = config.get("parameters", {})
         model_dir = resolve_model_dir(parameters)
         budget = int(
-            string_parameter(parameters, "max_tokens_per_forward", str(DEFAULT_MAX_TOKENS_PER_FORWARD))
+            config_string(parameters, "max_tokens_per_forward", str(DEFAULT_MAX_TOKENS_PER_FORWARD))
         )
-        self.logit_scale = float(string_parameter(parameters, "logit_scale", "10.0"))
-        self.logit_center = float(string_parameter(parameters, "logit_center", "0.5"))
+        self.logit_scale = float(config_string(parameters, "logit_scale", "10.0"))
+        self.logit_center = float(config_string(parameters, "logit_center", "0.5"))
         overhead = int(
-            string_parameter(parameters, "forward_overhead_tokens", str(DEFAULT_FORWARD_OVERHEAD_TOKENS))
+            config_string(parameters, "forward_overhead_tokens", str(DEFAULT_FORWARD_OVERHEAD_TOKENS))
         )
         self.encoder = MiniLMEncoder(model_dir, budget, overhead)
         mapping = f"logit = {self.logit_scale} * (cosine - {self.logit_center})"
