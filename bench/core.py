@@ -153,6 +153,10 @@ class BenchCore:
             self.gateway_prefix
         )
         self.log(f"gateway pid {self.gateway.pid} on {self.gateway.url}; Triton gRPC {self.triton.grpc_url}")
+        self.start_limit()
+
+    def start_limit(self) -> None:
+        """The bare gRPC client (`Limit`) on the bench's chat as the gateway templates and tokenizes it."""
         tok = TextTokenizer.from_folder(SMOLLM_TOKENIZER)
         template = ChatTemplate.from_file(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
         prompt = template.render(MESSAGES, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token)

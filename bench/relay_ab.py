@@ -39,8 +39,8 @@ from typing import Any
 import uvloop
 
 from bench.load import latencies, percentiles_ms
-from bench.run import MESSAGES, SLOW_DELAY_MS, Bench, parse_args
-from bench.stack import SYNTHETIC, Gateway, gateway_config, start_triton, wait_http
+from bench.run import SLOW_DELAY_MS, Bench, parse_args
+from bench.stack import Gateway, gateway_config, start_triton, wait_http
 
 TOOLS = [
     {
@@ -119,11 +119,6 @@ class AB(Bench):
         self.gws: dict[str, CheckoutGateway] = {}
 
     def start_ab(self) -> None:
-        from bench.limit import Limit
-        from bench.stack import REPO, SMOLLM_TOKENIZER
-        from openai_api.text.templates import ChatTemplate
-        from openai_api.text.tokenizer import TextTokenizer
-
         self.triton, self.extra_repo = start_triton(SLOW_DELAY_MS, embeddings=False)
         for name, root in self.sides.items():
             cfg = gateway_config(self.triton.grpc_url, self.triton.http_url)
@@ -137,13 +132,7 @@ class AB(Bench):
             gw.start()
             self.gws[name] = gw
             self.log(f"{name}: gateway pid {gw.pid} from {root}, openai_api from {gw.imports_from()}")
-        tok = TextTokenizer.from_folder(SMOLLM_TOKENIZER)
-        template = ChatTemplate.from_file(REPO / "openai_api" / "chat_templates" / "smollm2.jinja")
-        prompt = template.render(MESSAGES, add_generation_prompt=True, bos_token=tok.bos_token, eos_token=tok.eos_token)
-        self.prompt_ids = tok.encode(prompt)
-        end_id = tok.eos_token_ids[0]
-        pad_id = tok.pad_token_id if tok.pad_token_id is not None else end_id
-        self.limit = Limit(self.triton.grpc_url, SYNTHETIC, self.prompt_ids, end_id, pad_id)
+        self.start_limit()
 
     async def stop(self) -> None:
         for gw in self.gws.values():
