@@ -61,7 +61,8 @@ class GatewayProcess:
                                            adaptive={"floor": settings.batch_share_min,
                                                      "target": settings.batch_ttft_target,
                                                      "quantile": settings.batch_ttft_quantile}
-                                           if settings.batch_share_adaptive else None)
+                                           if settings.batch_share_adaptive else None,
+                                           batch_prefills=settings.batch_prefills_per_model)
         # Keys (--keys-file, --api-key): who calls, and the per-key limits and counters (openai_api/quota/).
         store = build_store(settings.redis_url, settings.redis_fail_mode, settings.redis_timeout_s) \
             if settings.keys_file else None

@@ -151,6 +151,11 @@ class Settings(BaseModel):
         "which quantile of the interactive time to first token the adaptive batch share holds to "
         "--batch-ttft-target: 0.5 the median, 0.99 the tail (any request of a window past the target x the "
         "unloaded p99 narrows the share)", group="limits", metavar="Q")] = Field(default=0.5, gt=0, le=1)
+    batch_prefills_per_model: Annotated[int, Option(
+        "batch-class generations per model that may be starting at once (admitted, no first token yet: their "
+        "prompts' prefill), the rest wait in the queue, so that a chat arriving next finds few batch prompts "
+        "ahead of its own in the engine; 0 = no limit (docs/guides/batches.md)", group="limits",
+        metavar="N")] = Field(default=0, ge=0)
     retry_after_s: Annotated[int, Option("the Retry-After of a 429", group="limits", flag="--retry-after",
                                          metavar="SECONDS")] = 1
     header_timeout_s: Annotated[float, Option(

@@ -72,7 +72,10 @@ class Admission:
             return asked or "standard"
         return capped_class(asked, policy.default_class, policy.max_class)
 
-    async def _admit(self, model: str, sequences: int = 1, param: str = "n", body: BaseModel | None = None) -> None:
+    async def _admit(self, model: str, sequences: int = 1, param: str = "n", body: BaseModel | None = None,
+                     first_token: bool = False) -> None:
+        """Admit the request to `model` (`http.scheduler`). `first_token`: a generation, whose first token the
+        scheduler may wait for (an interactive one's holds batch starts, a batch one's is its prefill's end)."""
         self.allowed(model)
         klass = self.request_class(body)
         caller = current_caller()
@@ -88,8 +91,9 @@ class Admission:
                 await self.ticket.acquire(model, sequences, param, share, klass,
                                           caller.owner if caller is not None else "")
             scheduler = self.ticket.limiter.scheduler
-            if klass == "interactive" and scheduler.adaptive is not None and stats is not None \
-                    and self.ticket.model == model:  # the adaptive batch share's signal (`http.batch_share`)
+            if stats is not None and self.ticket.model == model and scheduler.counts_start(klass) \
+                    and (first_token or klass == "interactive"):
+                # the adaptive batch share's signal (`http.batch_share`), or a batch line's prefill done
                 stats.on_first_token = partial(scheduler.first_token, self.ticket, model)
 
     def detach(self) -> Callable[[], None]:
@@ -108,16 +112,16 @@ class Admission:
     async def chat(self, body: ChatCompletionRequest) -> None:
         _check_count(len(body.messages), self.settings.max_messages, "messages", "messages")
         check_body_depth(body)  # before anything walks its JSON (templates, schema checks, copies)
-        await self._admit(body.model, body.n, "n", body)
+        await self._admit(body.model, body.n, "n", body, first_token=True)
 
     async def completions(self, body: CompletionRequest) -> None:
         prompts = _prompt_count(body.prompt)
         check_body_depth(body)
-        await self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n", body)
+        await self._admit(body.model, prompts * body.n, "prompt" if prompts > 1 else "n", body, first_token=True)
 
     async def responses(self, body: ResponsesRequest) -> None:
         check_body_depth(body)
-        await self._admit(body.model, body=body)
+        await self._admit(body.model, body=body, first_token=True)
 
     async def embeddings(self, body: EmbeddingRequest) -> None:
         _check_count(_embedding_inputs(body), self.settings.max_embedding_inputs, "input", "inputs")

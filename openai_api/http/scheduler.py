@@ -33,6 +33,15 @@ only reads (asking twice gives the same answer), the share moves in `advance` (o
 before each batch waiter `dispatch` considers, and at the moment it is due to widen for want of interactive
 requests while batch work waits - a loop timer, `_arm_idle`) and in `observe_ttft`.
 
+**Batch starts** (`--batch-prefills-per-model` N > 0, off by default): at most N batch generations of a model may be
+starting at once - admitted, no first token yet: their prompt's prefill in the engine (and their template and
+tokenizer here) - the next waits in the queue until one of them yields its first token (or ends). An engine
+prefills waiting prompts in arrival order within its step's token budget (vLLM's and TensorRT-LLM's chunked
+prefill), so batch lines that start together (they end together, being alike) put several 1,000-token prompts
+ahead of any chat that arrives next; one or two at a time leave it at most that much to wait for, and cost the job
+little - its lines spend most of their time decoding (bench/priority_sim.py, docs/guides/batches.md). Counted for
+the generating routes only (`Admission._admit(first_token=True)`): an embedding line has no first token to wait for.
+
 Event-loop only (no locks), like the limiter. `clock` is injectable for the unit tests.
 """
 
@@ -70,6 +79,8 @@ class Ticket(Protocol):
     """What the scheduler does with `http.inflight.Ticket`: hands it the slots it waited for."""
 
     awaiting: bool
+    cls: PriorityClass
+    sequences: int
 
     def take(self, model: str, sequences: int, cls: PriorityClass = "standard") -> None: ...
 
@@ -161,9 +172,10 @@ class Scheduler:
 
     def __init__(self, limiter: InFlightLimiter, *, max_queue: int = 0, timeout_s: float = 30.0,
                  shares: dict[str, float] | None = None, clock: Callable[[], float] = time.monotonic,
-                 adaptive: dict[str, float] | None = None) -> None:
+                 adaptive: dict[str, float] | None = None, batch_prefills: int = 0) -> None:
         """`adaptive`: the adaptive batch share's settings (`floor`, and optionally `target`, `window_s`,
-        `min_samples`, `idle_s`, `quantile` of `AdaptiveShare`), None = the static share."""
+        `min_samples`, `idle_s`, `quantile` of `AdaptiveShare`), None = the static share. `batch_prefills`: batch
+        generations per model starting at once at most (module docstring), 0 = no limit."""
         self.limiter = limiter
         self.max_queue = max_queue
         self.timeout_s = timeout_s
@@ -175,6 +187,8 @@ class Scheduler:
         self.governors: dict[str, AdaptiveShare] = {}
         self.batch_held: dict[str, int] = {}  # the batch class's slots per model (the governors' "unloaded")
         self.awaiting: dict[str, int] = {}  # adaptive: interactive requests per model without a first token yet
+        self.batch_prefills = batch_prefills
+        self.batch_starting: dict[str, int] = {}  # batch_prefills: batch sequences per model without a first token
         self.idle_timers: dict[str, asyncio.TimerHandle] = {}  # adaptive: per model, the wake at `idle_due`
 
     # --- the adaptive batch share -----------------------------------------------------------------------------
@@ -195,8 +209,14 @@ class Scheduler:
         return g
 
     def first_token(self, ticket: Ticket, model: str, ttft_s: float) -> None:
-        """An interactive request's first token on `model`, `ttft_s` after it arrived: the batch may start again
-        once no other waits for one, and the adaptive share's signal."""
+        """A request's first token on `model`, `ttft_s` after it arrived. Interactive: the batch may start again
+        once no other waits for one, and the adaptive share's signal. Batch: its prefill is done, the next batch
+        line may start (`batch_prefills`)."""
+        if ticket.cls == "batch":
+            if ticket.awaiting:
+                ticket.awaiting = False
+                self._started(model, ticket.sequences)
+            return
         if ticket.awaiting:
             ticket.awaiting = False
             self._arrived(model)
@@ -206,6 +226,17 @@ class Scheduler:
         left = self.awaiting[model] = self.awaiting.get(model, 1) - 1
         if not left and self.waiting:
             self.dispatch()  # batch work held back for it may start
+
+    def _started(self, model: str, sequences: int) -> None:
+        """Batch sequences of `model` no longer starting: counted off; a queued batch line may take their turn.
+        A fan-out's first token counts off its whole request (only the first sequence's reaches `first_token`)."""
+        self.batch_starting[model] = max(self.batch_starting.get(model, 0) - sequences, 0)
+        if self.waiting:
+            self.dispatch()
+
+    def counts_start(self, cls: PriorityClass) -> bool:
+        """Whether a request of `cls` is held as starting until its first token (`first_token`)."""
+        return (cls == "interactive" and self.adaptive is not None) or (cls == "batch" and self.batch_prefills > 0)
 
     def observe_ttft(self, model: str, ttft_s: float) -> None:
         """An interactive time to first token on `model` (the adaptive share's signal)."""
@@ -273,9 +304,13 @@ class Scheduler:
             metrics.batch_share.labels(model).set(share)
 
     def took(self, model: str, sequences: int, cls: PriorityClass) -> bool:
-        """A ticket took its slots; True when it is an interactive request whose first token the batch awaits."""
+        """A ticket took its slots; True when it is counted as starting until its first token: an interactive
+        request whose first token the batch awaits, or a batch request under `batch_prefills`."""
         if cls == "batch":
             self.batch_held[model] = self.batch_held.get(model, 0) + sequences
+            if self.batch_prefills > 0:
+                self.batch_starting[model] = self.batch_starting.get(model, 0) + sequences
+                return True
         elif cls == "interactive" and self.adaptive is not None:
             self.awaiting[model] = self.awaiting.get(model, 0) + 1
             return True
@@ -286,6 +321,8 @@ class Scheduler:
         for them."""
         if cls == "batch":
             self.batch_held[model] = self.batch_held.get(model, 0) - sequences
+            if awaiting:
+                self.batch_starting[model] = max(self.batch_starting.get(model, 0) - sequences, 0)
         elif awaiting:
             self.awaiting[model] = self.awaiting.get(model, 1) - 1
         self.dispatch()
@@ -306,6 +343,10 @@ class Scheduler:
                 return "interactive_first", (f"The model {model!r} is starting interactive requests first; "
                                              "retry shortly.")
             s = min(s, adaptive)
+        if cls == "batch" and self.batch_prefills > 0:
+            starting = self.batch_starting.get(model, 0)
+            if starting and starting + sequences > self.batch_prefills:  # alone, a bigger fan-out still starts
+                return "batch_starting", (f"The model {model!r} is starting other batch work; retry shortly.")
         if lim.total + sequences > self._cap(lim.max_total, s):
             return "global_limit", f"The server is serving its maximum of {lim.max_total} requests; retry shortly."
         if lim.per_model.get(model, 0) + sequences > self._cap(lim.max_per_model, s):

@@ -95,6 +95,11 @@ class InstrumentedLLMBackend(_WrappedLLMBackend):
         prompt = 0 if request.prompt_counted else len(request.prompt_ids)  # a budget's phase 2: counted by phase 1
         if meter is not None:  # a key with limits: its tokens (prompt + max_tokens) reserved, or the 429 raised
             counted_prompt = await meter.reserve(request.prompt_ids, prompt, request.max_tokens)
+        if stats is not None and stats.on_first_token is not None and not stats.ttft:
+            # The scheduler waits for this request's first token (a batch line's prefill, an interactive request
+            # that holds batch starts): per-token responses from Triton, or a whole answer's one response would
+            # say so only at its end.
+            request.stream_tokens = True
         clock = time.perf_counter
         last = start = stats.start if stats is not None else clock()
         first = True

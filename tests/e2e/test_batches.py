@@ -275,3 +275,29 @@ def test_two_gateways_share_one_store(triton: EmbeddedTriton, folder: Path) -> N
         front.stop()
         worker.stop()
         redis.kill()
+
+
+def test_one_batch_start_at_a_time_still_overlaps_the_lines(triton: EmbeddedTriton, folder: Path) -> None:
+    """--batch-prefills-per-model 1 through the real tritonserver: a line's next one starts at its first token
+    (the line is a whole answer, so the gateway asks Triton for per-token responses to see it), not at its end -
+    the job's lines still fill the batch class's 2 slots while each takes ~2 s."""
+    server = start_gateway(triton, folder / "starts", batch_prefills_per_model=1)
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY)
+        made = client.files.create(file=("in.jsonl", lines(4, PACED_NAME, 40)), purpose="batch")  # 2 s a line
+        batch = client.batches.create(input_file_id=made.id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        headers = {"Authorization": f"Bearer {KEY}"}
+
+        def in_flight() -> float:
+            return metric(httpx.get(server.url + "/metrics", headers=headers).text,
+                          "openai_api_model_requests_in_flight", model=PACED_NAME)
+
+        assert poll(in_flight, lambda n: n >= PER_MODEL // 2, timeout=20) == PER_MODEL // 2
+        done = poll(lambda: client.batches.retrieve(batch.id), lambda b: b.status == "completed")
+        assert done.request_counts is not None and done.request_counts.completed == 4
+        assert done.output_file_id is not None
+        out = [json.loads(x) for x in client.files.content(done.output_file_id).content.splitlines()]
+        assert [x["response"]["body"]["usage"]["completion_tokens"] for x in out] == [40] * 4
+    finally:
+        server.stop()

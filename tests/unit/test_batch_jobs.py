@@ -21,7 +21,7 @@ from openai_api.config import BUNDLED_CONFIG
 from openai_api.quota.keys import api_key_digest
 from openai_api.services.backends import InstrumentedLLMBackend
 from openai_api.settings import Settings
-from tests.unit.fakes import llm_only_config
+from tests.unit.fakes import FakeBackend, llm_only_config
 from tests.unit.test_batches import (  # noqa: F401 - fixtures
     MODEL,
     A,
@@ -397,3 +397,80 @@ async def test_a_sweep_cancelled_between_record_and_bytes_still_removes_the_byte
     with pytest.raises(asyncio.CancelledError):
         await sweep
     assert not real.exists()
+
+
+class FirstTokenGate(FakeBackend):
+    """Each generation waits for its own `release` before its first token (a prompt still being prefilled)."""
+
+    def __init__(self) -> None:
+        super().__init__([[7], [8]])
+        self.gates: list[asyncio.Event] = []
+
+    async def generate(self, request: Any) -> Any:  # type: ignore[override]
+        gate = asyncio.Event()
+        self.gates.append(gate)
+        await gate.wait()
+        async for chunk in super().generate(request):
+            yield chunk
+
+
+@pytest.mark.parametrize("prefills", [0, 1])
+async def test_batch_lines_start_one_at_a_time_under_batch_prefills(tmp_path: Path, prefills: int) -> None:
+    """--batch-prefills-per-model 1: with three lines allowed in flight, the second line reaches the backend only
+    once the first one's first token came back (its prompt's prefill done), and so on; without it, all three at
+    once. An interactive request is never held by a starting batch line."""
+    gated = FirstTokenGate()
+    config = llm_only_config(tmp_path, url="127.0.0.1:1")
+    settings = Settings(config_file=BUNDLED_CONFIG, api_keys=["key-a"], batch_dir=tmp_path / "batches",
+                        max_queue_per_model=16, batch_slot_share=1.0, batch_prefills_per_model=prefills)
+    app = create_app(config, settings)
+    state = app.state.gateway
+    state.services.registry.llm(MODEL).backend = InstrumentedLLMBackend(gated, state.metrics, MODEL)  # type: ignore[arg-type]
+
+    async def reached(n: int) -> None:
+        for _ in range(2000):
+            if len(gated.gates) >= n:
+                return
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{len(gated.gates)} generations reached the backend, waited for {n}")
+
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            file = (await upload(client, jsonl(3))).json()
+            batch = (await client.post("/v1/batches", headers=A, json={
+                "input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"})).json()
+            run = runner(app, concurrency=3)
+            await run.start()
+            try:
+                if prefills:
+                    await reached(1)
+                    await asyncio.sleep(0.2)  # time enough for the runner to send its other lines
+                    assert len(gated.gates) == 1
+                    chat = asyncio.create_task(client.post("/v1/chat/completions", headers=A, json={
+                        "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                        "service_tier": "priority"}))
+                    await reached(2)  # the interactive request is not held
+                    gated.gates[1].set()
+                    assert (await chat).status_code == 200
+                    for gate, reaching in ((0, 3), (2, 4)):  # the first line's first token, then the second's
+                        gated.gates[gate].set()
+                        await reached(reaching)
+                        await asyncio.sleep(0.2)
+                        assert len(gated.gates) == reaching
+                    gated.gates[3].set()
+                else:
+                    await reached(3)
+                    for gate in gated.gates:
+                        gate.set()
+                done = await wait_status(client, f"/v1/batches/{batch['id']}", lambda b: b["status"] == "completed")
+            finally:
+                await run.close()
+        assert done["request_counts"] == {"total": 3, "completed": 3, "failed": 0}
+        # Whole answers, yet a line whose first token is waited for asks Triton for per-token responses (one
+        # response would come only at its end); the chat, whose first token nobody waits for, does not.
+        assert [r.stream_tokens for r in gated.requests] == ([False, True, True, True] if prefills else [False] * 3)
+        scheduler = state.limiter.scheduler
+        assert not scheduler.batch_starting.get(MODEL) and not scheduler.batch_held.get(MODEL)
+    finally:
+        await state.batches.store.close()
+        await state.services.registry.pool.close()

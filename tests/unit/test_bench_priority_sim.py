@@ -28,3 +28,19 @@ def test_holding_batch_starts_while_a_chat_waits_lowers_the_chats_tail() -> None
     held = simulate(Engine(), Load(), 16, 120.0, hold=True, seed=3)
     assert len(free.ttft) == len(held.ttft)
     assert held.q(0.99) < free.q(0.99) and held.q(0.9) < free.q(0.9)
+
+
+def test_one_batch_start_at_a_time_lowers_the_tail_at_the_same_throughput() -> None:
+    held = simulate(Engine(), Load(), 24, 120.0, hold=True, seed=3)
+    staggered = simulate(Engine(), Load(), 24, 120.0, hold=True, seed=3, starts_limit=1)
+    assert len(staggered.ttft) == len(held.ttft)
+    assert staggered.q(0.99) < held.q(0.99)
+    assert staggered.batch_tokens >= 0.97 * held.batch_tokens
+
+
+def test_the_starts_limit_keeps_one_line_without_its_first_token() -> None:
+    # No chats, 8 lines allowed in flight, one starting at a time: each line's prompt is prefilled in a step of its
+    # own, so in the first steps the lines enter one per step (the next after the previous one's first token).
+    res = simulate(Engine(), Load(), 8, 0.2, chats=False, starts_limit=1)
+    free = simulate(Engine(), Load(), 8, 0.2, chats=False)
+    assert 0 < res.batch_tokens < free.batch_tokens

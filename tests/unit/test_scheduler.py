@@ -445,3 +445,55 @@ def test_adaptive_share_on_the_tail_narrows_on_one_miss_and_widens_on_clean_wind
         clock.now += median.window_s / 4
         median.observe(ttft, unloaded=False)
     assert median.share == 0.375
+
+
+async def test_batch_starts_wait_for_a_starting_lines_first_token() -> None:
+    """--batch-prefills-per-model 1: slots are free, but a second batch line waits in the queue until the first
+    one's first token (its prefill done) or its end; interactive requests are never held by it."""
+    lim = InFlightLimiter(100, 8, 1, {"m"})
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, batch_prefills=1)
+    first, second, third = Ticket(lim), Ticket(lim), Ticket(lim)
+    await first.acquire("m", 1, "n", 1.0, "batch", "job")
+    assert first.awaiting and sched.batch_starting["m"] == 1
+    queued = asyncio.create_task(second.acquire("m", 1, "n", 1.0, "batch", "job"))
+    later = asyncio.create_task(third.acquire("m", 1, "n", 1.0, "batch", "other"))
+    await asyncio.sleep(0)
+    assert not queued.done() and not later.done()
+    assert sched.refusal("m", 1, "batch", 1.0) == (
+        "batch_starting", "The model 'm' is starting other batch work; retry shortly.")
+    await Ticket(lim).acquire("m", 1, "n", 1.0, "interactive", "c")  # not held by batch starts
+    sched.first_token(first, "m", 0.5)
+    sched.first_token(first, "m", 0.5)  # counted once per request
+    await asyncio.sleep(0)
+    assert queued.done() and not later.done() and sched.batch_starting["m"] == 1
+    assert not sched.governors  # a batch line's first token is no signal of the adaptive share
+    second.release()  # ended without a first token (an error): no longer starting
+    await asyncio.sleep(0)
+    assert later.done() and sched.batch_starting["m"] == 1
+    first.release()  # ended after its first token: nothing more to count off
+    assert sched.batch_starting["m"] == 1 and sched.batch_held["m"] == 1
+    sched.first_token(third, "m", 0.5)
+    third.release()
+    assert sched.batch_starting["m"] == 0 and sched.batch_held["m"] == 0
+
+
+async def test_a_batch_fan_out_counts_its_sequences_and_starts_alone_when_bigger_than_the_limit() -> None:
+    lim = InFlightLimiter(100, 16, 1, {"m"})
+    sched = lim.scheduler = Scheduler(lim, max_queue=16, timeout_s=600, shares={"batch": 1.0}, batch_prefills=2)
+    wide = Ticket(lim)
+    await wide.acquire("m", 4, "n", 1.0, "batch", "job")  # more than the limit, but nothing else starting
+    assert sched.batch_starting["m"] == 4
+    queued = asyncio.create_task(Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job"))
+    await asyncio.sleep(0)
+    assert not queued.done()
+    sched.first_token(wide, "m", 0.2)  # one first token per request counts off all its sequences
+    await asyncio.sleep(0)
+    assert queued.done() and sched.batch_starting["m"] == 1
+
+
+async def test_without_the_limit_batch_lines_are_not_counted_as_starting() -> None:
+    lim, sched, _ = make(per_model=4, queue=0, batch_share=1.0)
+    t = Ticket(lim)
+    await t.acquire("m", 1, "n", 1.0, "batch", "job")
+    await Ticket(lim).acquire("m", 1, "n", 1.0, "batch", "job")
+    assert not t.awaiting and not sched.batch_starting and not sched.counts_start("batch")
