@@ -270,7 +270,22 @@ def engine_repository(work: Path, step_ms: float, per_seq_ms: float, max_active:
 
 def mode_flags(mode: str, args: argparse.Namespace) -> list[str]:
     """`fcfs`, a static share (`0.75`), or `adaptive[:ceiling[:target[:quantile]]]` (the adaptive share: its
-    ceiling, default 1, its `--batch-ttft-target`, default 1.1, and its `--batch-ttft-quantile`, default 0.5)."""
+    ceiling, default 1, its `--batch-ttft-target`, default 1.1, and its `--batch-ttft-quantile`, default 0.5);
+    then, each after a `+`: `hold` (a static share S with the hold for interactive first tokens: the adaptive
+    share pinned at S, `--batch-share-min S`), `startsN` (`--batch-prefills-per-model N`)."""
+    mode, *extras = mode.split("+")
+    more: list[str] = []
+    for extra in extras:
+        if extra == "hold":
+            more += ["--batch-share-adaptive", "--batch-share-min", mode]
+        elif extra.startswith("starts"):
+            more += ["--batch-prefills-per-model", extra.removeprefix("starts")]
+        else:
+            raise SystemExit(f"unknown mode modifier {extra!r} in {mode!r}")
+    return [*_base_flags(mode, args), *more]
+
+
+def _base_flags(mode: str, args: argparse.Namespace) -> list[str]:
     common = ["--batch-concurrency", str(args.batch_concurrency)]
     if mode == "fcfs":
         return [*common, "--batch-slot-share", "1", "--max-queue-per-model", "0"]
@@ -432,7 +447,7 @@ def main() -> None:
     p.add_argument("--per-model", type=int, default=32)
     p.add_argument("--modes", default="fcfs,0.75,adaptive",
                    help="comma-separated: fcfs, a static batch share (0.5), "
-                        "adaptive[:ceiling[:target[:quantile]]]")
+                        "adaptive[:ceiling[:target[:quantile]]]; then +hold, +startsN (mode_flags)")
     p.add_argument("--share-min", type=float, default=0.25, help="the adaptive modes' --batch-share-min")
     p.add_argument("--step-ms", type=float, default=10.0)
     p.add_argument("--step-per-seq-ms", type=float, default=0.1)

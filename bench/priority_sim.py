@@ -11,11 +11,13 @@ that keeps ``K`` lines in flight (a line's next one starts ``--rtt-ms`` after it
 interactive time to first token (p50, p90, p99) over its level alone, and the job's output tokens per second over
 what the job gets with the engine to itself (``K`` = ``--engine-batch``, no chats).
 
-Policies (each with and without ``hold``):
+Policies (each with and without ``hold``, and ``starts 1``):
 
 * ``K`` alone: a static batch share, ``K`` = share x the model's slots (``--batch-slot-share``);
 * ``hold``: no batch line starts while an interactive request waits for its first token (what the scheduler does
   under ``--batch-share-adaptive``, `http.scheduler`);
+* ``starts N``: at most N batch lines starting at once (sent, no first token yet: the rest wait), what
+  ``--batch-prefills-per-model N`` does (`http.scheduler`);
 * ``engine priority``: the engine itself orders by class (interactive prompts first in its queue and its token
   budget), as vLLM's ``--scheduling-policy priority`` would - not what TensorRT-LLM's or vLLM's Triton backends
   do today (issue #39), shown for what it would add.
@@ -92,9 +94,10 @@ class Result:
 
 
 def simulate(engine: Engine, load: Load, k: int, seconds: float, *, hold: bool = False, priority: bool = False,
-             chats: bool = True, seed: int = 1, poisson: bool = True) -> Result:
+             chats: bool = True, seed: int = 1, poisson: bool = True, starts_limit: int = 0) -> Result:
     """Step the engine for `seconds` of simulated time with the chats (if `chats`; at random, or every 1/rate s
-    when not `poisson`) and `k` batch lines in flight."""
+    when not `poisson`) and `k` batch lines in flight, at most `starts_limit` of them without their first token yet
+    (0: no limit)."""
     rnd = random.Random(seed)
     arrivals: list[float] = []
     t = 0.0
@@ -105,14 +108,17 @@ def simulate(engine: Engine, load: Load, k: int, seconds: float, *, hold: bool =
     queue: list[Request] = []
     active: list[Request] = []
     starts = [0.0] * k  # when each batch line's next request may enter
+    limit = starts_limit
     now, nxt = 0.0, 0
     while now < seconds:
         while nxt < len(arrivals) and arrivals[nxt] <= now:
             queue.append(Request(True, load.prompt, load.out, arrivals[nxt]))
             nxt += 1
         waiting = hold and any(r.interactive and not r.first for r in (*queue, *active))
+        starting = sum(1 for r in (*queue, *active) if not r.interactive and not r.first) if limit else 0
         for i, at in enumerate(starts):
-            if at <= now and not waiting:
+            if at <= now and not waiting and (not limit or starting < limit):
+                starting += 1
                 queue.append(Request(False, load.batch_prompt, load.batch_out, now))
                 starts[i] = float("inf")
         if priority:
@@ -135,9 +141,10 @@ def simulate(engine: Engine, load: Load, k: int, seconds: float, *, hold: bool =
                 if r.left:
                     continue
             r.out -= 1  # decoding, or the chunk that finished its prompt: a token at the step's end
-            if r.interactive and not r.first:
+            if not r.first:
                 r.first = True
-                res.ttft.append(now - r.arrived)
+                if r.interactive:
+                    res.ttft.append(now - r.arrived)
             if not r.interactive:
                 res.batch_tokens += 1
         for r in [r for r in active if r.out <= 0]:
@@ -153,19 +160,23 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     alone = simulate(engine, load, 0, args.seconds, poisson=poisson)
     job_alone = simulate(engine, load, engine.max_active, args.seconds / 4, chats=False).batch_tokens / (
         args.seconds / 4)
+    # What the chats leave the job: every slot it can take, first come first served beside them (chats wait).
+    leftover = simulate(engine, load, engine.max_active, args.seconds, poisson=poisson).batch_tokens / (
+        args.seconds * job_alone)
     rows = []
-    for priority in (False, True):
+    for priority, limit in ((False, 0), (False, 1), (True, 0)):
         for hold in (False, True):
             for k in args.k:
-                r = simulate(engine, load, k, args.seconds, hold=hold, priority=priority, poisson=poisson)
+                r = simulate(engine, load, k, args.seconds, hold=hold, priority=priority, poisson=poisson,
+                             starts_limit=limit)
                 rows.append({"k": k, "share": round(k / engine.max_active, 3), "hold": hold,
-                             "engine_priority": priority,
+                             "engine_priority": priority, "starts": limit,
                              **{f"{p}_ratio": round(r.q(q) / alone.q(q), 3)
                                 for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
                              "batch_of_alone": round(r.batch_tokens / args.seconds / job_alone, 3)})
     return {"engine": vars(engine), "load": vars(load), "seconds": args.seconds, "arrivals": args.arrivals,
             "alone_ms": {p: round(alone.q(q) * 1e3, 1) for p, q in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))},
-            "job_alone_tokens_s": round(job_alone), "rows": rows}
+            "job_alone_tokens_s": round(job_alone), "job_beside_chats_of_alone": round(leftover, 3), "rows": rows}
 
 
 def markdown(res: dict[str, Any]) -> str:
@@ -175,11 +186,15 @@ def markdown(res: dict[str, Any]) -> str:
              f"{res['load']['prompt']} prompt tokens; batch lines of "
              f"{res['load']['batch_prompt']} prompt / {res['load']['batch_out']} output tokens; engine "
              f"{res['engine']}. Chats alone: TTFT p50 {a['p50']} / p90 {a['p90']} / p99 {a['p99']} ms; the job alone "
-             f"{res['job_alone_tokens_s']:,} tokens/s. A model (`bench/priority_sim.py`), not a measurement.", "",
-             "| engine priority | hold | batch lines in flight (share) | p50 | p90 | p99 | job's throughput of alone |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             f"{res['job_alone_tokens_s']:,} tokens/s; beside the chats with every slot (first come first served, "
+             f"the chats waiting) {res.get('job_beside_chats_of_alone', float('nan')) * 100:.0f}% of that: the "
+             f"capacity the chats leave. A model (`bench/priority_sim.py`), not a measurement.", "",
+             "| engine priority | hold | batch starts at once | batch lines in flight (share) | p50 | p90 | p99 | "
+             "job's throughput of alone |",
+             "|---|---|---|---:|---:|---:|---:|---:|"]
     for r in res["rows"]:
-        lines.append(f"| {'yes' if r['engine_priority'] else 'no'} | {'yes' if r['hold'] else 'no'} | {r['k']} "
+        lines.append(f"| {'yes' if r['engine_priority'] else 'no'} | {'yes' if r['hold'] else 'no'} | "
+                     f"{r.get('starts') or 'any'} | {r['k']} "
                      f"({r['share']:g}) | {r['p50_ratio']:.2f}x | {r['p90_ratio']:.2f}x | {r['p99_ratio']:.2f}x | "
                      f"{r['batch_of_alone'] * 100:.0f}% |")
     return "\n".join(lines) + "\n"
