@@ -50,7 +50,8 @@ so it produces tokens as fast as Triton takes them.  Same wire contract as
   being prefilled share the rest first-come-first-served (a long prompt spans several steps). A step then takes
   ``step_ms + step_per_seq_ms x requests that emit a token + prefill_per_token_ms x prompt tokens in it``, and its
   tokens are sent when it ends: a request's first token at the end of the step that finishes its prompt (``plan_step``
-  in ``synthetic_engine.py`` beside this file).
+  in ``synthetic_engine.py`` beside this file). Sending a step's tokens overlaps the next step (up to its length),
+  as a real engine's output thread does, so per-token responses cost the host's CPU, not the engine's steps.
 * errors (bad shapes, batch > 1, missing inputs, prompt + output over ``max_sequence``) come back as
   a FINAL response carrying a ``TritonError``, as the reference model does.
 * cancellation: ``is_cancelled()`` is polled at least every ``CANCEL_POLL_S`` seconds and before every
@@ -99,6 +100,7 @@ DEFAULT_MAX_SEQUENCE = 131072
 # How often a free-running request asks Triton whether it was cancelled (the call is an IPC round
 # trip to the server process, so asking before every token would halve the token rate).
 CANCEL_POLL_S = 0.005
+BUSY_GAP_S = 0.002  # an engine step this soon after the last one's sending follows straight on (`_engine_step`)
 # " The quick brown fox jumps over the lazy dog and then it runs across the green field to find a
 # small river where the water is cold and clear so the animals come here every day to drink"
 TOKEN_CYCLE = (
@@ -173,6 +175,8 @@ class TritonPythonModel:
         self.prefill_per_token_s = max(0.0, float(param("prefill_per_token_ms", "0")) / 1000.0)
         self.step_budget = max(0, int(param("step_token_budget", "0")))
         self.prefill = bool(self.prefill_per_token_s or self.step_budget)
+        self.sent_end = 0.0  # when the last step's tokens were all sent (monotonic; `_engine_step`)
+        self.sending_s = 0.0  # how long sending them took
         self.max_sequence = int(param("max_sequence", str(DEFAULT_MAX_SEQUENCE)))
         # One-token output arrays, built once: the hot path only wraps them in pb_utils.Tensor.
         self.token_arrays = {t: np.asarray([[[t]]], dtype=np.int32)
@@ -317,7 +321,23 @@ class TritonPythonModel:
         jobs = list(ready)
         seconds, chunks = plan_step([j.prefill_left for j in jobs], self.step_budget, self.step_s,
                                     self.step_per_seq_s, self.prefill_per_token_s)
-        self.stopping.wait(seconds)
+        # A real engine sends a step's responses while its next step computes (TensorRT-LLM's and vLLM's output
+        # threads); this one sends them from this thread after the step, so the next step waits that much less -
+        # at most its own length (an engine that cannot keep up with its responses slows down), and only when it
+        # follows straight on (after idling there is nothing to overlap).
+        began = time.monotonic()
+        busy = began - self.sent_end < BUSY_GAP_S  # straight after the last step's sending, not after idling
+        self.stopping.wait(seconds - (min(self.sending_s, seconds) if busy else 0.0))
+        computed = time.monotonic()
+        try:
+            self._emit_step(ready, paced, tie, jobs, chunks)
+        finally:
+            self.sent_end = time.monotonic()
+            self.sending_s = self.sent_end - computed
+
+    def _emit_step(self, ready: deque[Job], paced: list[tuple[float, int, Job]], tie: itertools.count[int],
+                   jobs: list[Job], chunks: list[int]) -> None:
+        """A step's tokens: each job's prompt advanced by its chunk, a token for those whose prompt is done."""
         ready.clear()
         for job, chunk in zip(jobs, chunks, strict=True):
             if chunk < job.prefill_left:
