@@ -105,6 +105,10 @@ class Admission:
         moved = Ticket(ticket.limiter)
         moved.model, moved.sequences, moved.cls, moved.awaiting = (ticket.model, ticket.sequences, ticket.cls,
                                                                    ticket.awaiting)
+        stats = current_stats()
+        if stats is not None and stats.on_first_token is not None and ticket.model is not None:
+            # the first token the scheduler waits for comes in the work that now holds the slots
+            stats.on_first_token = partial(ticket.limiter.scheduler.first_token, moved, ticket.model)
         ticket.awaiting = False
         ticket.model, ticket.sequences = None, 0
         return moved.release

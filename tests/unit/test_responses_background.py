@@ -279,3 +279,48 @@ async def test_a_cancelled_or_failed_background_response_settles_what_it_used(me
     assert failed["status"] == "failed"
     spent += prompt + 2  # two tokens made before the backend failed
     assert (await key_usage(metered))["tokens_today"] == spent
+
+
+class FirstThenHeld(FakeBackend):
+    """Its first token at once, the rest once `go` is set."""
+
+    def __init__(self, script: list[list[int]]) -> None:
+        super().__init__(script)
+        self.go = asyncio.Event()
+        self.first = asyncio.Event()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[GenerationChunk]:
+        first = True
+        async for chunk in super().generate(request):
+            yield chunk
+            if first:
+                first = False
+                self.first.set()
+                await self.go.wait()
+
+
+async def test_a_batch_class_background_response_stops_counting_as_starting_at_its_first_token(
+        tmp_path: Path) -> None:
+    """--batch-prefills-per-model: a `service_tier: flex` background response hands its slot to the background
+    work, and the first token it waits for comes there: from then the next batch request may start, while the
+    response still runs."""
+    app = make_app(tmp_path, responses_background_max=2, max_queue_per_model=4, batch_prefills_per_model=1)
+    state = app.state.gateway
+    await state.services.parts.start()
+    try:
+        rt = state.services.registry.llm(MODEL)
+        fake = FirstThenHeld([[i] for i in rt.tokenizer.encode("Background answer.")])
+        rt.backend = InstrumentedLLMBackend(fake, state.metrics, MODEL)  # type: ignore[arg-type]
+        r = await start(app, service_tier="flex")
+        assert r.status_code == 200, r.text
+        await fake.first.wait()
+        await asyncio.sleep(0)
+        scheduler = state.limiter.scheduler
+        assert state.limiter.per_model.get(MODEL) == 1 and scheduler.batch_held.get(MODEL) == 1
+        assert scheduler.batch_starting.get(MODEL) == 0
+        fake.go.set()
+        assert (await poll(app, r.json()["id"]))["status"] == "completed"
+        await asyncio.sleep(0)
+        assert scheduler.batch_held.get(MODEL) == 0 and scheduler.batch_starting.get(MODEL) == 0
+    finally:
+        await state.process.close()
