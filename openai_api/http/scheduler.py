@@ -212,15 +212,17 @@ class Scheduler:
         """A request's first token on `model`, `ttft_s` after it arrived. Interactive: the batch may start again
         once no other waits for one, and the adaptive share's signal. Batch: its prefill is done, the next batch
         line may start (`batch_prefills`)."""
-        if ticket.cls == "batch":
-            if ticket.awaiting:
-                ticket.awaiting = False
-                self._started(model, ticket.sequences)
-            return
+        batch = ticket.cls == "batch"
         if ticket.awaiting:
             ticket.awaiting = False
-            self._arrived(model)
-        self.observe_ttft(model, ttft_s)
+            if not batch:
+                self._arrived(model)
+            else:
+                self._started(model, ticket.sequences)
+                if self.waiting:
+                    self.dispatch()  # a queued batch line may take its turn
+        if not batch:
+            self.observe_ttft(model, ttft_s)
 
     def _arrived(self, model: str) -> None:
         left = self.awaiting[model] = self.awaiting.get(model, 1) - 1
@@ -228,11 +230,9 @@ class Scheduler:
             self.dispatch()  # batch work held back for it may start
 
     def _started(self, model: str, sequences: int) -> None:
-        """Batch sequences of `model` no longer starting: counted off; a queued batch line may take their turn.
-        A fan-out's first token counts off its whole request (only the first sequence's reaches `first_token`)."""
+        """Batch sequences of `model` no longer starting (a first token, or their end), counted off. A fan-out's
+        first token counts off its whole request (only the first sequence's reaches `first_token`)."""
         self.batch_starting[model] = max(self.batch_starting.get(model, 0) - sequences, 0)
-        if self.waiting:
-            self.dispatch()
 
     def counts_start(self, cls: PriorityClass) -> bool:
         """Whether a request of `cls` is held as starting until its first token (`first_token`)."""
@@ -322,7 +322,7 @@ class Scheduler:
         if cls == "batch":
             self.batch_held[model] = self.batch_held.get(model, 0) - sequences
             if awaiting:
-                self.batch_starting[model] = max(self.batch_starting.get(model, 0) - sequences, 0)
+                self._started(model, sequences)
         elif awaiting:
             self.awaiting[model] = self.awaiting.get(model, 1) - 1
         self.dispatch()
